@@ -1,0 +1,3 @@
+module github.com/weightcache/weightcache
+
+go 1.26.8
