@@ -1,0 +1,73 @@
+package safetensors
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// FuzzParseHeader checks that the parser never panics, that every error
+// wraps ErrFormat, and that whatever it accepts really tiles the data
+// section and survives a round trip through EncodeHeader.
+func FuzzParseHeader(f *testing.F) {
+	seeds := []struct {
+		raw  string
+		size int64
+	}{
+		{`{}`, 0},
+		{`{}   `, 0},
+		{`{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8},
+		{`{"b":{"dtype":"BF16","shape":[1,3],"data_offsets":[6,12]},"a":{"dtype":"F16","shape":[3],"data_offsets":[0,6]}}`, 12},
+		{`{"z":{"dtype":"F4","shape":[0],"data_offsets":[0,0]},"s":{"dtype":"U64","shape":[],"data_offsets":[0,8]}}`, 8},
+		{`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, 8},
+		{`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, 8},
+		{`{"a":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}}`, 3},
+		{`{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}}`, 8},
+		{`{"a\u0000":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}`, 1},
+		{`{"__metadata__":{"k":1}}`, 0},
+		{"{\"\xff\":1}", 0},
+	}
+	for _, s := range seeds {
+		f.Add([]byte(s.raw), s.size)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, size int64) {
+		h, err := ParseHeader(raw, size)
+		if err != nil {
+			if !errors.Is(err, ErrFormat) {
+				t.Fatalf("error %v does not wrap ErrFormat", err)
+			}
+			return
+		}
+		var at int64
+		tds := make([]TensorData, len(h.Tensors))
+		for i, ten := range h.Tensors {
+			n, err := NBytes(ten.DType, ten.Shape)
+			if err != nil || ten.Begin != at || ten.NBytes() != n {
+				t.Fatalf("accepted tensor %+v at %d (size %d, %v)", ten, at, n, err)
+			}
+			at = ten.End
+			tds[i] = TensorData{Name: ten.Name, DType: ten.DType, Shape: ten.Shape}
+		}
+		if at != size {
+			t.Fatalf("tensors cover %d bytes, data section is %d", at, size)
+		}
+		// Round trip: what we write for the same tensors must parse back
+		// to the same header.
+		enc, _, err := EncodeHeader(h.Metadata, tds)
+		if err != nil {
+			t.Fatalf("EncodeHeader of an accepted header: %v", err)
+		}
+		h2, err := ParseHeader(enc, size)
+		if err != nil {
+			t.Fatalf("re-encoded header %q rejected: %v", enc, err)
+		}
+		if !slices.EqualFunc(h.Tensors, h2.Tensors, tensorEqual) || len(h.Metadata) != len(h2.Metadata) {
+			t.Fatalf("round trip changed the header:\n%+v\n%+v", h, h2)
+		}
+		for k, v := range h.Metadata {
+			if h2.Metadata[k] != v {
+				t.Fatalf("round trip changed metadata %q: %q -> %q", k, v, h2.Metadata[k])
+			}
+		}
+	})
+}
