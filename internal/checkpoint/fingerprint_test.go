@@ -1,0 +1,169 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/weightcache/weightcache/internal/safetensors"
+)
+
+func TestDiff(t *testing.T) {
+	base := Fingerprint{CheckpointHash: "h", Architecture: "A", TPSize: 2, TPRank: 1, DPSize: 1, DType: "bfloat16", LayoutVersion: 1}
+	if d := Diff(base, base); d != nil {
+		t.Errorf("Diff of equal fingerprints = %v", d)
+	}
+	got := base
+	got.TPRank, got.DType, got.Engine, got.Architecture = 0, "float16", "vllm", "B"
+	want := []FieldDiff{
+		{Field: "architecture", Want: "A", Got: "B"},
+		{Field: "dtype", Want: "bfloat16", Got: "float16"},
+		{Field: "engine", Want: "", Got: "vllm"},
+		{Field: "tp_rank", Want: "1", Got: "0"},
+	}
+	if d := Diff(base, got); !reflect.DeepEqual(d, want) {
+		t.Errorf("Diff = %+v, want %+v", d, want)
+	}
+	b, err := json.Marshal(want[0])
+	if err != nil || string(b) != `{"field":"architecture","want":"A","got":"B"}` {
+		t.Errorf("FieldDiff JSON %s %v", b, err)
+	}
+}
+
+// TestFieldsCoverStruct guards Diff and Canonical against a field added to
+// Fingerprint but not to fields(): every json name must be listed, sorted.
+func TestFieldsCoverStruct(t *testing.T) {
+	var names []string
+	typ := reflect.TypeFor[Fingerprint]()
+	for i := range typ.NumField() {
+		names = append(names, strings.Split(typ.Field(i).Tag.Get("json"), ",")[0])
+	}
+	slices.Sort(names)
+	var listed []string
+	for _, f := range (Fingerprint{}).fields() {
+		listed = append(listed, f.name)
+	}
+	if !slices.Equal(names, listed) {
+		t.Errorf("fields() lists %v, struct has %v", listed, names)
+	}
+	// Every field must change the canonical form.
+	full := Fingerprint{Engine: "e", EngineVersion: "v"}
+	canon := string(full.Canonical())
+	for _, n := range names {
+		if !strings.Contains(canon, `"`+n+`":`) {
+			t.Errorf("canonical form %s lacks %q", canon, n)
+		}
+	}
+}
+
+func TestCanonicalMatchesEncodingJSON(t *testing.T) {
+	// With ASCII values and no engine, the canonical form is what
+	// encoding/json writes after key sorting: a cross-check of the
+	// hand-written encoder.
+	fp := Fingerprint{CheckpointHash: "abc", Architecture: "LlamaForCausalLM", TPSize: 4, TPRank: 2, DPSize: 3, DPRank: 1, DType: "float16", Quantization: "fp8", QuantizationHash: "q", Revision: "r", LayoutVersion: 1}
+	b, _ := json.Marshal(fp)
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	sorted, _ := json.Marshal(m) // maps marshal with sorted keys
+	if string(sorted) != string(fp.Canonical()) {
+		t.Errorf("canonical %s, encoding/json %s", fp.Canonical(), sorted)
+	}
+}
+
+func TestCheckpointFingerprint(t *testing.T) {
+	dir := t.TempDir()
+	writeShard(t, dir, "model.safetensors", tensor("a", 1, 0))
+	writeText(t, dir+"/config.json", `{"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16","quantization_config":{"quant_method":"fp8"}}`)
+	c, err := Resolve(dir, "rev1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := c.Fingerprint("fp16", 4, 3, 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Fingerprint{
+		CheckpointHash: c.Hash(), Architecture: "LlamaForCausalLM", TPSize: 4, TPRank: 3, DPSize: 2, DPRank: 1,
+		DType: "float16", Quantization: "fp8", QuantizationHash: c.QuantHash, Revision: "rev1", LayoutVersion: LayoutVersion,
+	}
+	if fp != want || c.QuantHash == "" {
+		t.Errorf("Fingerprint = %+v, want %+v", fp, want)
+	}
+	if fp, _ := c.Fingerprint("auto", 1, 0, 1, 0); fp.DType != "bfloat16" {
+		t.Errorf("auto dtype = %q, want the config's", fp.DType)
+	}
+	for _, bad := range []struct {
+		dtype              string
+		tpS, tpR, dpS, dpR int
+		want               string
+	}{
+		{"", 0, 0, 1, 0, "tp_rank 0 of tp_size 0"},
+		{"", 2, 2, 1, 0, "tp_rank 2 of tp_size 2"},
+		{"", 2, -1, 1, 0, "tp_rank -1"},
+		{"", 1, 0, 0, 0, "dp_rank 0 of dp_size 0"},
+		{"", 1, 0, 2, 5, "dp_rank 5 of dp_size 2"},
+		{"int8", 1, 0, 1, 0, `unknown dtype "int8"`},
+	} {
+		if _, err := c.Fingerprint(bad.dtype, bad.tpS, bad.tpR, bad.dpS, bad.dpR); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Fingerprint(%q, %d, %d, %d, %d) err = %v, want %q", bad.dtype, bad.tpS, bad.tpR, bad.dpS, bad.dpR, err, bad.want)
+		}
+	}
+}
+
+func TestNormalizeDType(t *testing.T) {
+	for in, want := range map[string]string{
+		"": "", "auto": "", "AUTO": "",
+		"bf16": "bfloat16", "bfloat16": "bfloat16", "BF16": "bfloat16", "torch.bfloat16": "bfloat16",
+		"f16": "float16", "fp16": "float16", "half": "float16", "float16": "float16",
+		"f32": "float32", "fp32": "float32", "float": "float32", "float32": "float32", " float32 ": "float32",
+	} {
+		if got, err := NormalizeDType(in); err != nil || got != want {
+			t.Errorf("NormalizeDType(%q) = %q, %v, want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"int8", "fp8", "float64", "bf"} {
+		if _, err := NormalizeDType(bad); err == nil || !strings.Contains(err.Error(), `"`+bad+`"`) {
+			t.Errorf("NormalizeDType(%q) err = %v", bad, err)
+		}
+	}
+}
+
+func TestServedDType(t *testing.T) {
+	shard := func(dts ...safetensors.DType) Shard {
+		h := &safetensors.Header{}
+		var at int64
+		for i, d := range dts {
+			n := int64(d.Bits()) // 8 elements of each: bits bytes
+			h.Tensors = append(h.Tensors, safetensors.Tensor{Name: string(rune('a' + i)), DType: d, Shape: []int64{8}, Begin: at, End: at + n})
+			at += n
+		}
+		return Shard{Header: h}
+	}
+	tests := []struct {
+		name       string
+		torchDType string
+		shards     []Shard
+		requested  string
+		want       string
+	}{
+		{"requested wins", "bfloat16", []Shard{shard(safetensors.F32)}, "f16", "float16"},
+		{"config next", "bfloat16", []Shard{shard(safetensors.F32)}, "auto", "bfloat16"},
+		{"most float bytes", "", []Shard{shard(safetensors.BF16, safetensors.BF16, safetensors.BF16, safetensors.F32, safetensors.I64, safetensors.I64)}, "", "bfloat16"},
+		{"across shards", "", []Shard{shard(safetensors.BF16), shard(safetensors.F32)}, "", "float32"},
+		{"fp8 weights", "", []Shard{shard(safetensors.F8_E4M3, safetensors.F8_E4M3, safetensors.F8_E4M3), shard(safetensors.F16)}, "", "float8_e4m3fn"},
+		{"tie by name", "", []Shard{shard(safetensors.F16, safetensors.BF16)}, "", "bfloat16"},
+		{"no float tensors", "", []Shard{shard(safetensors.I32)}, "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Checkpoint{TorchDType: tc.torchDType, Shards: tc.shards}
+			if got, err := c.ServedDType(tc.requested); err != nil || got != tc.want {
+				t.Errorf("ServedDType(%q) = %q, %v, want %q", tc.requested, got, err, tc.want)
+			}
+		})
+	}
+}

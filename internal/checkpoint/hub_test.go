@@ -1,0 +1,182 @@
+package checkpoint
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const (
+	commitMain = "1111111111111111111111111111111111111111"
+	commitDev  = "2222222222222222222222222222222222222222"
+	commitOld  = "3333333333333333333333333333333333333333"
+)
+
+// fakeHub builds a hub cache laid out as huggingface_hub does: blobs/
+// holds the files, snapshots/<commit>/ symlinks into it, refs/<name>
+// holds a commit. It returns the cache directory.
+func fakeHub(t *testing.T) string {
+	t.Helper()
+	cache := filepath.Join(t.TempDir(), "hub")
+	repo := filepath.Join(cache, "models--org--name")
+	blobs := filepath.Join(repo, "blobs")
+	if err := os.MkdirAll(blobs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for commit, n := range map[string]int{commitMain: 1, commitDev: 2, commitOld: 3} {
+		snap := filepath.Join(repo, "snapshots", commit)
+		if err := os.MkdirAll(snap, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		blob := "blob-" + commit[:4]
+		writeShard(t, blobs, blob, tensor("w", n, 0))
+		if err := os.Symlink(filepath.Join("..", "..", "blobs", blob), filepath.Join(snap, "model.safetensors")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeText(t, filepath.Join(repo, "refs", "main"), commitMain)
+	writeText(t, filepath.Join(repo, "refs", "dev"), commitDev+"\n")
+	writeText(t, filepath.Join(repo, "refs", "broken"), "not-a-commit")
+	writeText(t, filepath.Join(repo, "refs", "gone"), "4444444444444444444444444444444444444444")
+	return cache
+}
+
+// clearHubEnv unsets every variable hubCacheDir reads.
+func clearHubEnv(t *testing.T) {
+	for _, v := range []string{"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"} {
+		t.Setenv(v, "")
+	}
+}
+
+func TestResolveHub(t *testing.T) {
+	cache := fakeHub(t)
+	clearHubEnv(t)
+	t.Setenv("HF_HUB_CACHE", cache)
+	tests := []struct {
+		revision, commit string
+		elems            int64
+	}{
+		{"", commitMain, 1},
+		{"main", commitMain, 1},
+		{"dev", commitDev, 2},
+		{commitOld, commitOld, 3},
+	}
+	for _, tc := range tests {
+		t.Run("revision="+tc.revision, func(t *testing.T) {
+			c, err := Resolve("org/name", tc.revision)
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			wantDir := filepath.Join(cache, "models--org--name", "snapshots", tc.commit)
+			if c.Dir != wantDir || c.Revision != tc.commit {
+				t.Errorf("Dir %s Revision %s, want %s %s", c.Dir, c.Revision, wantDir, tc.commit)
+			}
+			ten, ok := c.Shards[0].Header.Tensor("w")
+			if !ok || ten.Shape[0] != tc.elems {
+				t.Errorf("resolved the wrong snapshot: tensor %+v", ten)
+			}
+		})
+	}
+}
+
+func TestResolveHubErrors(t *testing.T) {
+	cache := fakeHub(t)
+	clearHubEnv(t)
+	t.Setenv("HF_HUB_CACHE", cache)
+	tests := []struct {
+		model, revision string
+		is              error
+		want            []string
+	}{
+		{"org/other", "", ErrNotFound, []string{"model org/other", "models--org--other", "downloads nothing"}},
+		{"org/name", "v9", ErrNotFound, []string{"revision v9 is not in the Hugging Face cache", filepath.Join("refs", "v9"), "nothing is downloaded"}},
+		{"org/name", "4444444444444444444444444444444444444444", ErrNotFound, []string{"snapshot", "is not in the cache"}},
+		{"org/name", "gone", ErrNotFound, []string{"revision gone", "4444444444444444444444444444444444444444"}},
+		{"org/name", "broken", ErrInvalid, []string{`holds "not-a-commit", not a commit hash`}},
+		{"org/name", "../../x", ErrNotFound, []string{`revision "../../x" is not a ref name`}},
+		{"../org/name", "", ErrNotFound, []string{"no such directory (and not a hub id"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.model+"@"+tc.revision, func(t *testing.T) {
+			_, err := Resolve(tc.model, tc.revision)
+			if !errors.Is(err, tc.is) {
+				t.Fatalf("err = %v, want %v", err, tc.is)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestHubCacheDir(t *testing.T) {
+	home := t.TempDir()
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"HF_HUB_CACHE wins", map[string]string{"HF_HUB_CACHE": "/a", "HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"}, "/a"},
+		{"legacy HUGGINGFACE_HUB_CACHE", map[string]string{"HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"}, "/b"},
+		{"HF_HOME", map[string]string{"HF_HOME": "/c", "XDG_CACHE_HOME": "/d"}, "/c/hub"},
+		{"HF_HOME with tilde", map[string]string{"HF_HOME": "~/hf"}, home + "/hf/hub"},
+		{"XDG_CACHE_HOME", map[string]string{"XDG_CACHE_HOME": "/d"}, "/d/huggingface/hub"},
+		{"home", nil, home + "/.cache/huggingface/hub"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clearHubEnv(t)
+			t.Setenv("HOME", home)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			got, err := hubCacheDir()
+			if err != nil || got != tc.want {
+				t.Errorf("hubCacheDir() = %q, %v, want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestResolveHubViaHFHome resolves through HF_HOME and prefers a local
+// directory of the same name over the cache.
+func TestResolveHubViaHFHome(t *testing.T) {
+	cache := fakeHub(t)
+	clearHubEnv(t)
+	t.Setenv("HF_HOME", filepath.Dir(cache))
+	c, err := Resolve("org/name", "dev")
+	if err != nil || c.Revision != commitDev {
+		t.Fatalf("Resolve via HF_HOME: %v %+v", err, c)
+	}
+	local := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(local, "org", "name"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeShard(t, filepath.Join(local, "org", "name"), "model.safetensors", tensor("local", 1, 0))
+	t.Chdir(local)
+	c, err = Resolve("org/name", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Shards[0].Header.Tensor("local"); !ok || c.Dir != filepath.Join(local, "org", "name") {
+		t.Errorf("a local directory org/name did not win over the cache: %s", c.Dir)
+	}
+}
+
+func TestIsCommit(t *testing.T) {
+	for s, want := range map[string]bool{
+		commitMain: true,
+		"main":     false,
+		strings.ToUpper("abcdefabcdefabcdefabcdefabcdefabcdefabcd"): false,
+		"abcdefabcdefabcdefabcdefabcdefabcdefabc":                   false,
+		"abcdefabcdefabcdefabcdefabcdefabcdefabcd":                  true,
+	} {
+		if isCommit(s) != want {
+			t.Errorf("isCommit(%q) = %v", s, !want)
+		}
+	}
+}
