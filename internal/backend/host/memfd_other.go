@@ -1,0 +1,21 @@
+//go:build !linux
+
+package host
+
+import "os"
+
+type segment struct{}
+
+func newSegment(name string, size int64) (*segment, error) { return nil, ErrUnsupported }
+
+func (s *segment) Size() int64                              { return 0 }
+func (s *segment) WriteAt(p []byte, off int64) (int, error) { return 0, ErrUnsupported }
+func (s *segment) Seal() error                              { return ErrUnsupported }
+func (s *segment) Export() (*os.File, error)                { return nil, ErrUnsupported }
+func (s *segment) Free() error                              { return nil }
+
+// Map is not supported on this platform.
+func Map(f *os.File, size int64) ([]byte, error) { return nil, ErrUnsupported }
+
+// Unmap is not supported on this platform.
+func Unmap(b []byte) error { return ErrUnsupported }

@@ -1,0 +1,66 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+)
+
+// Dial connects to the daemon socket at path; the context's deadline bounds
+// the connect.
+func Dial(ctx context.Context, path string) (*Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	return NewConn(c.(*net.UnixConn), MaxReplyFrame), nil
+}
+
+// Call sends req and reads the reply. An "error" frame comes back as a
+// *Error (test it with errors.Is against the sentinels); a reply of another
+// type than want is ErrBadFrame, unless it is listed in also. The context's
+// deadline bounds the exchange.
+func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (*Frame, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		if err := c.uc.SetDeadline(dl); err != nil {
+			return nil, err
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.uc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	if err := c.Send(req); err != nil {
+		return nil, err
+	}
+	fr, err := c.Recv()
+	switch {
+	case err == nil:
+	case ctx.Err() != nil, errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, fmt.Errorf("no %s reply within the deadline: %w", want, context.DeadlineExceeded)
+	case errors.Is(err, io.EOF):
+		return nil, fmt.Errorf("%w: peer closed the connection before its %s reply", ErrBadFrame, want)
+	default:
+		return nil, err
+	}
+	if fr.Type == TypeError {
+		fr.CloseFiles()
+		var we Error
+		if err := fr.Decode(&we); err != nil {
+			return nil, err
+		}
+		return nil, &we
+	}
+	if fr.Type == want {
+		return fr, nil
+	}
+	for _, t := range also {
+		if fr.Type == t {
+			return fr, nil
+		}
+	}
+	fr.CloseFiles()
+	return nil, fmt.Errorf("%w: got a %q reply, want %q", ErrBadFrame, fr.Type, want)
+}

@@ -1,0 +1,197 @@
+// Package protocol is the wire format between weightcache daemons and their
+// clients: length-prefixed JSON frames over a Unix stream socket, with file
+// descriptors riding on the frame that names them (SCM_RIGHTS).
+package protocol
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+)
+
+// Version is the protocol version every frame carries. A peer that speaks
+// another version is refused with CodeVersion.
+const Version = 1
+
+// Frame size caps. Requests are small; replies carry manifests, which grow
+// with the number of tensors (about 200 bytes each).
+const (
+	MaxRequestFrame = 16 << 20
+	MaxReplyFrame   = 256 << 20
+	// MaxFDs is the kernel's per-message limit (SCM_MAX_FD).
+	MaxFDs = 253
+)
+
+// Conn is one end of a weightcache connection. It is not safe for
+// concurrent use: the protocol is strictly request/reply.
+type Conn struct {
+	uc       *net.UnixConn
+	maxFrame int
+}
+
+// NewConn wraps uc; frames longer than maxFrame are refused when read.
+func NewConn(uc *net.UnixConn, maxFrame int) *Conn {
+	return &Conn{uc: uc, maxFrame: maxFrame}
+}
+
+// Unix returns the underlying socket, for deadlines and peer credentials.
+func (c *Conn) Unix() *net.UnixConn { return c.uc }
+
+// Close closes the socket.
+func (c *Conn) Close() error { return c.uc.Close() }
+
+// Send writes msg as one frame, with files attached. The files stay open:
+// the caller closes them once Send returns.
+func (c *Conn) Send(msg any, files ...*os.File) error {
+	body, err := json.Marshal(msg)
+	if err != nil {
+		return fmt.Errorf("encode frame: %w", err)
+	}
+	if len(files) > MaxFDs {
+		return fmt.Errorf("frame carries %d file descriptors, more than the limit of %d", len(files), MaxFDs)
+	}
+	buf := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(buf, uint32(len(body)))
+	copy(buf[4:], body)
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = syscall.UnixRights(fds...)
+	}
+	// A stream socket may take the frame in pieces; the descriptors travel
+	// with the first piece.
+	n, _, err := c.uc.WriteMsgUnix(buf, oob, nil)
+	if err != nil {
+		return fmt.Errorf("write frame: %w", err)
+	}
+	if n < len(buf) {
+		if _, err := c.uc.Write(buf[n:]); err != nil {
+			return fmt.Errorf("write frame: %w", err)
+		}
+	}
+	return nil
+}
+
+// Frame is one received frame: its type, its raw JSON and the descriptors
+// that came with it.
+type Frame struct {
+	Type    string
+	Version int
+	Body    json.RawMessage
+	Files   []*os.File
+}
+
+// Decode unmarshals the frame's JSON into v.
+func (f *Frame) Decode(v any) error {
+	if err := json.Unmarshal(f.Body, v); err != nil {
+		return fmt.Errorf("%w: %s frame: %v", ErrBadFrame, f.Type, err)
+	}
+	return nil
+}
+
+// CloseFiles closes every descriptor that came with the frame.
+func (f *Frame) CloseFiles() {
+	for _, file := range f.Files {
+		_ = file.Close()
+	}
+	f.Files = nil
+}
+
+// Recv reads one frame. io.EOF means the peer closed cleanly between frames.
+// Any descriptor that arrives with a frame that cannot be decoded is closed.
+func (c *Conn) Recv() (*Frame, error) {
+	var fds []int
+	closeFDs := func() {
+		for _, fd := range fds {
+			_ = syscall.Close(fd)
+		}
+	}
+	var hdr [4]byte
+	if err := c.readFull(hdr[:], &fds, true); err != nil {
+		closeFDs()
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(hdr[:])
+	if size == 0 || int64(size) > int64(c.maxFrame) {
+		closeFDs()
+		return nil, fmt.Errorf("%w: frame of %d bytes (limit %d)", ErrBadFrame, size, c.maxFrame)
+	}
+	body := make([]byte, size)
+	if err := c.readFull(body, &fds, false); err != nil {
+		closeFDs()
+		return nil, err
+	}
+	var head struct {
+		Type    string `json:"type"`
+		Version int    `json:"version"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil || head.Type == "" {
+		closeFDs()
+		if err == nil {
+			err = errors.New(`no "type" field`)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	fr := &Frame{Type: head.Type, Version: head.Version, Body: body}
+	for _, fd := range fds {
+		fr.Files = append(fr.Files, os.NewFile(uintptr(fd), "weightcache-fd"))
+	}
+	return fr, nil
+}
+
+// readFull fills b, collecting any descriptors that arrive on the way.
+func (c *Conn) readFull(b []byte, fds *[]int, first bool) error {
+	oob := make([]byte, syscall.CmsgSpace(MaxFDs*4))
+	for got := 0; got < len(b); {
+		n, oobn, flags, _, err := c.uc.ReadMsgUnix(b[got:], oob)
+		if oobn > 0 {
+			if perr := parseRights(oob[:oobn], fds); perr != nil {
+				return perr
+			}
+		}
+		if flags&syscall.MSG_CTRUNC != 0 {
+			return fmt.Errorf("%w: file descriptors were truncated", ErrBadFrame)
+		}
+		got += n
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				if first && got == 0 {
+					return io.EOF
+				}
+				return fmt.Errorf("%w: connection closed inside a frame", ErrBadFrame)
+			}
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+	}
+	return nil
+}
+
+func parseRights(oob []byte, fds *[]int) error {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("%w: control message: %v", ErrBadFrame, err)
+	}
+	for i := range msgs {
+		got, err := syscall.ParseUnixRights(&msgs[i])
+		if err != nil {
+			// Not SCM_RIGHTS (credentials, say): nothing to keep.
+			continue
+		}
+		*fds = append(*fds, got...)
+	}
+	return nil
+}
+
+var aLongTimeAgo = time.Unix(1, 0)

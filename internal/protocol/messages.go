@@ -1,0 +1,138 @@
+package protocol
+
+import "github.com/weightcache/weightcache/internal/checkpoint"
+
+// Message types. Requests come from clients; every request gets exactly one
+// reply, or an "error" frame.
+const (
+	TypeHello     = "hello"      // -> ok | mismatch | error
+	TypeOK        = "ok"         //
+	TypeMismatch  = "mismatch"   //
+	TypeWaitReady = "wait_ready" // -> ready | error(not_ready)
+	TypeReady     = "ready"      //
+	TypeManifest  = "manifest"   // -> manifest, one fd per segment
+	TypeRelease   = "release"    // -> released
+	TypeReleased  = "released"   //
+	TypeStats     = "stats"      // -> stats
+	TypeError     = "error"      //
+)
+
+// Client modes.
+const (
+	ModeZeroCopy = "zero_copy"
+	ModeCopy     = "copy"
+)
+
+// Daemon states, in lifecycle order.
+const (
+	StateLoading  = "loading"
+	StateReady    = "ready"
+	StateDraining = "draining"
+)
+
+// Head is the part every frame shares.
+type Head struct {
+	Type    string `json:"type"`
+	Version int    `json:"version"`
+}
+
+// NewHead stamps a frame of type t with this protocol version.
+func NewHead(t string) Head { return Head{Type: t, Version: Version} }
+
+// Hello opens a session: the engine says what it needs.
+type Hello struct {
+	Head
+	Fingerprint checkpoint.Fingerprint `json:"fingerprint"`
+	Device      string                 `json:"device"`
+	Mode        string                 `json:"mode"`
+	Client      string                 `json:"client"`
+}
+
+// OK accepts a hello. State says whether the tensors can be had now.
+type OK struct {
+	Head
+	State  string `json:"state"`
+	Device string `json:"device"`
+	Daemon string `json:"daemon"`
+}
+
+// Mismatch refuses a hello, naming each differing field with both values.
+// The device, when it differs, is reported as field "device".
+type Mismatch struct {
+	Head
+	Fields []checkpoint.FieldDiff `json:"fields"`
+}
+
+// WaitReady asks the daemon to reply once it is ready, or with a not_ready
+// error after TimeoutMS.
+type WaitReady struct {
+	Head
+	TimeoutMS int64 `json:"timeout_ms"`
+}
+
+// Ready answers WaitReady.
+type Ready struct {
+	Head
+	State string `json:"state"`
+}
+
+// Segment describes one allocation; its descriptor rides on the manifest
+// frame at position Index.
+type Segment struct {
+	Index int   `json:"index"`
+	Size  int64 `json:"size"`
+}
+
+// Tensor places one tensor inside a segment. CRC32C is the Castagnoli
+// checksum of the tensor's bytes as served.
+type Tensor struct {
+	Name    string  `json:"name"`
+	DType   string  `json:"dtype"`
+	Shape   []int64 `json:"shape"`
+	Segment int     `json:"segment"`
+	Offset  int64   `json:"offset"`
+	NBytes  int64   `json:"nbytes"`
+	CRC32C  uint32  `json:"crc32c"`
+}
+
+// Manifest is the reply to a manifest request: the layout, with one
+// descriptor per segment attached in Segments order.
+type Manifest struct {
+	Head
+	Device   string    `json:"device"`
+	Segments []Segment `json:"segments"`
+	Tensors  []Tensor  `json:"tensors"`
+}
+
+// Stats describes a daemon for `weightcache status` and health checks.
+type Stats struct {
+	Head
+	Device         string                 `json:"device"`
+	Group          string                 `json:"group"`
+	State          string                 `json:"state"`
+	PID            int                    `json:"pid"`
+	Socket         string                 `json:"socket"`
+	Model          string                 `json:"model"`
+	Fingerprint    checkpoint.Fingerprint `json:"fingerprint"`
+	FingerprintSum string                 `json:"fingerprint_sum"`
+	Tensors        int                    `json:"tensors"`
+	Bytes          int64                  `json:"bytes"`
+	Segments       int                    `json:"segments"`
+	LoadedBytes    int64                  `json:"loaded_bytes"`
+	LoadSeconds    float64                `json:"load_seconds"`
+	Leases         int                    `json:"leases"`
+	Connections    int                    `json:"connections"`
+	Handshakes     map[string]int64       `json:"handshakes"`
+	Mismatches     map[string]int64       `json:"mismatches"`
+	Releases       int64                  `json:"releases"`
+	Error          string                 `json:"error,omitempty"`
+}
+
+// Handshake results as counted in Stats.Handshakes.
+const (
+	ResultHit            = "hit"
+	ResultMismatch       = "fingerprint_mismatch"
+	ResultDeviceMismatch = "device_mismatch"
+	ResultNotReady       = "not_ready"
+	ResultError          = "error"
+)

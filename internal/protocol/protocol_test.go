@@ -1,0 +1,238 @@
+package protocol
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func pair(t *testing.T) (*Conn, *Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(fd int) *Conn {
+		f := os.NewFile(uintptr(fd), "pair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return NewConn(c.(*net.UnixConn), 1<<20)
+	}
+	a, b := mk(fds[0]), mk(fds[1])
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+func TestFrameWithFiles(t *testing.T) {
+	a, b := pair(t)
+	f, err := os.CreateTemp(t.TempDir(), "seg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("segment bytes"); err != nil {
+		t.Fatal(err)
+	}
+	msg := Stats{Head: NewHead(TypeStats), Device: "host", Tensors: 7}
+	if err := a.Send(msg, f, f); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := b.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.CloseFiles()
+	if fr.Type != TypeStats || fr.Version != Version || len(fr.Files) != 2 {
+		t.Fatalf("got type %q version %d with %d files", fr.Type, fr.Version, len(fr.Files))
+	}
+	var got Stats
+	if err := fr.Decode(&got); err != nil || got.Tensors != 7 {
+		t.Fatalf("decode: %v, %+v", err, got)
+	}
+	buf := make([]byte, 7)
+	if _, err := fr.Files[1].ReadAt(buf, 0); err != nil || string(buf) != "segment" {
+		t.Fatalf("received descriptor reads %q, %v", buf, err)
+	}
+}
+
+func TestLargeFrame(t *testing.T) {
+	a, b := pair(t)
+	big := strings.Repeat("x", 900<<10)
+	errc := make(chan error, 1)
+	go func() { errc <- a.Send(Error{Type: TypeError, Version: Version, Message: big}) }()
+	fr, err := b.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	var e Error
+	if err := fr.Decode(&e); err != nil || e.Message != big {
+		t.Fatalf("large frame came back wrong: %v", err)
+	}
+}
+
+func TestBadFrames(t *testing.T) {
+	tests := []struct {
+		name string
+		raw  []byte
+	}{
+		{"oversized", binary.BigEndian.AppendUint32(nil, 2<<20)},
+		{"zero length", binary.BigEndian.AppendUint32(nil, 0)},
+		{"not json", frame([]byte("hello there"))},
+		{"no type", frame([]byte(`{"version":1}`))},
+		{"truncated", binary.BigEndian.AppendUint32(nil, 100)[:4]},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := pair(t)
+			if _, err := a.uc.Write(tt.raw); err != nil {
+				t.Fatal(err)
+			}
+			a.uc.CloseWrite()
+			_, err := b.Recv()
+			if !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("Recv = %v, want ErrBadFrame", err)
+			}
+		})
+	}
+}
+
+func frame(body []byte) []byte {
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
+}
+
+// A descriptor that arrives on a frame the receiver cannot decode is closed,
+// not leaked.
+func TestUnexpectedFDsClosed(t *testing.T) {
+	a, b := pair(t)
+	f, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	before := openFDs(t)
+	raw := frame([]byte("not json"))
+	if _, _, err := a.uc.WriteMsgUnix(raw, syscall.UnixRights(int(f.Fd()), int(f.Fd()), int(f.Fd())), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(); !errors.Is(err, ErrBadFrame) {
+		t.Fatalf("Recv = %v, want ErrBadFrame", err)
+	}
+	if after := openFDs(t); after != before {
+		t.Fatalf("open descriptors went from %d to %d", before, after)
+	}
+}
+
+func TestCleanEOF(t *testing.T) {
+	a, b := pair(t)
+	a.Close()
+	if _, err := b.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("Recv after close = %v, want io.EOF", err)
+	}
+}
+
+func TestWireErrors(t *testing.T) {
+	for _, c := range codes {
+		we := ToWire(fmt.Errorf("tensor x: %w", c.err))
+		if we.Code != c.code {
+			t.Errorf("ToWire(%v).Code = %q, want %q", c.err, we.Code, c.code)
+		}
+		if !errors.Is(we, c.err) {
+			t.Errorf("wire error %q does not unwrap to its sentinel", c.code)
+		}
+	}
+	if we := ToWire(errors.New("plain")); we.Code != CodeInternal {
+		t.Errorf("plain error got code %q", we.Code)
+	}
+	if !errors.Is(&Error{Code: "from_the_future"}, ErrInternal) {
+		t.Error("unknown code does not unwrap to ErrInternal")
+	}
+}
+
+func TestCallDecodesErrorFrame(t *testing.T) {
+	a, b := pair(t)
+	go func() {
+		fr, err := b.Recv()
+		if err == nil {
+			_ = b.Send(Errorf(CodeNotReady, "still loading %s", fr.Type))
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := a.Call(ctx, NewHead(TypeManifest), TypeManifest)
+	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "still loading manifest") {
+		t.Fatalf("Call = %v", err)
+	}
+}
+
+func TestSocketDir(t *testing.T) {
+	root := t.TempDir()
+	good := filepath.Join(root, "good")
+	if err := EnsureSocketDir(good); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(good); st.Mode().Perm() != 0o700 {
+		t.Fatalf("created with mode %v", st.Mode().Perm())
+	}
+	loose := filepath.Join(root, "loose")
+	os.Mkdir(loose, 0o700)
+	os.Chmod(loose, 0o777)
+	link := filepath.Join(root, "link")
+	os.Symlink(good, link)
+	file := filepath.Join(root, "file")
+	os.WriteFile(file, nil, 0o600)
+	groupw := filepath.Join(root, "groupw")
+	os.Mkdir(groupw, 0o700)
+	os.Chmod(groupw, 0o770)
+	for _, dir := range []string{loose, link, file, groupw} {
+		if err := CheckSocketDir(dir); !errors.Is(err, ErrSocketDir) || !strings.Contains(err.Error(), dir) {
+			t.Errorf("CheckSocketDir(%s) = %v, want ErrSocketDir naming it", dir, err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		other := filepath.Join(root, "other")
+		os.Mkdir(other, 0o700)
+		os.Chown(other, 65534, 65534)
+		if err := CheckSocketDir(other); !errors.Is(err, ErrSocketDir) || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Errorf("dir of another user: %v", err)
+		}
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	p, err := SocketPath("/run/user/1000/weightcache", "main", "GPU-8e3f/x")
+	if err != nil || p != "/run/user/1000/weightcache/main-GPU-8e3f_x.sock" {
+		t.Fatalf("SocketPath = %q, %v", p, err)
+	}
+	long := "/" + strings.Repeat("d", 80)
+	p, err = SocketPath(long, "draft", "GPU-00000000-1111-2222-3333-444444444444")
+	if err != nil || len(p) > maxSocketPath || !strings.HasPrefix(p, long+"/wc-") {
+		t.Fatalf("long dir: %q (%d bytes), %v", p, len(p), err)
+	}
+	if _, err := SocketPath("/"+strings.Repeat("d", 120), "main", "host"); err == nil {
+		t.Fatal("path over the sockaddr limit accepted")
+	}
+}
