@@ -1,0 +1,212 @@
+package daemon
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// requestTimeout bounds how long a connection that holds no lease may sit
+// between requests, so that idle or stuck peers cannot pile up.
+const requestTimeout = 60 * time.Second
+
+// session is one client connection's state.
+type session struct {
+	conn   *protocol.Conn
+	hello  *protocol.Hello
+	leased bool
+}
+
+func (d *Daemon) serveConn(uc *net.UnixConn) {
+	conn := protocol.NewConn(uc, protocol.MaxRequestFrame)
+	if uid, err := peerUID(uc); err != nil || uid != os.Geteuid() {
+		d.log.Warn("refused connection", "peer_uid", uid, "err", err)
+		_ = conn.Send(protocol.Errorf(protocol.CodePermission, "socket %s serves uid %d only; peer is uid %d", d.ln.path, os.Geteuid(), uid))
+		return
+	}
+	s := &session{conn: conn}
+	defer func() {
+		if s.leased {
+			d.addLease(-1)
+		}
+	}()
+	for {
+		if !s.leased {
+			_ = uc.SetReadDeadline(time.Now().Add(requestTimeout))
+		} else {
+			_ = uc.SetReadDeadline(time.Time{})
+		}
+		fr, err := conn.Recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
+				d.log.Warn("bad frame", "err", err)
+				d.count(protocol.ResultError, nil)
+				_ = conn.Send(protocol.ToWire(err))
+			}
+			return
+		}
+		// Requests never carry descriptors.
+		fr.CloseFiles()
+		reply, files, keep := d.handle(s, fr)
+		err = conn.Send(reply, files...)
+		for _, f := range files {
+			_ = f.Close()
+		}
+		if err != nil || !keep {
+			return
+		}
+	}
+}
+
+// handle answers one request. keep is false when the connection should be
+// closed after the reply.
+func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply any, files []*os.File, keep bool) {
+	if fr.Version != protocol.Version {
+		d.count(protocol.ResultError, nil)
+		return protocol.Errorf(protocol.CodeVersion, "client speaks protocol version %d, daemon %s speaks %d", fr.Version, Version, protocol.Version), nil, false
+	}
+	switch fr.Type {
+	case protocol.TypeHello:
+		return d.hello(s, fr)
+	case protocol.TypeWaitReady:
+		return d.waitReady(s, fr)
+	case protocol.TypeManifest:
+		return d.manifest(s)
+	case protocol.TypeRelease:
+		if s.leased {
+			s.leased = false
+			d.addLease(-1)
+			d.mu.Lock()
+			d.releases++
+			d.mu.Unlock()
+		}
+		return protocol.NewHead(protocol.TypeReleased), nil, true
+	case protocol.TypeStats:
+		return d.Stats(), nil, true
+	}
+	d.count(protocol.ResultError, nil)
+	return protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type), nil, true
+}
+
+func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+	var h protocol.Hello
+	if err := fr.Decode(&h); err != nil {
+		d.count(protocol.ResultError, nil)
+		return protocol.ToWire(err), nil, false
+	}
+	if s.hello != nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "hello sent twice on one connection"), nil, false
+	}
+	if h.Mode != protocol.ModeZeroCopy && h.Mode != protocol.ModeCopy {
+		d.count(protocol.ResultError, nil)
+		return protocol.Errorf(protocol.CodeBadRequest, "hello: field mode is %q, want %s or %s", h.Mode, protocol.ModeZeroCopy, protocol.ModeCopy), nil, false
+	}
+	d.mu.Lock()
+	state := d.state
+	d.mu.Unlock()
+	if state == protocol.StateDraining {
+		d.count(protocol.ResultNotReady, nil)
+		return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
+	}
+	dev := d.cfg.Backend.Device()
+	if h.Device != dev {
+		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
+		d.count(protocol.ResultDeviceMismatch, diff)
+		d.log.Info("hello refused: device differs", "client", h.Client, "want", h.Device, "have", dev)
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
+	}
+	if diff := checkpoint.Diff(h.Fingerprint, d.cfg.Fingerprint); len(diff) > 0 {
+		d.count(protocol.ResultMismatch, diff)
+		d.log.Info("hello refused: fingerprint differs", "client", h.Client, "fields", diff)
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
+	}
+	s.hello = &h
+	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: state, Device: dev, Daemon: Version}, nil, true
+}
+
+func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+	var w protocol.WaitReady
+	if err := fr.Decode(&w); err != nil {
+		return protocol.ToWire(err), nil, false
+	}
+	if s.hello == nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "wait_ready before hello"), nil, false
+	}
+	timer := time.NewTimer(time.Duration(max(w.TimeoutMS, 0)) * time.Millisecond)
+	defer timer.Stop()
+	select {
+	case <-d.readyCh:
+		return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
+	case <-d.stopCh:
+		d.count(protocol.ResultNotReady, nil)
+		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while loading", d.ln.path), nil, false
+	case <-timer.C:
+		d.count(protocol.ResultNotReady, nil)
+		done, total := d.Progress()
+		return protocol.Errorf(protocol.CodeNotReady, "daemon on %s still loading after %dms (%d of %d bytes)", d.ln.path, w.TimeoutMS, done, total), nil, false
+	}
+}
+
+func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
+	if s.hello == nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "manifest before hello"), nil, false
+	}
+	d.mu.Lock()
+	state, l := d.state, d.layout
+	d.mu.Unlock()
+	if state != protocol.StateReady || l == nil {
+		d.count(protocol.ResultNotReady, nil)
+		code := protocol.CodeNotReady
+		if state == protocol.StateDraining {
+			code = protocol.CodeDraining
+		}
+		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false
+	}
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: d.cfg.Backend.Device(), Tensors: l.tensors}
+	files := make([]*os.File, 0, len(l.segments))
+	for i, seg := range l.segments {
+		f, err := seg.Export()
+		if err != nil {
+			for _, f := range files {
+				_ = f.Close()
+			}
+			d.count(protocol.ResultError, nil)
+			return protocol.Errorf(protocol.CodeInternal, "export segment %d: %v", i, err), nil, false
+		}
+		files = append(files, f)
+		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: seg.Size()})
+	}
+	if !s.leased {
+		s.leased = true
+		d.addLease(1)
+	}
+	d.count(protocol.ResultHit, nil)
+	return m, files, true
+}
+
+// peerUID is the uid of the process at the other end, from SO_PEERCRED.
+func peerUID(uc *net.UnixConn) (int, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	uid := -1
+	var cerr error
+	err = raw.Control(func(fd uintptr) {
+		var cred *syscall.Ucred
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+		if cerr == nil {
+			uid = int(cred.Uid)
+		}
+	})
+	if err != nil {
+		return -1, err
+	}
+	return uid, cerr
+}

@@ -1,0 +1,291 @@
+// Package daemon is one weightcache rank: it owns a device's segments, fills
+// them from a checkpoint, and serves them over its Unix socket until it is
+// told to stop.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Version identifies the daemon build in hello replies.
+const Version = "weightcache/0.1"
+
+// Config describes one daemon.
+type Config struct {
+	Model        string // as the operator named it, for stats
+	Checkpoint   *checkpoint.Checkpoint
+	Fingerprint  checkpoint.Fingerprint
+	DType        string // served dtype, normalized; "" serves tensors as stored
+	Backend      backend.Backend
+	SocketDir    string
+	Group        string        // "main" or "draft"
+	DrainTimeout time.Duration // how long Shutdown waits for zero_copy leases
+	Workers      int           // parallel readers; default 4
+	ChunkBytes   int           // staging per reader; default 4 MiB
+	MaxSegment   int64         // default backend.DefaultMaxSegment
+	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
+	Logger       *slog.Logger
+}
+
+// Daemon serves one device. Create it with Start, fill it with Load, stop
+// it with Shutdown.
+type Daemon struct {
+	cfg     Config
+	ln      *listener
+	log     *slog.Logger
+	started time.Time
+	readyCh chan struct{} // closed once the state leaves loading for ready
+	stopCh  chan struct{} // closed when Shutdown begins
+
+	loaded atomic.Int64
+	total  int64
+
+	mu         sync.Mutex
+	state      string
+	loadErr    error
+	layout     *layout
+	loadSecs   float64
+	leases     int
+	leaseCh    chan struct{} // signalled whenever leases drops
+	conns      map[*net.UnixConn]struct{}
+	handshakes map[string]int64
+	mismatches map[string]int64
+	releases   int64
+
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	stopLeft int
+}
+
+// layout is what Load produced: the segments and the manifest entries.
+type layout struct {
+	segments []backend.Segment
+	tensors  []protocol.Tensor
+	bytes    int64
+}
+
+// Start checks the socket directory, takes the device's socket and starts
+// accepting connections in state loading. It fails, naming the live daemon,
+// when the device is already served.
+func Start(cfg Config) (*Daemon, error) {
+	if cfg.Checkpoint == nil || cfg.Backend == nil {
+		return nil, errors.New("daemon: a checkpoint and a backend are required")
+	}
+	if cfg.Group == "" {
+		cfg.Group = "main"
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.ChunkBytes <= 0 {
+		cfg.ChunkBytes = 4 << 20
+	}
+	if cfg.MaxSegment <= 0 {
+		cfg.MaxSegment = backend.DefaultMaxSegment
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := protocol.EnsureSocketDir(cfg.SocketDir); err != nil {
+		return nil, err
+	}
+	path, err := protocol.SocketPath(cfg.SocketDir, cfg.Group, cfg.Backend.Device())
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listen(path)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		cfg:        cfg,
+		ln:         ln,
+		log:        cfg.Logger.With("device", cfg.Backend.Device(), "group", cfg.Group, "socket", path),
+		started:    time.Now(),
+		readyCh:    make(chan struct{}),
+		stopCh:     make(chan struct{}),
+		state:      protocol.StateLoading,
+		leaseCh:    make(chan struct{}, 1),
+		conns:      map[*net.UnixConn]struct{}{},
+		handshakes: map[string]int64{},
+		mismatches: map[string]int64{},
+		total:      cfg.Checkpoint.Size(),
+	}
+	d.wg.Add(1)
+	go d.accept()
+	return d, nil
+}
+
+// Socket is the path clients connect to.
+func (d *Daemon) Socket() string { return d.ln.path }
+
+// Progress reports checkpoint bytes read so far and in all.
+func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total }
+
+// Ready is closed once the daemon serves tensors.
+func (d *Daemon) Ready() <-chan struct{} { return d.readyCh }
+
+// Leases is the number of live leases.
+func (d *Daemon) Leases() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.leases
+}
+
+func (d *Daemon) accept() {
+	defer d.wg.Done()
+	for {
+		uc, err := d.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.log.Warn("accept failed", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		d.mu.Lock()
+		d.conns[uc] = struct{}{}
+		d.mu.Unlock()
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.serveConn(uc)
+			d.mu.Lock()
+			delete(d.conns, uc)
+			d.mu.Unlock()
+			_ = uc.Close()
+		}()
+	}
+}
+
+// Shutdown stops serving: new hellos are refused (draining), live leases get
+// up to DrainTimeout to go away (or until ctx ends), then every connection
+// is closed, the socket removed and the memory freed. It returns how many
+// leases were still live when it stopped waiting. Later calls wait for the
+// first to finish and return the same.
+func (d *Daemon) Shutdown(ctx context.Context) int {
+	d.stopOnce.Do(func() { d.stopLeft = d.shutdown(ctx) })
+	return d.stopLeft
+}
+
+func (d *Daemon) shutdown(ctx context.Context) int {
+	d.mu.Lock()
+	d.state = protocol.StateDraining
+	d.mu.Unlock()
+	close(d.stopCh)
+	timer := time.NewTimer(d.cfg.DrainTimeout)
+	defer timer.Stop()
+	left := d.Leases()
+	for left > 0 {
+		select {
+		case <-d.leaseCh:
+		case <-timer.C:
+			d.log.Warn("drain timeout: closing live leases", "leases", left)
+			goto stop
+		case <-ctx.Done():
+			goto stop
+		}
+		left = d.Leases()
+	}
+stop:
+	_ = d.ln.close()
+	d.mu.Lock()
+	for c := range d.conns {
+		_ = c.Close()
+	}
+	d.mu.Unlock()
+	d.wg.Wait()
+	d.free()
+	return left
+}
+
+func (d *Daemon) free() {
+	d.mu.Lock()
+	l := d.layout
+	d.layout = nil
+	d.mu.Unlock()
+	if l != nil {
+		for _, s := range l.segments {
+			if err := s.Free(); err != nil {
+				d.log.Warn("free segment", "err", err)
+			}
+		}
+	}
+	if err := d.cfg.Backend.Close(); err != nil {
+		d.log.Warn("close backend", "err", err)
+	}
+}
+
+// Stats is the daemon's current state, as served to `weightcache status`.
+func (d *Daemon) Stats() protocol.Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := protocol.Stats{
+		Head:           protocol.NewHead(protocol.TypeStats),
+		Device:         d.cfg.Backend.Device(),
+		Group:          d.cfg.Group,
+		State:          d.state,
+		PID:            os.Getpid(),
+		Socket:         d.ln.path,
+		Model:          d.cfg.Model,
+		Fingerprint:    d.cfg.Fingerprint,
+		FingerprintSum: d.cfg.Fingerprint.Sum(),
+		Tensors:        d.cfg.Checkpoint.NumTensors(),
+		LoadedBytes:    d.loaded.Load(),
+		LoadSeconds:    d.loadSecs,
+		Leases:         d.leases,
+		Connections:    len(d.conns),
+		Handshakes:     copyMap(d.handshakes),
+		Mismatches:     copyMap(d.mismatches),
+		Releases:       d.releases,
+	}
+	if d.layout != nil {
+		st.Bytes = d.layout.bytes
+		st.Segments = len(d.layout.segments)
+	}
+	if d.loadErr != nil {
+		st.Error = d.loadErr.Error()
+	}
+	return st
+}
+
+func copyMap(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (d *Daemon) count(result string, fields []checkpoint.FieldDiff) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handshakes[result]++
+	for _, f := range fields {
+		d.mismatches[f.Field]++
+	}
+}
+
+func (d *Daemon) addLease(n int) {
+	d.mu.Lock()
+	d.leases += n
+	d.mu.Unlock()
+	if n < 0 {
+		select {
+		case d.leaseCh <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Load reads the checkpoint into freshly allocated segments, seals them and
+// moves the daemon to ready. Workers read whole tensors in parallel, each
+// through its own bounded staging buffer, so private memory stays at
+// Workers x ChunkBytes whatever the model size. On error nothing is kept.
+func (d *Daemon) Load(ctx context.Context) error {
+	start := time.Now()
+	l, err := d.load(ctx)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.loadErr = err
+		return err
+	}
+	if d.state != protocol.StateLoading {
+		// Shutdown began while the last segments were sealed.
+		for _, s := range l.segments {
+			_ = s.Free()
+		}
+		return errors.New("daemon stopped while loading")
+	}
+	d.layout = l
+	d.loadSecs = time.Since(start).Seconds()
+	d.state = protocol.StateReady
+	close(d.readyCh)
+	d.log.Info("ready", "tensors", len(l.tensors), "bytes", l.bytes, "segments", len(l.segments), "load_seconds", d.loadSecs)
+	return nil
+}
+
+func (d *Daemon) load(ctx context.Context) (*layout, error) {
+	served, err := d.cfg.Checkpoint.ServedTensors(d.cfg.DType)
+	if err != nil {
+		return nil, err
+	}
+	sizes := make([]int64, len(served))
+	for i, s := range served {
+		sizes[i] = s.NBytes
+	}
+	places, segSizes, err := backend.Pack(sizes, d.cfg.MaxSegment)
+	if err != nil {
+		return nil, err
+	}
+	l := &layout{tensors: make([]protocol.Tensor, len(served))}
+	ok := false
+	defer func() {
+		if !ok {
+			for _, s := range l.segments {
+				_ = s.Free()
+			}
+		}
+	}()
+	for i, n := range segSizes {
+		seg, err := d.cfg.Backend.Alloc(n)
+		if err != nil {
+			return nil, fmt.Errorf("allocate segment %d of %d bytes on %s: %w", i, n, d.cfg.Backend.Device(), err)
+		}
+		l.segments = append(l.segments, seg)
+	}
+	files, err := d.cfg.Checkpoint.OpenShards()
+	if err != nil {
+		return nil, err
+	}
+	defer checkpoint.CloseShards(files)
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	progress := d.throttle(ctx, time.Now())
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for range min(d.cfg.Workers, max(len(served), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := checkpoint.NewReader(files, d.cfg.ChunkBytes)
+			for i := range jobs {
+				s, p := served[i], places[i]
+				crc, err := r.Copy(s, l.segments[p.Segment], p.Offset, progress)
+				if err != nil {
+					cancel(err)
+					continue
+				}
+				l.tensors[i] = protocol.Tensor{
+					Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape,
+					Segment: p.Segment, Offset: p.Offset, NBytes: s.NBytes, CRC32C: crc,
+				}
+			}
+		}()
+	}
+feed:
+	for i := range served {
+		select {
+		case jobs <- i:
+		case <-ctx.Done():
+			break feed
+		case <-d.stopCh:
+			cancel(errors.New("daemon stopped while loading"))
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	for i, s := range l.segments {
+		if err := s.Seal(); err != nil {
+			return nil, fmt.Errorf("seal segment %d: %w", i, err)
+		}
+		l.bytes += segSizes[i]
+	}
+	ok = true
+	return l, nil
+}
+
+// throttle returns the progress callback for the readers. With a read limit
+// it sleeps whoever got ahead of the allowed rate, so that a preload on a
+// shared host does not starve other tenants' I/O.
+func (d *Daemon) throttle(ctx context.Context, start time.Time) func(int64) {
+	rate := d.cfg.ReadLimit
+	return func(n int64) {
+		done := d.loaded.Add(n)
+		if rate <= 0 {
+			return
+		}
+		due := start.Add(time.Duration(float64(done) / float64(rate) * float64(time.Second)))
+		if wait := time.Until(due); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-d.stopCh:
+			case <-ctx.Done():
+			}
+		}
+	}
+}
