@@ -1,0 +1,197 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+func synth(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := checkpoint.Synth(dir, "tiny", 1, "bf16"); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// fakeDaemon accepts one connection on the host socket in a fresh directory
+// and hands it to serve.
+func fakeDaemon(t *testing.T, serve func(c *protocol.Conn)) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path, _ := protocol.SocketPath(dir, "main", "host")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		uc, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		c := protocol.NewConn(uc, protocol.MaxRequestFrame)
+		defer c.Close()
+		serve(c)
+	}()
+	return dir
+}
+
+// answer reads one request and sends reply with files.
+func answer(c *protocol.Conn, reply any, files ...*os.File) bool {
+	fr, err := c.Recv()
+	if err != nil {
+		return false
+	}
+	fr.CloseFiles()
+	return c.Send(reply, files...) == nil
+}
+
+func okReady(c *protocol.Conn) bool {
+	return answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host"})
+}
+
+func fdCount(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+func TestFallbackReasons(t *testing.T) {
+	model := synth(t)
+	oneSegment := func(size int64) *os.File {
+		b, _ := host.New("host")
+		seg, err := b.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg.Seal()
+		f, err := seg.Export()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg.Free()
+		return f
+	}
+	tests := []struct {
+		name   string
+		serve  func(c *protocol.Conn)
+		reason Reason
+		detail string
+	}{
+		{"daemon dies after hello", func(c *protocol.Conn) { c.Recv() }, ReasonProtocolError, "closed"},
+		{"garbage reply", func(c *protocol.Conn) {
+			c.Recv()
+			c.Unix().Write([]byte{0, 0, 0, 3, 'a', 'b', 'c'})
+		}, ReasonProtocolError, "malformed frame"},
+		{"manifest without descriptors", func(c *protocol.Conn) {
+			okReady(c)
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}})
+		}, ReasonProtocolError, "1 segments but 0 descriptors"},
+		{"tensor outside its segment", func(c *protocol.Conn) {
+			okReady(c)
+			f := oneSegment(4096)
+			defer f.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
+				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
+				Tensors:  []protocol.Tensor{{Name: "w", DType: "U8", Shape: []int64{100}, Offset: 4000, NBytes: 100}}}, f)
+		}, ReasonProtocolError, "tensor w: bytes [4000,4100) outside segment 0"},
+		{"size does not match shape", func(c *protocol.Conn) {
+			okReady(c)
+			f := oneSegment(4096)
+			defer f.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
+				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
+				Tensors:  []protocol.Tensor{{Name: "w", DType: "F32", Shape: []int64{10}, NBytes: 10}}}, f)
+		}, ReasonProtocolError, "do not match dtype F32"},
+		{"daemon refuses: permission", func(c *protocol.Conn) {
+			answer(c, protocol.Errorf(protocol.CodePermission, "uid 0 only"))
+		}, ReasonProtocolError, "permission_denied"},
+		{"daemon draining", func(c *protocol.Conn) {
+			answer(c, protocol.Errorf(protocol.CodeDraining, "draining"))
+		}, ReasonNoDaemon, "draining"},
+		{"still loading", func(c *protocol.Conn) {
+			answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateLoading})
+			answer(c, protocol.Errorf(protocol.CodeNotReady, "still loading"))
+		}, ReasonNotReadyTimeout, "still loading"},
+		{"silent daemon", func(c *protocol.Conn) { c.Recv(); time.Sleep(time.Second) }, ReasonProtocolError, "deadline"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := fdCount(t)
+			// Registered first, so it runs after the fake daemon is gone.
+			t.Cleanup(func() {
+				if after := fdCount(t); after != before {
+					t.Errorf("descriptors went from %d to %d", before, after)
+				}
+			})
+			dir := fakeDaemon(t, tt.serve)
+			opts := []Opt{WithSocketDir(dir), WithConnectTimeout(200 * time.Millisecond)}
+			w, err := Attach(context.Background(), model, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Source.Hit || w.Source.Reason != tt.reason || !strings.Contains(w.Source.Detail, tt.detail) {
+				t.Fatalf("source = %s, want %s containing %q", w.Source, tt.reason, tt.detail)
+			}
+			if len(w.Tensors) == 0 {
+				t.Fatal("fallback loaded no tensors")
+			}
+			w.Close()
+		})
+	}
+}
+
+func TestStrictMiss(t *testing.T) {
+	model := synth(t)
+	dir := t.TempDir()
+	_, err := Attach(context.Background(), model, WithSocketDir(dir), WithFallback(false))
+	var me *MissError
+	if !errors.As(err, &me) || !errors.Is(err, ErrNoDaemon) || !errors.Is(err, ErrMiss) {
+		t.Fatalf("Attach = %v, want a no_daemon miss", err)
+	}
+	if !strings.Contains(err.Error(), "main-host.sock") {
+		t.Fatalf("error %q does not name the socket", err)
+	}
+}
+
+func TestUnsafeSocketDirNotTrusted(t *testing.T) {
+	model := synth(t)
+	dir := t.TempDir()
+	os.Chmod(dir, 0o777)
+	w, err := Attach(context.Background(), model, WithSocketDir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Source.Reason != ReasonNoDaemon || !strings.Contains(w.Source.Detail, "world-writable") {
+		t.Fatalf("source = %s", w.Source)
+	}
+}
+
+func TestBadModel(t *testing.T) {
+	_, err := Attach(context.Background(), filepath.Join(t.TempDir(), "nope"))
+	if err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("Attach of a missing model = %v", err)
+	}
+	if _, err := Attach(context.Background(), synth(t), WithMode("borrow")); err == nil {
+		t.Fatal("bad mode accepted")
+	}
+}

@@ -1,0 +1,101 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
+
+// Reason says why an engine did not get its weights from the daemon.
+type Reason string
+
+// Reasons for a fallback, or for a strict miss.
+const (
+	ReasonNoDaemon            Reason = "no_daemon"
+	ReasonNotReadyTimeout     Reason = "not_ready_timeout"
+	ReasonFingerprintMismatch Reason = "fingerprint_mismatch"
+	ReasonDeviceMismatch      Reason = "device_mismatch"
+	ReasonProtocolError       Reason = "protocol_error"
+)
+
+// Sentinels for errors.Is on a *MissError, one per reason, and ErrMiss for
+// any of them.
+var (
+	ErrMiss                = errors.New("weight cache miss")
+	ErrNoDaemon            = errors.New("no daemon")
+	ErrNotReadyTimeout     = errors.New("daemon not ready in time")
+	ErrFingerprintMismatch = errors.New("fingerprint mismatch")
+	ErrDeviceMismatch      = errors.New("device mismatch")
+	ErrProtocol            = errors.New("protocol error")
+)
+
+var reasonErr = map[Reason]error{
+	ReasonNoDaemon:            ErrNoDaemon,
+	ReasonNotReadyTimeout:     ErrNotReadyTimeout,
+	ReasonFingerprintMismatch: ErrFingerprintMismatch,
+	ReasonDeviceMismatch:      ErrDeviceMismatch,
+	ReasonProtocolError:       ErrProtocol,
+}
+
+// FieldDiff is one differing fingerprint field: what the engine wants and
+// what the daemon has.
+type FieldDiff = checkpoint.FieldDiff
+
+// Source says where the weights came from.
+type Source struct {
+	Hit    bool        // from the daemon
+	Reason Reason      // why not, when !Hit
+	Detail string      // the underlying error, for people
+	Fields []FieldDiff // for fingerprint and device mismatches
+	Socket string      // the socket that was tried
+}
+
+// Kind is "hit" or "fallback".
+func (s Source) Kind() string {
+	if s.Hit {
+		return "hit"
+	}
+	return "fallback"
+}
+
+func (s Source) String() string {
+	if s.Hit {
+		return "hit from " + s.Socket
+	}
+	msg := string(s.Reason)
+	if len(s.Fields) > 0 {
+		parts := make([]string, len(s.Fields))
+		for i, f := range s.Fields {
+			parts[i] = fmt.Sprintf("%s: engine %q, daemon %q", f.Field, f.Want, f.Got)
+		}
+		msg += " (" + strings.Join(parts, "; ") + ")"
+	}
+	if s.Detail != "" {
+		msg += ": " + s.Detail
+	}
+	return msg
+}
+
+// MissError is returned by Attach with fallback off when the daemon cannot
+// serve the weights.
+type MissError struct {
+	Source Source
+}
+
+func (e *MissError) Error() string { return "weight cache miss, " + e.Source.String() }
+
+// Is matches ErrMiss and the sentinel of the miss's reason.
+func (e *MissError) Is(target error) bool {
+	return target == ErrMiss || target == reasonErr[e.Source.Reason]
+}
+
+// miss builds a fallback Source.
+func miss(r Reason, socket string, err error, fields ...FieldDiff) Source {
+	s := Source{Reason: r, Socket: socket, Fields: fields}
+	if err != nil {
+		s.Detail = err.Error()
+	}
+	return s
+}
