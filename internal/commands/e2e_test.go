@@ -1,0 +1,353 @@
+package commands
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
+
+// The test binary doubles as the weightcache binary, so that end-to-end
+// tests run real processes without a separate build.
+func TestMain(m *testing.M) {
+	if os.Getenv("WEIGHTCACHE_TEST_MAIN") == "1" {
+		os.Exit(Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+func wc(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "WEIGHTCACHE_TEST_MAIN=1")
+	return cmd
+}
+
+// run runs a weightcache command to completion.
+func runWC(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := wc(args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+func synthModel(t *testing.T, preset string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := checkpoint.Synth(dir, preset, 2, "bf16"); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func sockDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "wc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+type preloadProc struct {
+	cmd    *exec.Cmd
+	ready  map[string]any
+	stderr *bytes.Buffer
+	lines  chan string
+}
+
+// startPreloadProc starts a preload process; with wait it returns once the
+// ready line is out.
+func startPreloadProc(t *testing.T, wait bool, args ...string) *preloadProc {
+	t.Helper()
+	cmd := wc(append([]string{"preload"}, args...)...)
+	p := &preloadProc{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 16)}
+	cmd.Stderr = p.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	if wait {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				_ = cmd.Wait()
+				t.Fatalf("preload exited: %s", p.stderr)
+			}
+			if err := json.Unmarshal([]byte(line), &p.ready); err != nil || p.ready["event"] != "ready" {
+				t.Fatalf("first line %q is not the ready event", line)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("preload not ready in 60s")
+		}
+	}
+	return p
+}
+
+func (p *preloadProc) stop(t *testing.T, sig os.Signal) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return 0
+}
+
+func attachJSON(t *testing.T, args ...string) (attachResult, int) {
+	t.Helper()
+	out, errOut, code := runWC(t, append([]string{"attach", "--json"}, args...)...)
+	var r attachResult
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("attach printed %q (stderr %q, exit %d)", out, errOut, code)
+	}
+	return r, code
+}
+
+func stats(t *testing.T, dir string) client.DaemonStatus {
+	t.Helper()
+	st, err := client.Status(context.Background(), dir)
+	if err != nil || len(st) != 1 {
+		t.Fatalf("status: %v, %d daemons", err, len(st))
+	}
+	return st[0]
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func noSockets(t *testing.T, dir string) {
+	t.Helper()
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	if len(left) > 0 {
+		t.Fatalf("left behind in %s: %v", dir, left)
+	}
+}
+
+func TestPreloadAttachStatusAcrossProcesses(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	for _, k := range []string{"socket", "tensors", "bytes", "load_seconds"} {
+		if _, ok := p.ready[k]; !ok {
+			t.Errorf("ready line lacks %q: %v", k, p.ready)
+		}
+	}
+	hit, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--digest", "--touch", "--verify")
+	if code != 0 || hit.Source != "hit" || hit.Verified == nil || !*hit.Verified {
+		t.Fatalf("attach: exit %d, %+v", code, hit)
+	}
+	disk, code := attachJSON(t, "--model", model, "--socket-dir", sockDir(t), "--digest")
+	if code != 0 || disk.Source != "fallback" || disk.Reason != "no_daemon" {
+		t.Fatalf("attach without daemon: exit %d, %+v", code, disk)
+	}
+	if len(hit.Digest) == 0 || len(hit.Digest) != len(disk.Digest) {
+		t.Fatalf("digests: %d from daemon, %d from disk", len(hit.Digest), len(disk.Digest))
+	}
+	for name, d := range disk.Digest {
+		if hit.Digest[name] != d {
+			t.Fatalf("tensor %s differs between daemon and disk", name)
+		}
+	}
+	miss, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--dtype", "float32", "--fallback=false")
+	if code != exitMiss || miss.Reason != "fingerprint_mismatch" || miss.Fields[0].Field != "dtype" {
+		t.Fatalf("strict mismatch: exit %d, %+v", code, miss)
+	}
+	st := stats(t, dir)
+	if st.State != "ready" || st.Handshakes["hit"] != 1 || st.Mismatches["dtype"] != 1 || st.Leases != 0 {
+		t.Fatalf("status: %+v", st)
+	}
+	out, _, code := runWC(t, "status", "--socket-dir", dir)
+	if code != 0 || !strings.Contains(out, "dtype=1") || !strings.Contains(out, "ready") {
+		t.Fatalf("status table (exit %d):\n%s", code, out)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+	if extra, ok := <-p.lines; ok {
+		t.Fatalf("a second stdout line: %q", extra)
+	}
+	noSockets(t, dir)
+}
+
+func TestKillDaemonDuringAttach(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	// Throttled so that the engines are still waiting when the daemon dies.
+	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--read-limit", "100000")
+	waitFor(t, "daemon loading", func() bool {
+		st, err := client.Status(context.Background(), dir)
+		return err == nil && len(st) == 1 && st[0].State == "loading"
+	})
+	type res struct {
+		r    attachResult
+		code int
+	}
+	lenient, strict := make(chan res, 1), make(chan res, 1)
+	go func() { r, c := attachJSON(t, "--model", model, "--socket-dir", dir); lenient <- res{r, c} }()
+	go func() {
+		r, c := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false")
+		strict <- res{r, c}
+	}()
+	waitFor(t, "two engines waiting", func() bool {
+		st := stats(t, dir)
+		// The status probe is a connection too.
+		return st.State == "loading" && st.Connections-1 >= 2
+	})
+	p.stop(t, syscall.SIGKILL)
+	l, s := <-lenient, <-strict
+	if l.code != 0 || l.r.Source != "fallback" || l.r.Reason != "protocol_error" || l.r.Tensors == 0 {
+		t.Fatalf("lenient engine: exit %d, %+v", l.code, l.r)
+	}
+	if s.code != exitMiss || s.r.Reason != "protocol_error" {
+		t.Fatalf("strict engine: exit %d, %+v", s.code, s.r)
+	}
+	// The dead daemon's socket is stale; a new daemon replaces it.
+	p2 := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	if r, _ := attachJSON(t, "--model", model, "--socket-dir", dir); r.Source != "hit" {
+		t.Fatalf("after restart: %+v", r)
+	}
+	p2.stop(t, syscall.SIGTERM)
+	noSockets(t, dir)
+}
+
+func TestSIGTERMDrainsLiveLease(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--drain-timeout", "30s")
+	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "1500ms", "--fallback=false")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lease taken", func() bool { return stats(t, dir).Leases == 1 })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	held := time.Now()
+	if err := p.cmd.Wait(); err != nil {
+		t.Fatalf("preload: %v: %s", err, p.stderr)
+	}
+	if time.Since(held) > 5*time.Second {
+		t.Fatal("preload lingered after the lease ended")
+	}
+	if !strings.Contains(p.stderr.String(), "draining") {
+		t.Fatalf("preload did not say it was draining: %s", p.stderr)
+	}
+	noSockets(t, dir)
+}
+
+func TestKilledClientReleasesLease(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "60s")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lease taken", func() bool { return stats(t, dir).Leases == 1 })
+	_ = holder.Process.Kill()
+	_ = holder.Wait()
+	waitFor(t, "lease released", func() bool { return stats(t, dir).Leases == 0 })
+	p.stop(t, syscall.SIGTERM)
+}
+
+func TestBadInput(t *testing.T) {
+	model := synthModel(t, "tiny")
+	corrupt := filepath.Join(t.TempDir(), "corrupt")
+	if err := os.MkdirAll(corrupt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A header length far past the file's end.
+	if err := os.WriteFile(filepath.Join(corrupt, "model.safetensors"), []byte{0xff, 0xff, 0xff, 0, 0, 0, 0, 0, '{', '}'}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := t.TempDir()
+	loose := sockDir(t)
+	if err := os.Chmod(loose, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"missing model", []string{"preload", "--model", "/nonexistent/model"}, 1, "/nonexistent/model"},
+		{"no safetensors", []string{"preload", "--model", empty}, 1, empty},
+		{"corrupt header", []string{"preload", "--model", corrupt}, 1, "model.safetensors"},
+		{"bad dtype", []string{"preload", "--model", model, "--dtype", "int3"}, 2, "int3"},
+		{"unknown flag", []string{"preload", "--model", model, "--tensor-paralel-size", "2"}, 2, "tensor-paralel-size"},
+		{"no model flag", []string{"attach"}, 2, "--model"},
+		{"unsafe socket dir", []string{"preload", "--model", model, "--socket-dir", loose}, 1, loose},
+		{"unknown command", []string{"preloda"}, 2, "preloda"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := sockDir(t)
+			args := append(tt.args, "--socket-dir", dir)
+			if tt.name == "unsafe socket dir" || tt.name == "unknown command" {
+				args = tt.args
+			}
+			_, stderr, code := runWC(t, args...)
+			if code != tt.code || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d naming %q", code, stderr, tt.code, tt.want)
+			}
+			if lines := strings.Count(strings.TrimSpace(stderr), "\n"); lines > 0 && tt.code != 2 {
+				t.Fatalf("error is %d lines, want one: %q", lines+1, stderr)
+			}
+			noSockets(t, dir)
+		})
+	}
+}
+
+func TestDemo(t *testing.T) {
+	out, stderr, code := runWC(t, "demo")
+	if code != 0 {
+		t.Fatalf("demo exit %d: %s\n%s", code, out, stderr)
+	}
+	for _, want := range []string{"restart through the daemon (hit)", "fingerprint_mismatch", "dtype"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}

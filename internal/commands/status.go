@@ -1,0 +1,69 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+func init() {
+	register(command{name: "status", summary: "show every daemon in the socket directory", run: runStatus})
+}
+
+func runStatus(ctx context.Context, e env, args []string) error {
+	fs := newFlags("status", e)
+	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	daemons, err := client.Status(ctx, *socketDir)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if daemons == nil {
+			daemons = []client.DaemonStatus{}
+		}
+		return json.NewEncoder(e.stdout).Encode(daemons)
+	}
+	if len(daemons) == 0 {
+		fmt.Fprintf(e.stdout, "no daemons in %s\n", *socketDir)
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tGROUP\tSTATE\tPID\tMODEL\tDTYPE\tTP\tDP\tTENSORS\tBYTES\tLEASES\tHITS\tMISMATCHES")
+	for _, d := range daemons {
+		if d.State == "unreachable" {
+			fmt.Fprintf(tw, "%s\t-\tunreachable\t-\t%s\t\t\t\t\t\t\t\t\n", d.Device, d.Error)
+			continue
+		}
+		fp := d.Fingerprint
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\t%s\n",
+			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, fp.TPRank, fp.TPSize, fp.DPRank, fp.DPSize,
+			d.Tensors, humanBytes(d.Bytes), d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
+	}
+	return tw.Flush()
+}
+
+func mismatchSummary(m map[string]int64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, ",")
+}
