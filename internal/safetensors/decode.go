@@ -9,10 +9,10 @@ import (
 	"strconv"
 )
 
-// decodeHeader walks the JSON token by token: encoding/json would silently
+// strictDecode walks the JSON token by token: encoding/json would silently
 // keep the last of two duplicate keys, and a duplicate tensor name is
 // exactly what a strict reader must refuse.
-func decodeHeader(raw []byte) (*Header, error) {
+func strictDecode(raw []byte) (*Header, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	if err := expectDelim(dec, '{', "header"); err != nil {

@@ -26,11 +26,31 @@ func FuzzParseHeader(f *testing.F) {
 		{`{"a\u0000":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}`, 1},
 		{`{"__metadata__":{"k":1}}`, 0},
 		{"{\"\xff\":1}", 0},
+		{`{"a":{"DTYPE":"F32","shape":[2],"data_offsets":[0,8]}}`, 8},
+		{`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}}`, 8},
+		{`{"a":{"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]}}`, 8},
+		{`{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}`, 8},
+		{`{"__metadata__":{"k":"v","k":"w"}}`, 0},
+		{`{"__metadata__":null}`, 0},
+		{`{"a\"b":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}`, 1},
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s.raw), s.size)
 	}
 	f.Fuzz(func(t *testing.T, raw []byte, size int64) {
+		// The fast path must never accept what the strict path refuses,
+		// nor read it differently.
+		if fast, ok := fastDecode(raw); ok && len(raw) > 0 && raw[0] == '{' {
+			strict, err := strictDecode(raw)
+			if err != nil {
+				t.Fatalf("fast path accepted %q, strict path says %v", raw, err)
+			}
+			checkLayout(fast.Tensors, size)
+			checkLayout(strict.Tensors, size)
+			if !slices.EqualFunc(fast.Tensors, strict.Tensors, tensorEqual) || len(fast.Metadata) != len(strict.Metadata) {
+				t.Fatalf("fast and strict paths differ on %q:\n%+v\n%+v", raw, fast, strict)
+			}
+		}
 		h, err := ParseHeader(raw, size)
 		if err != nil {
 			if !errors.Is(err, ErrFormat) {
