@@ -79,11 +79,9 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
-	ckpt, err := checkpoint.Resolve(model, o.revision)
-	if err != nil {
-		return nil, err
-	}
-	fp, err := ckpt.Fingerprint(o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	// A hit needs only the fingerprint; the full, validated checkpoint is
+	// read only for a fallback.
+	fp, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +92,10 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	}
 	if !o.fallback {
 		return nil, &MissError{Source: src}
+	}
+	ckpt, err := checkpoint.Resolve(model, o.revision)
+	if err != nil {
+		return nil, fmt.Errorf("fallback after %s: %w", src, err)
 	}
 	w, err = loadFromDisk(ckpt, fp.DType)
 	if err != nil {
