@@ -168,7 +168,6 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 		}
 		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false
 	}
-	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: d.cfg.Backend.Device(), Tensors: l.tensors}
 	files := make([]*os.File, 0, len(l.segments))
 	for i, seg := range l.segments {
 		f, err := seg.Export()
@@ -180,14 +179,13 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 			return protocol.Errorf(protocol.CodeInternal, "export segment %d: %v", i, err), nil, false
 		}
 		files = append(files, f)
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
 	if !s.leased {
 		s.leased = true
 		d.addLease(1)
 	}
 	d.count(protocol.ResultHit, nil)
-	return m, files, true
+	return l.manifest, files, true
 }
 
 // peerUID is the uid of the process at the other end, from SO_PEERCRED.

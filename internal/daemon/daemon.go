@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -73,6 +74,7 @@ type layout struct {
 	segments []backend.Segment
 	tensors  []protocol.Tensor
 	bytes    int64
+	manifest json.RawMessage // the encoded manifest frame
 }
 
 // Start checks the socket directory, takes the device's socket and starts

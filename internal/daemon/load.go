@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -115,11 +116,17 @@ feed:
 	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: d.cfg.Backend.Device(), Tensors: l.tensors}
 	for i, s := range l.segments {
 		if err := s.Seal(); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w", i, err)
 		}
 		l.bytes += segSizes[i]
+		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+	}
+	// Every engine gets the same manifest: encode it once, not per attach.
+	if l.manifest, err = json.Marshal(m); err != nil {
+		return nil, err
 	}
 	ok = true
 	return l, nil
