@@ -88,9 +88,6 @@ func (r *Report) RulesUsed() []*Rule {
 	return out
 }
 
-// Level is the rule's default severity.
-func (r *Rule) Level() Severity { return r.sev }
-
 // sortFindings orders findings by place and drops repeats: a file reached
 // both by the walk and as an EnvironmentFile, or a comment seen both as
 // YAML and as the shell inside a block scalar.

@@ -177,3 +177,15 @@ func firstDiff(got, want string) string {
 	}
 	return "same lines"
 }
+
+func TestArtifactURI(t *testing.T) {
+	for in, want := range map[string]string{
+		"deploy/run.sh":    "deploy/run.sh",
+		"deploy/a b#c.yml": "deploy/a%20b%23c.yml",
+		"/srv/deploy/x.sh": "file:///srv/deploy/x.sh",
+	} {
+		if got := artifactURI(in); got != want {
+			t.Errorf("artifactURI(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

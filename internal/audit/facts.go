@@ -111,25 +111,31 @@ func advance(p Pos, text string) Pos {
 }
 
 // addShell turns lexed shell text into commands, environment uses and
-// comment findings.
+// comment findings. It consumes res: its words go back for reuse.
 func (f *facts) addShell(res shResult, comment bool, depth int) {
 	vars := shellVars(res.cmds)
 	for _, ws := range res.cmds {
-		cmd := Command{Comment: comment, Words: make([]Word, 0, len(ws))}
+		// The command's words first, as a window on the file's word
+		// array; strings inside them add commands of their own after.
+		start := len(f.words)
 		for j := range ws {
-			w := &ws[j]
-			text, unresolved := expand(w, vars)
-			cmd.Words = append(cmd.Words, Word{Text: text, Pos: w.pos, Opaque: unresolved})
+			text, unresolved := expand(&ws[j], vars)
+			f.words = append(f.words, Word{Text: text, Pos: ws[j].pos, Opaque: unresolved})
+		}
+		cmd := Command{Comment: comment, Words: f.words[start:len(f.words):len(f.words)]}
+		f.Commands = append(f.Commands, cmd)
+		for j := range ws {
+			w, text := &ws[j], cmd.Words[j].Text
 			f.shellWordEnv(ws, j, text, comment)
 			if w.quoted && depth < maxNesting && len(text) > 0 {
 				f.scanLiteral(text, w.pos, contentPos(w), comment, depth)
 			}
 		}
-		f.Commands = append(f.Commands, cmd)
 	}
 	for _, c := range res.comments {
 		f.addComment(c.text[1:], advance(c.pos, "#"), depth)
 	}
+	wordSlabs.put(res.words)
 }
 
 // contentPos is where a quoted word's content starts, when the quote leads.

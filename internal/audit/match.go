@@ -17,10 +17,10 @@ type flagUse struct {
 	comment bool
 }
 
-// commandFlags reads "--flag value", "--flag=value" and "-f value". A next
-// word that starts with "-" is another flag, not a value.
-func commandFlags(c *Command) []flagUse {
-	var out []flagUse
+// commandFlags appends to out the flags of c: "--flag value",
+// "--flag=value" and "-f value". A next word that starts with "-" is
+// another flag, not a value.
+func commandFlags(out []flagUse, c *Command) []flagUse {
 	for i := 0; i < len(c.Words); i++ {
 		w := &c.Words[i]
 		t := w.Text
@@ -111,9 +111,12 @@ func (s *fileScan) add(r *Rule, p Pos, comment bool, detail string) {
 func (s *fileScan) evaluate() []Finding {
 	f := s.facts
 	s.flags = make([][]flagUse, len(f.Commands))
+	var all []flagUse // one array for every command's flags
 	for i := range f.Commands {
 		c := &f.Commands[i]
-		s.flags[i] = commandFlags(c)
+		start := len(all)
+		all = commandFlags(all, c)
+		s.flags[i] = all[start:len(all):len(all)]
 		for j := range s.flags[i] {
 			fu := &s.flags[i][j]
 			for _, r := range s.rs.byFlag[fu.name] {
@@ -123,7 +126,9 @@ func (s *fileScan) evaluate() []Finding {
 			}
 		}
 		for _, w := range c.Words {
-			s.module(strings.SplitN(w.Text, ":", 2)[0], w.Pos, c.Comment)
+			if name, _, _ := strings.Cut(w.Text, ":"); strings.IndexByte(name, '.') > 0 {
+				s.module(name, w.Pos, c.Comment)
+			}
 		}
 	}
 	for i := range f.Env {

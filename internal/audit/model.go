@@ -56,6 +56,13 @@ type facts struct {
 	Keys     []Mention
 	Modules  []Mention
 	EnvFiles []ref
+	// words backs the Words of shell commands, reused from file to file.
+	words []Word
+}
+
+func (f *facts) reset() {
+	f.Commands, f.Env, f.Keys, f.Modules, f.EnvFiles = f.Commands[:0], f.Env[:0], f.Keys[:0], f.Modules[:0], f.EnvFiles[:0]
+	f.words = f.words[:0]
 }
 
 // problem is a reason a file could not be parsed; the file is then skipped.

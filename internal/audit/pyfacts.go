@@ -18,7 +18,8 @@ var pyKeywords = map[string]bool{
 // arguments and dict literals as --flag=value), environment uses
 // (os.environ[...], getenv, env={...}), request keys, imports and comments.
 func parsePython(src string, f *facts) {
-	toks, notes := lexPython(src)
+	toks, notes := lexPython(src, tokSlabs.get(len(src)/6))
+	defer tokSlabs.put(toks)
 	p := &pyFile{src: src, toks: toks, match: matchBrackets(toks), f: f}
 	for i, t := range toks {
 		switch {
@@ -34,6 +35,8 @@ func parsePython(src string, f *facts) {
 		f.addComment(c.text, c.pos, 0)
 	}
 }
+
+var tokSlabs slabPool[pyTok]
 
 type pyFile struct {
 	src   string
@@ -177,7 +180,13 @@ func (p *pyFile) json(a, b int) (string, bool) {
 		case t.kind == pyName && (t.text == "True" || t.text == "False" || t.text == "None"):
 			s.WriteString(map[string]string{"True": "true", "False": "false", "None": "null"}[t.text])
 		case t.kind == pyOp && strings.Contains("{}[](),:", t.text):
-			c := strings.NewReplacer("(", "[", ")", "]").Replace(t.text)
+			c := t.text
+			switch c { // a tuple is a JSON array
+			case "(":
+				c = "["
+			case ")":
+				c = "]"
+			}
 			if (c == "}" || c == "]") && strings.HasSuffix(s.String(), ",") {
 				str := s.String()
 				s.Reset()

@@ -37,8 +37,9 @@ type pyLexer struct {
 	notes   []pyComment
 }
 
-func lexPython(src string) ([]pyTok, []pyComment) {
-	lx := &pyLexer{shLexer: shLexer{src: src, line: 1, col: 1}}
+// lexPython appends src's tokens to toks[:0].
+func lexPython(src string, toks []pyTok) ([]pyTok, []pyComment) {
+	lx := &pyLexer{shLexer: shLexer{src: src, line: 1, col: 1}, toks: toks[:0]}
 	for lx.i < len(src) {
 		c := src[lx.i]
 		switch {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"path/filepath"
 	"strings"
 )
@@ -86,11 +87,11 @@ func encode(w io.Writer, v any) error {
 }
 
 // artifactURI writes a path as a SARIF artifact URI: relative paths as
-// relative references, absolute ones as file URIs.
+// relative references, absolute ones as file URIs, escaped either way.
 func artifactURI(path string) string {
-	p := filepath.ToSlash(path)
+	u := url.URL{Path: filepath.ToSlash(path)}
 	if filepath.IsAbs(path) {
-		return "file://" + p
+		u.Scheme = "file"
 	}
-	return p
+	return u.String()
 }

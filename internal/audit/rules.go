@@ -32,6 +32,8 @@ type Match struct {
 	Above    *float64 `yaml:"above"`
 	// ExceptCalls names functions whose keyword arguments are not the key.
 	ExceptCalls []string `yaml:"except_calls"`
+
+	flags []string // Flag and Aliases, normalised
 }
 
 // Rule is one thing an upgrade changed, with where the change is documented.
@@ -68,7 +70,8 @@ type ruleFile struct {
 	Loaders []*Loader `yaml:"loaders"`
 }
 
-var checks = map[string]bool{"combination": true, "loader-config": true, "loader-fallback": true, "loader-conflict": true, "differs": true}
+// checkNames are the checks written in checks.go.
+var checkNames = map[string]bool{"combination": true, "loader-config": true, "loader-fallback": true, "loader-conflict": true, "differs": true}
 
 // RuleSet is the rules in force for one run, indexed for matching.
 type RuleSet struct {
@@ -184,7 +187,7 @@ func (r *Rule) validate() error {
 		return errors.New("message, fix and source are required")
 	}
 	if r.Check != "" {
-		if !checks[r.Check] {
+		if !checkNames[r.Check] {
 			return fmt.Errorf("unknown check %q", r.Check)
 		}
 		return r.validateCheck()
@@ -205,6 +208,7 @@ func (m *Match) validate() error {
 	if m.Flag != "" && !strings.HasPrefix(m.Flag, "-") {
 		return fmt.Errorf("flag %q must start with -", m.Flag)
 	}
+	m.flags = m.normalized()
 	return nil
 }
 
@@ -223,10 +227,15 @@ func (r *Rule) validateCheck() error {
 			return errors.New("check differs needs flag and differs_from")
 		}
 	}
-	for _, m := range append(slices.Clone(r.Triggers), r.Conflicts...) {
-		if err := m.validate(); err != nil {
-			return err
+	for _, ms := range [][]Match{r.Triggers, r.Conflicts} {
+		for i := range ms {
+			if err := ms[i].validate(); err != nil {
+				return err
+			}
 		}
+	}
+	if r.Flag != "" { // differs
+		r.flags = (&Match{Flag: r.Flag}).normalized()
 	}
 	return nil
 }
@@ -255,8 +264,11 @@ func (rs *RuleSet) index() {
 	rs.pre = newPrefilter(rs)
 }
 
-// flagNames are the normalised spellings of a match's flag.
-func (m *Match) flagNames() []string {
+// flagNames are the normalised spellings of a match's flag, worked out
+// once when the rules are loaded.
+func (m *Match) flagNames() []string { return m.flags }
+
+func (m *Match) normalized() []string {
 	if m.Flag == "" {
 		return nil
 	}

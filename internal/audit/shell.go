@@ -36,7 +36,10 @@ type shComment struct {
 type shResult struct {
 	cmds     [][]shWord
 	comments []shComment
+	words    []shWord // the array cmds are windows on, for reuse
 }
+
+var wordSlabs slabPool[shWord]
 
 type shLexer struct {
 	src       string
@@ -50,11 +53,14 @@ type shLexer struct {
 func lexShell(src string, base Pos, fold bool) shResult {
 	lx := &shLexer{src: src, line: base.Line, col: base.Col, fold: fold}
 	var res shResult
-	var cmd []shWord
+	// Commands are windows on one array of words, which saves an
+	// allocation per command; a window keeps its words if the array moves.
+	words := wordSlabs.get(len(src)/8 + 1)
+	first := 0
 	flush := func() {
-		if len(cmd) > 0 {
-			res.cmds = append(res.cmds, cmd)
-			cmd = nil
+		if len(words) > first {
+			res.cmds = append(res.cmds, words[first:len(words):len(words)])
+			first = len(words)
 		}
 	}
 	for lx.i < len(src) {
@@ -67,7 +73,7 @@ func lexShell(src string, base Pos, fold bool) shResult {
 				lx.adv()
 				continue
 			}
-			cmd = append(cmd, lx.word())
+			words = append(words, lx.word())
 		case '\n':
 			lx.adv()
 			if !lx.fold {
@@ -79,10 +85,11 @@ func lexShell(src string, base Pos, fold bool) shResult {
 		case '#':
 			res.comments = append(res.comments, lx.comment())
 		default:
-			cmd = append(cmd, lx.word())
+			words = append(words, lx.word())
 		}
 	}
 	flush()
+	res.words = words
 	return res
 }
 
@@ -120,7 +127,18 @@ func (lx *shLexer) comment() shComment {
 
 func (lx *shLexer) word() shWord {
 	w := shWord{pos: lx.pos(), lead: lx.src[lx.i]}
+	// Most words have no quotes, escapes or expansions: they are a slice
+	// of the source, with no copy.
+	start := lx.i
+	for lx.i < len(lx.src) && plainByte[lx.src[lx.i]] {
+		lx.adv()
+	}
+	if lx.i == len(lx.src) || wordEnd[lx.src[lx.i]] {
+		w.text = lx.src[start:lx.i]
+		return w
+	}
 	var b strings.Builder
+	b.WriteString(lx.src[start:lx.i])
 	for lx.i < len(lx.src) {
 		c := lx.src[lx.i]
 		switch c {
@@ -171,6 +189,19 @@ func (lx *shLexer) word() shWord {
 	w.text = b.String()
 	return w
 }
+
+var plainByte, wordEnd = func() (plain, end [256]bool) {
+	for c := range 256 {
+		plain[c] = true
+	}
+	for _, c := range []byte(" \t\r\n;|()&\\'\"$`") {
+		plain[c] = false
+	}
+	for _, c := range []byte(" \t\r\n;|()") {
+		end[c] = true
+	}
+	return plain, end
+}()
 
 // until copies bytes up to the closing quote q and steps over it.
 func (lx *shLexer) until(b *strings.Builder, q byte) {

@@ -75,7 +75,7 @@ func TestExpand(t *testing.T) {
 }
 
 func TestLexPython(t *testing.T) {
-	toks, notes := lexPython("x = f(a, r'\\d', b'''t\nu''', \"q\\\"\")  # c\n")
+	toks, notes := lexPython("x = f(a, r'\\d', b'''t\nu''', \"q\\\"\")  # c\n", nil)
 	var got []string
 	for _, tk := range toks {
 		got = append(got, fmt.Sprintf("%d:%s@%d:%d", tk.kind, tk.text, tk.pos.Line, tk.pos.Col))

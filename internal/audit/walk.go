@@ -125,23 +125,28 @@ func Run(ctx context.Context, paths []string, rs *RuleSet) (*Report, error) {
 		a.roots, a.absRoots = append(a.roots, p), append(a.absRoots, abs)
 	}
 	workers := runtime.GOMAXPROCS(0)
-	jobs := make(chan job, 4*workers)
+	b := &batcher{out: make(chan []job, 4*workers)}
 	out := make([][]Finding, workers+1) // the last slot is the walker's
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			for j := range jobs {
-				out[w] = append(out[w], a.file(j)...)
+			var buf []byte
+			for batch := range b.out {
+				for _, j := range batch {
+					var fs []Finding
+					fs, buf = a.file(j, buf)
+					out[w] = append(out[w], fs...)
+				}
 			}
 		})
 	}
 	var err error
 	for _, p := range paths {
-		if err = a.walk(ctx, p, jobs, &out[workers]); err != nil {
+		if err = a.walk(ctx, p, b, &out[workers]); err != nil {
 			break
 		}
 	}
-	close(jobs)
+	b.close()
 	wg.Wait()
 	if err != nil {
 		return nil, err
@@ -153,7 +158,30 @@ func Run(ctx context.Context, paths []string, rs *RuleSet) (*Report, error) {
 	return &Report{Findings: sortFindings(all), Files: int(a.files.Load()), Parsed: int(a.parsed.Load()), Rules: rs}, nil
 }
 
-func (a *auditor) walk(ctx context.Context, root string, jobs chan<- job, diag *[]Finding) error {
+// batcher hands files to the workers batchSize at a time: handing over
+// each file alone costs more in goroutine wake-ups than reading it.
+type batcher struct {
+	out     chan []job
+	pending []job
+}
+
+const batchSize = 32
+
+func (b *batcher) add(j job) {
+	if b.pending = append(b.pending, j); len(b.pending) == batchSize {
+		b.out <- b.pending
+		b.pending = make([]job, 0, batchSize)
+	}
+}
+
+func (b *batcher) close() {
+	if len(b.pending) > 0 {
+		b.out <- b.pending
+	}
+	close(b.out)
+}
+
+func (a *auditor) walk(ctx context.Context, root string, b *batcher, diag *[]Finding) error {
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path == root {
@@ -176,42 +204,46 @@ func (a *auditor) walk(ctx context.Context, root string, jobs chan<- job, diag *
 			k = kindShell // named on the command line: read it as a script
 		}
 		if k != kindNone && d.Type().IsRegular() {
-			jobs <- job{path, k}
+			b.add(job{path, k})
 		}
 		return nil
 	})
 }
 
-// file reads and audits one file.
-func (a *auditor) file(j job) []Finding {
-	src, err := readSmall(j.path)
+// file reads and audits one file into buf, which it returns for reuse:
+// nothing a parser keeps refers to it.
+func (a *auditor) file(j job, buf []byte) ([]Finding, []byte) {
+	src, err := readInto(buf, j.path)
 	if err != nil {
-		return []Finding{newFinding(j.path, ruleUnreadable, Pos{1, 1}, false, err.Error())}
+		return []Finding{newFinding(j.path, ruleUnreadable, Pos{1, 1}, false, err.Error())}, src
 	}
 	if j.kind == kindSniff {
 		if j.kind = sniff(src); j.kind == kindNone {
-			return nil
+			return nil, src
 		}
 	}
 	a.files.Add(1)
 	active, any := a.rs.pre.active(src)
 	if !any {
-		return nil
+		return nil, src
 	}
 	a.parsed.Add(1)
-	return a.scan(j.path, j.kind, src, active)
+	return a.scan(j.path, j.kind, src, active), src
 }
 
-func readSmall(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Size() > maxFileSize {
-		return nil, fmt.Errorf("larger than %d MiB", maxFileSize>>20)
-	}
-	return os.ReadFile(path)
+// pathError is os.PathError without importing the os file machinery into
+// the read path.
+type pathError struct {
+	op, path string
+	err      error
 }
+
+func (e *pathError) Error() string { return e.op + " " + e.path + ": " + e.err.Error() }
+func (e *pathError) Unwrap() error { return e.err }
+
+// factsPool keeps the facts slices of parsed files for the next file, so
+// that they grow once per worker rather than once per file.
+var factsPool = sync.Pool{New: func() any { return new(facts) }}
 
 // scan parses one file and runs the rules; a parser panic is a finding
 // about that file, not the end of the audit.
@@ -221,7 +253,9 @@ func (a *auditor) scan(path string, k kind, src []byte, active []bool) (out []Fi
 			out = []Finding{newFinding(path, ruleUnparsed, Pos{1, 1}, false, fmt.Sprintf("parser failed: %v", v))}
 		}
 	}()
-	f := &facts{}
+	f := factsPool.Get().(*facts)
+	defer factsPool.Put(f)
+	f.reset()
 	if err := parse(k, src, f); err != nil {
 		p := Pos{1, 1}
 		var pr *problem
@@ -273,7 +307,7 @@ func (a *auditor) envFile(from string, r ref) []Finding {
 		cands = append(cands, filepath.Join(filepath.Dir(from), r.Path))
 	}
 	for _, c := range cands {
-		src, err := readSmall(c)
+		src, err := readInto(nil, c)
 		if err != nil {
 			continue
 		}

@@ -19,25 +19,38 @@ func parseYAML(src []byte, f *facts) error {
 	if bytes.Contains(src, []byte("{{")) {
 		src = blankTemplates(src)
 	}
-	w := &yamlWalker{f: f, lines: bytes.Split(src, []byte("\n"))}
-	dec := yaml.NewDecoder(bytes.NewReader(src))
-	var docs []*yaml.Node
-	for {
-		var doc yaml.Node
-		err := dec.Decode(&doc)
-		if errors.Is(err, io.EOF) {
-			break
+	w := &yamlWalker{f: f, src: src}
+	slab := nodeSlabs.get(512)
+	defer nodeSlabs.put(slab) // after the walk, the last user of the tree
+	docs, ok := fastYAML(src, slab)
+	if !ok {
+		var err error
+		if docs, err = decodeYAML(src); err != nil {
+			return err
 		}
-		if err != nil {
-			return yamlProblem(err)
-		}
-		docs = append(docs, &doc)
 	}
 	for _, d := range docs {
 		w.node(d)
 	}
 	w.comments()
 	return nil
+}
+
+// decodeYAML is the full YAML parser, for what fastYAML leaves to it.
+func decodeYAML(src []byte) ([]*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	var docs []*yaml.Node
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return nil, yamlProblem(err)
+		}
+		docs = append(docs, &doc)
+	}
 }
 
 // yamlProblem turns "yaml: line 7: did not find expected key" into a
@@ -77,8 +90,12 @@ func blankTemplates(src []byte) []byte {
 	return out
 }
 
+var nodeSlabs slabPool[yaml.Node]
+
 type yamlWalker struct {
-	f     *facts
+	f   *facts
+	src []byte
+	// lines is src split, made when a block scalar first needs it.
 	lines [][]byte
 }
 
@@ -191,10 +208,9 @@ func (w *yamlWalker) sequence(n *yaml.Node) {
 	}
 }
 
+// scalar looks inside every scalar, numbers and booleans included: none of
+// them can match, and resolving tags costs more than looking.
 func (w *yamlWalker) scalar(n *yaml.Node) {
-	if n.Tag != "!!str" && n.Tag != "" {
-		return
-	}
 	switch n.Style {
 	case yaml.LiteralStyle, yaml.FoldedStyle:
 		text, start := w.blockText(n)
@@ -213,6 +229,9 @@ func (w *yamlWalker) scalar(n *yaml.Node) {
 // blockText is a block scalar's text as it stands in the file, indentation
 // included, so that shell words keep their real columns.
 func (w *yamlWalker) blockText(n *yaml.Node) (string, int) {
+	if w.lines == nil {
+		w.lines = bytes.Split(w.src, []byte("\n"))
+	}
 	first := n.Line // 1-based line of the indicator; content starts below
 	indent := -1
 	end := first
@@ -241,10 +260,16 @@ func (w *yamlWalker) blockText(n *yaml.Node) (string, int) {
 // comments finds YAML comments line by line: a # at the start or after a
 // blank, outside quotes that open a value.
 func (w *yamlWalker) comments() {
-	for i, line := range w.lines {
+	rest := w.src
+	for n := 1; len(rest) > 0; n++ {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
 		if c := commentStart(line); c >= 0 {
-			p := Pos{i + 1, 1}
-			p = advance(p, string(line[:c+1]))
+			p := advance(Pos{n, 1}, string(line[:c+1]))
 			w.f.addComment(string(line[c+1:]), p, 0)
 		}
 	}

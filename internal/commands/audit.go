@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -52,6 +53,11 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	if len(paths) == 0 {
 		paths = []string{"."}
 	}
+	// The audit makes much short-lived garbage against a live heap of a few
+	// MB, which the default GC target collects many times a run; this
+	// process runs only the audit, so trade some memory for a quarter of
+	// its time.
+	debug.SetGCPercent(400)
 	rep, err := audit.Run(ctx, paths, rs)
 	if errors.Is(err, audit.ErrUnreadable) {
 		return &exitError{code: exitUsage, err: err}
