@@ -98,14 +98,7 @@ func (f *facts) jsonKeys(s string, p Pos, comment bool) {
 // advance returns the position just after text that starts at p.
 func advance(p Pos, text string) Pos {
 	for i := 0; i < len(text); i++ {
-		c := text[i]
-		switch {
-		case c == '\n':
-			p.Line++
-			p.Col = 1
-		case c&0xC0 != 0x80:
-			p.Col++
-		}
+		p = p.step(text[i])
 	}
 	return p
 }

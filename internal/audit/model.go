@@ -4,6 +4,18 @@ package audit
 // Unicode code points so that editors and SARIF viewers agree.
 type Pos struct{ Line, Col int }
 
+// step moves p over byte c: a line end starts the next line; bytes that
+// continue a UTF-8 character do not move the column.
+func (p Pos) step(c byte) Pos {
+	switch {
+	case c == '\n':
+		return Pos{p.Line + 1, 1}
+	case c&0xC0 != 0x80:
+		p.Col++
+	}
+	return p
+}
+
 // Word is one argument after quote removal and, for shell, expansion of
 // variables the same file assigns.
 type Word struct {

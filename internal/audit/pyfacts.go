@@ -96,13 +96,13 @@ func (p *pyFile) group(i int) {
 		if p.toks[i-1].kind == pyName {
 			callee = p.toks[i-1].text
 		}
-		p.call(elems, callee)
+		p.settings(elems, pyName, "=", callee)
 	case open == "[" && callish:
 		p.subscript(i)
 	case open == "[" || open == "(":
 		p.list(elems)
 	case open == "{":
-		p.dict(elems)
+		p.settings(elems, pyStr, ":", "")
 	}
 }
 
@@ -201,13 +201,16 @@ func (p *pyFile) json(a, b int) (string, bool) {
 	return out, json.Valid([]byte(out))
 }
 
-// call turns keyword arguments into one command, so that checks which need
-// two settings together see them together.
-func (p *pyFile) call(elems [][2]int, callee string) {
+// settings turns a call's keyword arguments (name=value, sep "=") or a
+// dict's entries ("name": value, sep ":") into one command of
+// --name=value words, so that checks which need two settings together see
+// them together. Each name is also a key, and an upper-case one an
+// environment variable (env={...}, dict(os.environ, NAME=...)).
+func (p *pyFile) settings(elems [][2]int, nameKind pyKind, sep, callee string) {
 	var cmd Command
 	for _, e := range elems {
 		a, b := e[0], e[1]
-		if b-a < 3 || p.toks[a].kind != pyName || !p.is(a+1, "=") {
+		if b-a < 3 || p.toks[a].kind != nameKind || !p.is(a+1, sep) {
 			continue
 		}
 		name, pos := p.toks[a].text, p.toks[a].pos
@@ -235,26 +238,6 @@ func (p *pyFile) list(elems [][2]int) {
 		cmd.Words = append(cmd.Words, Word{Text: val, Pos: p.toks[e[0]].pos, Opaque: !isStr})
 	}
 	if strs > 0 {
-		p.f.Commands = append(p.f.Commands, cmd)
-	}
-}
-
-func (p *pyFile) dict(elems [][2]int) {
-	var cmd Command
-	for _, e := range elems {
-		a, b := e[0], e[1]
-		if b-a < 3 || p.toks[a].kind != pyStr || !p.is(a+1, ":") {
-			continue
-		}
-		key, pos := p.toks[a].text, p.toks[a].pos
-		val, lit := p.value(a+2, b)
-		cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + val, Pos: pos, Opaque: !lit})
-		p.f.Keys = append(p.f.Keys, Mention{Name: key, Pos: pos})
-		if isEnvName(key) {
-			p.f.env(key, val, lit, pos, false)
-		}
-	}
-	if len(cmd.Words) > 0 {
 		p.f.Commands = append(p.f.Commands, cmd)
 	}
 }

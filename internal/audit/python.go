@@ -39,7 +39,7 @@ type pyLexer struct {
 
 // lexPython appends src's tokens to toks[:0].
 func lexPython(src string, toks []pyTok) ([]pyTok, []pyComment) {
-	lx := &pyLexer{shLexer: shLexer{src: src, line: 1, col: 1}, toks: toks[:0]}
+	lx := &pyLexer{shLexer: shLexer{src: src, at: Pos{1, 1}}, toks: toks[:0]}
 	for lx.i < len(src) {
 		c := src[lx.i]
 		switch {

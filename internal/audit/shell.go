@@ -42,16 +42,16 @@ type shResult struct {
 var wordSlabs slabPool[shWord]
 
 type shLexer struct {
-	src       string
-	i         int
-	line, col int
+	src string
+	i   int
+	at  Pos // of src[i]
 	// fold makes newlines plain blanks, as in a folded YAML scalar.
 	fold bool
 }
 
 // lexShell splits src, whose first byte is at base.
 func lexShell(src string, base Pos, fold bool) shResult {
-	lx := &shLexer{src: src, line: base.Line, col: base.Col, fold: fold}
+	lx := &shLexer{src: src, at: base, fold: fold}
 	var res shResult
 	// Commands are windows on one array of words, which saves an
 	// allocation per command; a window keeps its words if the array moves.
@@ -93,7 +93,7 @@ func lexShell(src string, base Pos, fold bool) shResult {
 	return res
 }
 
-func (lx *shLexer) pos() Pos { return Pos{lx.line, lx.col} }
+func (lx *shLexer) pos() Pos { return lx.at }
 
 func (lx *shLexer) peek(n int) byte {
 	if lx.i+n < len(lx.src) {
@@ -102,17 +102,10 @@ func (lx *shLexer) peek(n int) byte {
 	return 0
 }
 
-// adv steps over one byte; continuation bytes of UTF-8 do not move the column.
+// adv steps over one byte.
 func (lx *shLexer) adv() {
-	c := lx.src[lx.i]
+	lx.at = lx.at.step(lx.src[lx.i])
 	lx.i++
-	switch {
-	case c == '\n':
-		lx.line++
-		lx.col = 1
-	case c&0xC0 != 0x80:
-		lx.col++
-	}
 }
 
 func (lx *shLexer) comment() shComment {
