@@ -111,7 +111,15 @@ func (s *fileScan) add(r *Rule, p Pos, comment bool, detail string) {
 func (s *fileScan) evaluate() []Finding {
 	f := s.facts
 	s.flags = make([][]flagUse, len(f.Commands))
-	var all []flagUse // one array for every command's flags
+	n := 0
+	for i := range f.Commands {
+		for _, w := range f.Commands[i].Words {
+			if strings.HasPrefix(w.Text, "-") {
+				n++
+			}
+		}
+	}
+	all := make([]flagUse, 0, n) // one array for every command's flags
 	for i := range f.Commands {
 		c := &f.Commands[i]
 		start := len(all)

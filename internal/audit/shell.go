@@ -52,7 +52,7 @@ type shLexer struct {
 // lexShell splits src, whose first byte is at base.
 func lexShell(src string, base Pos, fold bool) shResult {
 	lx := &shLexer{src: src, at: base, fold: fold}
-	var res shResult
+	res := shResult{cmds: make([][]shWord, 0, strings.Count(src, "\n")+1)}
 	// Commands are windows on one array of words, which saves an
 	// allocation per command; a window keeps its words if the array moves.
 	words := wordSlabs.get(len(src)/8 + 1)
