@@ -14,6 +14,12 @@ import (
 	"sync/atomic"
 )
 
+// GCPercent is the GC target the audit command runs with. An audit makes
+// much short-lived garbage against a live heap of a few MB, which the
+// default target (100) collects many times a run; 400 trades some memory
+// for about a quarter of the time. A process that only audits sets it.
+const GCPercent = 400
+
 // ErrUnreadable is the category of a path named on the command line that
 // cannot be read.
 var ErrUnreadable = errors.New("unreadable path")

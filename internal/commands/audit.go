@@ -53,11 +53,7 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	if len(paths) == 0 {
 		paths = []string{"."}
 	}
-	// The audit makes much short-lived garbage against a live heap of a few
-	// MB, which the default GC target collects many times a run; this
-	// process runs only the audit, so trade some memory for a quarter of
-	// its time.
-	debug.SetGCPercent(400)
+	debug.SetGCPercent(audit.GCPercent) // this process only audits
 	rep, err := audit.Run(ctx, paths, rs)
 	if errors.Is(err, audit.ErrUnreadable) {
 		return &exitError{code: exitUsage, err: err}
