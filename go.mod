@@ -2,4 +2,7 @@ module github.com/weightcache/weightcache
 
 go 1.26.8
 
-require golang.org/x/sys v0.50.0 // indirect
+require (
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/sys v0.50.0
+)

@@ -1,0 +1,221 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Flags the loader checks read; they are vLLM's interface, not rule data.
+const (
+	loadFormatFlag   = "--load-format"
+	loaderConfigFlag = "--model-loader-extra-config"
+)
+
+// checks runs the rules that look at settings together: within one
+// argument list for the loader, across the file for the rest, since a
+// script or manifest usually starts one engine from pieces in several
+// places (an env list and an args list). Comments never count here.
+func (s *fileScan) checks() {
+	for _, r := range s.rs.Rules {
+		if !s.active[r.idx] {
+			continue
+		}
+		switch r.Check {
+		case "combination":
+			s.combination(r)
+		case "differs":
+			s.differs(r)
+		}
+	}
+	for i, c := range s.facts.Commands {
+		if !c.Comment {
+			s.loader(s.flags[i])
+		}
+	}
+}
+
+// combination reports each conflict in a file that also has a trigger.
+func (s *fileScan) combination(r *Rule) {
+	trigger := s.firstTrigger(r.Triggers)
+	if trigger == "" {
+		return
+	}
+	for _, flags := range s.flags {
+		for j := range flags {
+			fu := &flags[j]
+			for k := range r.Conflicts {
+				if !fu.comment && r.Conflicts[k].matchesFlag(fu) {
+					s.add(r, fu.pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", spell(fu), trigger))
+				}
+			}
+		}
+	}
+}
+
+func (s *fileScan) firstTrigger(ms []Match) string {
+	for _, flags := range s.flags {
+		for j := range flags {
+			for k := range ms {
+				if fu := &flags[j]; !fu.comment && ms[k].matchesFlag(fu) {
+					return fmt.Sprintf("%s at line %d", spell(fu), fu.pos.Line)
+				}
+			}
+		}
+	}
+	for i := range s.facts.Env {
+		for k := range ms {
+			if e := &s.facts.Env[i]; !e.Comment && ms[k].Env != "" && ms[k].matchesEnv(e) {
+				return fmt.Sprintf("%s=%s at line %d", e.Name, e.Value, e.Pos.Line)
+			}
+		}
+	}
+	return ""
+}
+
+// spell writes a flag use back as an operator would read it.
+func spell(fu *flagUse) string {
+	if fu.hasVal && fu.inline {
+		return fu.name + "=" + fu.value
+	}
+	if fu.hasVal && !strings.HasPrefix(fu.value, "-") && fu.name != "" {
+		return fu.name + " " + fu.value
+	}
+	return fu.name
+}
+
+// differs reports a flag whose value equals another flag's anywhere in the
+// file: two processes must not rendezvous on one port.
+func (s *fileScan) differs(r *Rule) {
+	other := normalizeFlag(r.DiffersFrom)
+	seen := map[string]Pos{}
+	for _, flags := range s.flags {
+		for _, fu := range flags {
+			if fu.name == other && fu.hasVal && !fu.comment {
+				if _, dup := seen[fu.value]; !dup {
+					seen[fu.value] = fu.pos
+				}
+			}
+		}
+	}
+	own := normalizeFlag(r.Flag)
+	for _, flags := range s.flags {
+		for j := range flags {
+			fu := &flags[j]
+			if p, eq := seen[fu.value]; fu.name == own && fu.hasVal && !fu.comment && eq {
+				s.add(r, fu.pos, false, fmt.Sprintf("both are %s (%s at line %d)", fu.value, other, p.Line))
+			}
+		}
+	}
+}
+
+// loader checks one argument list that selects a weight-cache loader.
+func (s *fileScan) loader(flags []flagUse) {
+	var lf, cfg *flagUse
+	var l *Loader
+	for j := range flags {
+		fu := &flags[j]
+		switch {
+		case fu.name == loadFormatFlag && fu.hasVal && s.rs.Loaders[fu.value] != nil:
+			lf, l = fu, s.rs.Loaders[fu.value]
+		case fu.name == loaderConfigFlag && fu.hasVal:
+			cfg = fu
+		}
+	}
+	if lf == nil {
+		return
+	}
+	mode, modeKnown := l.DefaultMode, true
+	var conf map[string]json.RawMessage
+	switch {
+	case cfg == nil:
+		s.byCheck("loader-fallback", lf.pos, fmt.Sprintf("%s without %s", spell(lf), loaderConfigFlag))
+	case cfg.opaque:
+		modeKnown = false // an expression: nothing to read
+	default:
+		var problems []string
+		conf, problems = l.validate(cfg.value)
+		for _, p := range problems {
+			s.byCheck("loader-config", cfg.pos, p)
+		}
+		if conf == nil {
+			modeKnown = false
+			break
+		}
+		if string(conf["fallback"]) != "false" {
+			s.byCheck("loader-fallback", cfg.pos, fmt.Sprintf("%s has no \"fallback\": false", loaderConfigFlag))
+		}
+		if raw, ok := conf["mode"]; ok {
+			modeKnown = json.Unmarshal(raw, &mode) == nil
+		}
+	}
+	for _, r := range s.rs.Rules {
+		if r.Check != "loader-conflict" || !s.active[r.idx] || (len(r.Modes) > 0 && (!modeKnown || !slices.Contains(r.Modes, mode))) {
+			continue
+		}
+		for j := range flags {
+			for k := range r.Conflicts {
+				if fu := &flags[j]; r.Conflicts[k].matchesFlag(fu) {
+					s.add(r, fu.pos, false, fmt.Sprintf("%s with %s (line %d), mode %s", spell(fu), spell(lf), lf.pos.Line, mode))
+				}
+			}
+		}
+	}
+}
+
+func (s *fileScan) byCheck(check string, p Pos, detail string) {
+	for _, r := range s.rs.Rules {
+		if r.Check == check && s.active[r.idx] {
+			s.add(r, p, false, detail)
+		}
+	}
+}
+
+// validate reads a loader configuration; conf is nil when it is not a JSON
+// object at all.
+func (l *Loader) validate(text string) (conf map[string]json.RawMessage, problems []string) {
+	if err := json.Unmarshal([]byte(text), &conf); err != nil {
+		return nil, []string{fmt.Sprintf("%q is not a JSON object: %v", text, err)}
+	}
+	keys := make([]string, 0, len(conf))
+	for k := range conf {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if p := l.checkKey(k, conf[k]); p != "" {
+			problems = append(problems, p)
+		}
+	}
+	return conf, problems
+}
+
+func (l *Loader) checkKey(k string, raw json.RawMessage) string {
+	switch l.Keys[k] {
+	case "":
+		known := make([]string, 0, len(l.Keys))
+		for name := range l.Keys {
+			known = append(known, name)
+		}
+		sort.Strings(known)
+		return fmt.Sprintf("unknown key %q for --load-format %s (known: %s)", k, l.LoadFormat, strings.Join(known, ", "))
+	case "mode":
+		var m string
+		if json.Unmarshal(raw, &m) != nil || !slices.Contains(l.Modes, m) {
+			return fmt.Sprintf("mode is %s, not one of %s", raw, strings.Join(l.Modes, ", "))
+		}
+	case "bool":
+		var b bool
+		if json.Unmarshal(raw, &b) != nil {
+			return fmt.Sprintf("%s is %s, not true or false", k, raw)
+		}
+	case "seconds":
+		var f float64
+		if json.Unmarshal(raw, &f) != nil || f <= 0 {
+			return fmt.Sprintf("%s is %s, not a positive number of seconds", k, raw)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,50 @@
+package audit
+
+import "testing"
+
+func TestLoaderChecks(t *testing.T) {
+	const serve = "vllm serve m --load-format "
+	runSpellings(t, []spelling{
+		{"strict is clean", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"mode": "zero_copy", "fallback": false, "connect_timeout_s": 5.0, "state_timeout_s": 300.0}'` + "\n", nil},
+		{"no config", "a.sh", serve + "ipc_cache\n", []string{"1:14 loader-fallback-default"}},
+		{"fallback true", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": true}'` + "\n", []string{"1:38 loader-fallback-default"}},
+		{"not json", "a.sh", serve + `ipc_cache --model-loader-extra-config "{'fallback': False}"` + "\n", []string{"1:38 loader-config-invalid"}},
+		{"not an object", "a.sh", serve + `ipc_cache --model-loader-extra-config '[1]'` + "\n", []string{"1:38 loader-config-invalid"}},
+		{"unknown key", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": false, "timeout": 5}'` + "\n", []string{"1:38 loader-config-invalid"}},
+		{"bad mode and types", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": false, "mode": "zerocopy", "state_timeout_s": "5"}'` + "\n",
+			[]string{"1:38 loader-config-invalid", "1:38 loader-config-invalid"}},
+		{"pipeline parallel", "a.sh", serve + `ipc_cache --pipeline-parallel-size=2 --model-loader-extra-config '{"fallback": false}'` + "\n", []string{"1:38 loader-pipeline-parallel"}},
+		{"pipeline parallel 1", "a.sh", serve + `ipc_cache -pp 1 --model-loader-extra-config '{"fallback": false}'` + "\n", nil},
+		{"sleep default mode", "a.sh", serve + `ipc_cache --enable-sleep-mode --model-loader-extra-config '{"fallback": false}'` + "\n", []string{"1:38 loader-zero-copy-sleep-mode"}},
+		{"sleep copy mode", "a.sh", serve + `ipc_cache --enable-sleep-mode --model-loader-extra-config '{"mode": "copy", "fallback": false}'` + "\n", nil},
+		{"sleep without loader", "a.sh", "vllm serve m --enable-sleep-mode -pp 2\n", nil},
+		{"weightcache publish", "a.sh", serve + `weightcache --model-loader-extra-config '{"fallback": false, "publish": true}'` + "\n", nil},
+		{"weightcache bad publish", "a.sh", serve + `weightcache --model-loader-extra-config '{"fallback": false, "publish": 1}'` + "\n", []string{"1:40 loader-config-invalid"}},
+		{"ipc_cache publish", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": false, "publish": true}'` + "\n", []string{"1:38 loader-config-invalid"}},
+		{"config from variable", "a.sh", "CFG='{\"fallback\": false}'\n" + serve + `ipc_cache --model-loader-extra-config "$CFG"` + "\n", nil},
+		{"config unresolved", "a.sh", serve + `ipc_cache --model-loader-extra-config "$CFG" --enable-sleep-mode` + "\n", nil},
+		{"python dict config", "a.py", `AsyncEngineArgs(load_format="ipc_cache", model_loader_extra_config={"fallback": False,}, enable_sleep_mode=True)` + "\n",
+			[]string{"1:90 loader-zero-copy-sleep-mode"}},
+		{"python json.dumps", "a.py", `EngineArgs(load_format="weightcache", model_loader_extra_config=json.dumps({"mode": "copy"}))` + "\n",
+			[]string{"1:39 loader-fallback-default"}},
+		{"yaml config map", "c.yaml", "load_format: ipc_cache\nmodel_loader_extra_config:\n  fallback: false\n  mode: copy\nenable_sleep_mode: true\n", nil},
+		{"other loader", "a.sh", "vllm serve m --load-format safetensors --model-loader-extra-config '{}'\n", nil},
+	})
+}
+
+func TestCombinationAndDiffers(t *testing.T) {
+	runSpellings(t, []spelling{
+		{"v1 by mamba all with pp", "a.sh", "vllm serve m --mamba-cache-mode all -pp 2\n",
+			[]string{"1:14 mamba-cache-mode-all", "1:37 runner-v1-refused"}},
+		{"v1 by env with async", "a.sh", "VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m --async-scheduling\n", []string{"1:41 runner-v1-refused"}},
+		{"v1 across a manifest", "k.yaml", "env:\n  - name: VLLM_USE_V2_MODEL_RUNNER\n    value: \"0\"\nargs: [--structured-outputs-config, '{}']\n", []string{"4:8 runner-v1-refused"}},
+		{"v1 by dbo in python", "a.py", "LLM(enable_dbo=True, async_scheduling=True)\n", []string{"1:22 runner-v1-refused"}},
+		{"v2 runner", "a.sh", "VLLM_USE_V2_MODEL_RUNNER=1 vllm serve m --async-scheduling -pp 4\n", nil},
+		{"v1 without conflict", "a.sh", "vllm serve m --enable-dbo -pp 1\n", nil},
+		{"v1 in a comment only", "a.sh", "# --enable-dbo\nvllm serve m --async-scheduling\n", nil},
+		{"ports equal", "a.sh", "weightcache preload --weight-cache-master-port 29500 &\nvllm serve m --master-port=29500\n", []string{"1:21 weight-cache-master-port"}},
+		{"ports by variable", "a.sh", "P=29500\nweightcache preload --weight-cache-master-port $P --master-port \"$P\"\n", []string{"2:21 weight-cache-master-port"}},
+		{"ports in python", "a.py", "run(master_port=29500, weight_cache_master_port=29500)\n", []string{"1:24 weight-cache-master-port"}},
+		{"ports differ", "a.sh", "weightcache preload --weight-cache-master-port 29600\nvllm serve m --master-port 29500\n", nil},
+	})
+}

@@ -1,0 +1,97 @@
+package audit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"path/filepath"
+	"strings"
+)
+
+// Formats lists the output formats Write accepts.
+var Formats = []string{"text", "json", "sarif"}
+
+// Write writes the report in one of Formats.
+func (r *Report) Write(w io.Writer, format string) error {
+	switch format {
+	case "text":
+		return r.writeText(w)
+	case "json":
+		return r.writeJSON(w)
+	case "sarif":
+		return r.writeSARIF(w)
+	}
+	return fmt.Errorf("unknown format %q (want %s)", format, strings.Join(Formats, ", "))
+}
+
+// writeText writes one line per finding, file:line:column first so that
+// editors and terminals can jump to it, then a summary.
+func (r *Report) writeText(w io.Writer) error {
+	var b strings.Builder
+	for _, f := range r.Findings {
+		b.WriteString(f.String())
+		b.WriteByte('\n')
+	}
+	fmt.Fprintf(&b, "%s in %d files (%d parsed), rules for vLLM <= %s\n",
+		r.summary(), r.Files, r.Parsed, r.Rules.Target)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *Report) summary() string {
+	n := [3]int{}
+	for _, f := range r.Findings {
+		n[f.Severity]++
+	}
+	return fmt.Sprintf("%d errors, %d warnings, %d notes", n[Error], n[Warning], n[Note])
+}
+
+type jsonReport struct {
+	TargetVersion string    `json:"target_version"`
+	Files         int       `json:"files"`
+	Parsed        int       `json:"parsed"`
+	Summary       jsonCount `json:"summary"`
+	Findings      []Finding `json:"findings"`
+}
+
+type jsonCount struct {
+	Error   int `json:"error"`
+	Warning int `json:"warning"`
+	Note    int `json:"note"`
+}
+
+func (r *Report) writeJSON(w io.Writer) error {
+	out := jsonReport{TargetVersion: r.Rules.Target, Files: r.Files, Parsed: r.Parsed, Findings: r.Findings}
+	if out.Findings == nil {
+		out.Findings = []Finding{}
+	}
+	for _, f := range r.Findings {
+		switch f.Severity {
+		case Error:
+			out.Summary.Error++
+		case Warning:
+			out.Summary.Warning++
+		default:
+			out.Summary.Note++
+		}
+	}
+	return encode(w, out)
+}
+
+func encode(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// artifactURI writes a path as a SARIF artifact URI: relative paths as
+// relative references, absolute ones as file URIs, escaped either way.
+func artifactURI(path string) string {
+	u := url.URL{Path: filepath.ToSlash(path)}
+	if filepath.IsAbs(path) {
+		u.Scheme = "file"
+	}
+	return u.String()
+}

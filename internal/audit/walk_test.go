@@ -1,0 +1,164 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// writeTree creates files (path -> content) under a temporary directory.
+func writeTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func rulesOf(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, filepath.Base(f.Path)+":"+f.Rule)
+	}
+	return out
+}
+
+func TestMalformedIsReportedAndSkipped(t *testing.T) {
+	cases := []struct {
+		name, file, src string
+		line            int
+		msg             string
+	}{
+		{"yaml", "k.yaml", "args: [--tokenizer-mode, slow\nenv:\n  - a\n", 1, "malformed YAML"},
+		{"yaml tab", "k.yaml", "args:\n\t- --tokenizer-mode=slow\n", 2, "malformed YAML"},
+		{"unit section", "v.service", "[Service\nExecStart=vllm serve --tokenizer-mode slow\n", 1, "section header"},
+		{"unit no equals", "v.service", "[Service]\nExecStart vllm serve --tokenizer-mode slow\n", 2, "Key=Value"},
+		{"unit outside section", "v.service", "ExecStart=vllm serve --tokenizer-mode slow\n", 1, "outside"},
+		{"json", "r.json", "{\"mm_processor_kwargs\": {\n", 2, "malformed JSON"},
+	}
+	rs := builtin(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := scanSource(t, rs, c.file, c.src)
+			if len(got) != 1 || got[0].Rule != ruleUnparsed.ID || got[0].Line != c.line || !strings.Contains(got[0].Message, c.msg) {
+				t.Errorf("got %v, want one %s on line %d mentioning %q", got, ruleUnparsed.ID, c.line, c.msg)
+			}
+		})
+	}
+}
+
+// TestTruncatedFilesDoNotPanic feeds prefixes of every fixture file to its
+// parser without the audit's recover, so a panic fails the test. It cuts
+// just before and after each byte that opens or closes something (quotes,
+// brackets, escapes, line ends), where parsers change state.
+func TestTruncatedFilesDoNotPanic(t *testing.T) {
+	err := filepath.WalkDir(fixture, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		k := kindOf(path)
+		if k == kindSniff {
+			k = sniff(src)
+		}
+		for n := range len(src) + 1 {
+			if n == len(src) || strings.IndexByte("\"'`[]{}()\\\n:=#$", src[n]) >= 0 || (n > 0 && src[n-1] == '\\') {
+				_ = parse(k, src[:n], &facts{}) // errors are expected; panics are not
+				_ = parse(k, src[:min(n+1, len(src))], &facts{})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWalk(t *testing.T) {
+	hit := "vllm serve m --tokenizer-mode slow\n"
+	dir := writeTree(t, map[string]string{
+		"run.sh":                    hit,
+		".git/hooks/run.sh":         hit,
+		"node_modules/x/run.sh":     hit,
+		"vendor/x/run.sh":           hit,
+		"sub/third_party/run.sh":    hit,
+		"sub/start":                 "#!/bin/sh\n" + hit,
+		"sub/README":                hit, // no #! line: not a deploy file
+		"sub/notes.txt":             hit,
+		"sub/Dockerfile.gpu":        "CMD " + hit,
+		"sub/app.service.d/10.conf": "[Service]\nExecStart=" + hit,
+		"sub/other.conf":            "ExecStart=" + hit,
+		"sub/clean.sh":              "vllm serve m\n",
+	})
+	rep, err := Run(context.Background(), []string{dir}, builtin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(rulesOf(rep.Findings), " ")
+	want := "run.sh:tokenizer-mode-slow Dockerfile.gpu:tokenizer-mode-slow 10.conf:tokenizer-mode-slow start:tokenizer-mode-slow"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if rep.Files != 5 || rep.Parsed != 4 {
+		t.Errorf("files %d parsed %d, want 5 and 4", rep.Files, rep.Parsed)
+	}
+
+	// A file named on the command line is read whatever its name.
+	rep, err = Run(context.Background(), []string{filepath.Join(dir, "sub", "README")}, builtin(t))
+	if err != nil || len(rep.Findings) != 1 {
+		t.Errorf("explicit file: %v %v", rep, err)
+	}
+}
+
+func TestUnreadable(t *testing.T) {
+	_, err := Run(context.Background(), []string{"testdata/no-such-dir"}, builtin(t))
+	if !errors.Is(err, ErrUnreadable) || !strings.Contains(err.Error(), "no-such-dir") {
+		t.Errorf("missing root: %v", err)
+	}
+
+	// A file too large to be a deploy file is reported, not read.
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.sh")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, maxFileSize+1); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(context.Background(), []string{dir}, builtin(t))
+	if err != nil || len(rep.Findings) != 1 || rep.Findings[0].Rule != ruleUnreadable.ID {
+		t.Errorf("oversized file: %v %v", rep.Findings, err)
+	}
+}
+
+func TestEnvironmentFiles(t *testing.T) {
+	dir := writeTree(t, map[string]string{
+		"units/vllm.service": "[Service]\nEnvironmentFile=-/etc/vllm/engine\nEnvironmentFile=/opt/elsewhere\n",
+		"etc/vllm/engine":    "VLLM_PLE_CPU_OFFLOAD=1\n",
+		"compose.yaml":       "services:\n  e:\n    env_file:\n      - path: ./cfg/e.vars\n",
+		"cfg/e.vars":         "VLLM_MM_HASHER_ALGORITHM=x\n",
+	})
+	rep, err := Run(context.Background(), []string{dir}, builtin(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(rulesOf(rep.Findings), " ")
+	want := "e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload vllm.service:environment-file vllm.service:environment-file"
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}

@@ -1,0 +1,106 @@
+package commands
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+
+	"github.com/weightcache/weightcache/internal/audit"
+)
+
+func init() {
+	register(command{
+		name:    "audit",
+		summary: "find settings an engine upgrade removed, renamed or gated in deploy files",
+		run:     runAudit,
+	})
+}
+
+// runAudit: weightcache audit [PATH...] [--format text|json|sarif]
+// [--fail-on warning|error] [--rules FILE] [--target-version 0.31].
+// Exit 0 when nothing is at or above --fail-on, 1 when something is, 2 on a
+// usage error or a path that cannot be read.
+func runAudit(ctx context.Context, e env, args []string) error {
+	fs := newFlags("audit", e)
+	format := fs.String("format", "text", "output format: "+strings.Join(audit.Formats, ", "))
+	failOn := fs.String("fail-on", "error", "exit 1 when a finding is at or above this severity: warning or error")
+	rulesFile := fs.String("rules", "", "YAML `file` of rules that add to or replace the built-in ones by id")
+	target := fs.String("target-version", "0.31", "vLLM `release` being upgraded to: rules from later releases are left out")
+	fs.Usage = func() {
+		fmt.Fprintln(e.stderr, "usage: weightcache audit [PATH...] [flags]\n\nScans PATHs (default: the current directory) for deploy settings vLLM 0.29-0.31 removed, renamed or gated.")
+		fs.PrintDefaults()
+	}
+	paths, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(audit.Formats, *format) {
+		return usageErrorf("--format %q: want one of %s", *format, strings.Join(audit.Formats, ", "))
+	}
+	threshold, err := audit.ParseSeverity(*failOn)
+	if err != nil || threshold == audit.Note {
+		return usageErrorf("--fail-on %q: want warning or error", *failOn)
+	}
+	rs, err := loadRules(*rulesFile, *target)
+	if err != nil {
+		return err
+	}
+	if len(paths) == 0 {
+		paths = []string{"."}
+	}
+	debug.SetGCPercent(audit.GCPercent) // this process only audits
+	rep, err := audit.Run(ctx, paths, rs)
+	if errors.Is(err, audit.ErrUnreadable) {
+		return &exitError{code: exitUsage, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	if err := rep.Write(e.stdout, *format); err != nil {
+		return err
+	}
+	if n := rep.Count(threshold); n > 0 {
+		return &exitError{code: exitFail, err: fmt.Errorf("%d findings at or above %s", n, threshold)}
+	}
+	return nil
+}
+
+// parseInterleaved accepts flags before and after paths, as in
+// "audit deploy/ --format json"; everything after "--" is a path.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var paths, after []string
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, after = args[:i], args[i+1:]
+	}
+	for {
+		if err := parseFlags(fs, args, true); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return append(paths, after...), nil
+		}
+		paths, args = append(paths, rest[0]), rest[1:]
+	}
+}
+
+func loadRules(file, target string) (*audit.RuleSet, error) {
+	var extra []byte
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, &exitError{code: exitUsage, err: fmt.Errorf("--rules: %w", err)}
+		}
+		extra = b
+	}
+	rs, err := audit.LoadRules(extra, file, target)
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
+	return rs, nil
+}
