@@ -36,6 +36,9 @@ type Config struct {
 	MaxSegment   int64         // default backend.DefaultMaxSegment
 	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
 	Logger       *slog.Logger
+	// PublishOnly starts the daemon empty: it loads nothing from disk and
+	// serves the layout the first engine publishes (publish.go).
+	PublishOnly bool
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -62,6 +65,7 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
+	pub        publishState
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -115,7 +119,8 @@ func Start(cfg Config) (*Daemon, error) {
 		started:    time.Now(),
 		readyCh:    make(chan struct{}),
 		stopCh:     make(chan struct{}),
-		state:      protocol.StateLoading,
+		state:      initialState(cfg),
+		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
 		conns:      map[*net.UnixConn]struct{}{},
 		handshakes: map[string]int64{},
@@ -251,7 +256,14 @@ func (d *Daemon) Stats() protocol.Stats {
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
 	}
+	if d.cfg.PublishOnly {
+		st.Tensors = 0 // until an engine commits its own
+	}
+	if d.pub.fp != nil {
+		st.Fingerprint, st.FingerprintSum = *d.pub.fp, d.pub.fp.Sum()
+	}
 	if d.layout != nil {
+		st.Tensors = len(d.layout.tensors)
 		st.Bytes = d.layout.bytes
 		st.Segments = len(d.layout.segments)
 	}

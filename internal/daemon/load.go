@@ -17,6 +17,9 @@ import (
 // through its own bounded staging buffer, so private memory stays at
 // Workers x ChunkBytes whatever the model size. On error nothing is kept.
 func (d *Daemon) Load(ctx context.Context) error {
+	if d.cfg.PublishOnly {
+		return nil // engines fill it: see publish.go
+	}
 	start := time.Now()
 	l, err := d.load(ctx)
 	d.mu.Lock()
