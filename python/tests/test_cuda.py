@@ -1,0 +1,134 @@
+"""GPU import (weightcache/cuda.py) against a real driver: an allocation
+made and exported here as a daemon's CUDA backend would (cuMemCreate with a
+POSIX fd handle) is imported, mapped and read back. Skipped cleanly where
+there is no libcuda.so.1 or no GPU.
+
+Also runs as a script without pytest or torch (python3 test_cuda.py), for
+machines that have a GPU but no CUDA build of torch.
+"""
+
+import ctypes
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("wc_cuda", os.path.join(HERE, "..", "weightcache", "cuda.py"))
+cuda = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cuda)
+
+
+class _Flags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", cuda._Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", _Flags)]
+
+
+def gpu_available():
+    try:
+        return cuda.device_count() > 0
+    except cuda.CudaError:
+        return False
+
+
+def export_segment(data, ordinal=0):
+    """Allocate a segment the way the daemon's CUDA backend does, fill it
+    with data, and return (fd, size): what a manifest frame carries."""
+    prop = _Prop(type=1, requestedHandleTypes=cuda.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                 location=cuda._Location(cuda.CU_MEM_LOCATION_TYPE_DEVICE, ordinal))
+    gran = ctypes.c_size_t()
+    cuda.call("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(prop), ctypes.c_int(0))
+    size = -(-len(data) // gran.value) * gran.value
+    handle = ctypes.c_ulonglong()
+    cuda.call("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0))
+    fd = ctypes.c_int()
+    cuda.call("cuMemExportToShareableHandle", ctypes.byref(fd), handle,
+              ctypes.c_int(cuda.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), ctypes.c_ulonglong(0))
+    # Fill it through a writable mapping of our own, then drop everything
+    # but the exported descriptor: the allocation lives on through it.
+    writer = cuda.Mapping(fd.value, size, ordinal, writable=True)
+    src = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+    cuda.call("cuCtxPushCurrent_v2", writer._ctx)
+    try:
+        cuda.call("cuMemcpyHtoD_v2", ctypes.c_ulonglong(writer.ptr), src, ctypes.c_size_t(len(data)))
+    finally:
+        cuda.driver().cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    writer.close()
+    cuda.call("cuMemRelease", handle)
+    return fd.value, size
+
+
+def check_import_roundtrip():
+    key = cuda.device_uuid(0)
+    assert key.startswith("GPU-") and len(key) == 40 and cuda.ordinal_of(key) == 0, key
+    data = bytes(range(256)) * 4096 + b"tail"
+    fd, size = export_segment(data)
+    try:
+        m = cuda.Mapping(fd, size, 0)
+    finally:
+        os.close(fd)  # the mapping does not need it
+    assert m.copy_to_host(0, len(data)) == data
+    assert m.copy_to_host(1000, 16) == data[1000:1016]
+    iface = m.__cuda_array_interface__
+    assert iface["shape"] == (size,) and iface["data"] == (m.ptr, True) and iface["typestr"] == "|u1"
+    m.close()
+    return key, size
+
+
+def check_torch_view():
+    """With a CUDA torch: the attach path's view of a GPU segment."""
+    import torch
+    if not torch.cuda.is_available():
+        return "skipped: torch has no CUDA"
+    data = bytes(range(256)) * 64
+    fd, size = export_segment(data)
+    try:
+        t = cuda.as_tensor(cuda.Mapping(fd, size, 0))
+    finally:
+        os.close(fd)
+    assert t.device.type == "cuda" and t.dtype == torch.uint8
+    assert bytes(t[:len(data)].cpu().tolist()) == data
+    return "ok"
+
+
+def test_gpu_import_roundtrip():
+    import pytest
+    if not gpu_available():
+        pytest.skip("no CUDA driver or GPU")
+    check_import_roundtrip()
+
+
+def test_gpu_torch_view():
+    import pytest
+    if not gpu_available():
+        pytest.skip("no CUDA driver or GPU")
+    result = check_torch_view()
+    if result != "ok":
+        pytest.skip(result)
+
+
+def test_no_driver_is_a_clean_error(monkeypatch):
+    monkeypatch.setattr(cuda, "_lib", None)
+    monkeypatch.setattr(cuda.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(f"{name}: not found")))
+    try:
+        cuda.device_count()
+    except cuda.CudaError as e:
+        assert "libcuda.so.1" in str(e)
+    else:
+        raise AssertionError("no error without a driver")
+
+
+if __name__ == "__main__":
+    if not gpu_available():
+        print("no CUDA driver or GPU: nothing to check")
+        sys.exit(0)
+    key, size = check_import_roundtrip()
+    print(f"GPU import round trip ok on {key} ({size} bytes)")
+    try:
+        print("torch view:", check_torch_view())
+    except ImportError:
+        print("torch view: skipped, no torch")
