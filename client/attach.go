@@ -171,10 +171,19 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 		}
 	}
 	sctx, cancel = step()
-	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest)
+	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
 	cancel()
 	if err != nil {
 		return nil, protocolMiss(err)
+	}
+	if fr.Type == protocol.TypeMismatch {
+		// A publish-only daemon accepted our hello while empty; the layout
+		// committed since is another engine's.
+		var m protocol.Mismatch
+		if err := fr.Decode(&m); err != nil {
+			return nil, miss(ReasonProtocolError, "", err)
+		}
+		return nil, miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
 	}
 	w, err := mapManifest(fr)
 	if err != nil {

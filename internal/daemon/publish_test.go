@@ -261,3 +261,35 @@ func TestCommitChecksEntries(t *testing.T) {
 		})
 	}
 }
+
+func TestManifestAfterOtherEnginePublished(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	ckpt, _ := checkpoint.Resolve(model, "")
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp.Engine, fp.EngineVersion = "testengine", "0.9"
+	ctx := context.Background()
+	// Accepted while empty: any engine may become the writer.
+	c := rawConn(t, d.Socket())
+	fr, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok protocol.OK
+	if fr.Decode(&ok); ok.State != protocol.StateEmpty {
+		t.Fatalf("hello state = %s, want empty", ok.State)
+	}
+	specs, data := engineWeights(t, model)
+	if err := publishAll(t, model, dir, specs, data); err != nil {
+		t.Fatal(err)
+	}
+	fr, err = c.Call(ctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.CloseFiles()
+	var m protocol.Mismatch
+	if fr.Type != protocol.TypeMismatch || fr.Decode(&m) != nil || len(m.Fields) != 1 || m.Fields[0].Field != "engine_version" {
+		t.Fatalf("manifest after another engine published: %s", fr.Body)
+	}
+}

@@ -74,7 +74,7 @@ def check_import_roundtrip():
     assert m.copy_to_host(0, len(data)) == data
     assert m.copy_to_host(1000, 16) == data[1000:1016]
     iface = m.__cuda_array_interface__
-    assert iface["shape"] == (size,) and iface["data"] == (m.ptr, True) and iface["typestr"] == "|u1"
+    assert iface["shape"] == (size,) and iface["data"] == (m.ptr, False) and iface["typestr"] == "|u1"
     m.close()
     return key, size
 
@@ -132,3 +132,46 @@ if __name__ == "__main__":
         print("torch view:", check_torch_view())
     except ImportError:
         print("torch view: skipped, no torch")
+
+
+def test_gpu_attach_end_to_end(model, sock_dir):
+    """attach(device="cuda:0") from a daemon whose manifest names a GPU
+    segment: a fake daemon, since the CUDA backend is another branch's."""
+    import pytest
+    import torch
+    if not gpu_available() or not torch.cuda.is_available():
+        pytest.skip("no GPU, or torch without CUDA")
+    from test_attach import FakeDaemon, frame, read_frame
+    import socket as so
+    from weightcache import attach
+    key = cuda.device_uuid(0)
+    want = torch.arange(4096, dtype=torch.float32)
+    data = ctypes.string_at(want.data_ptr(), want.numel() * 4)
+    fd, size = export_segment(data)
+    manifest = {"type": "manifest", "version": 1, "device": key, "segments": [{"index": 0, "size": size}],
+                "tensors": [{"name": "w", "dtype": "F32", "shape": [64, 64], "segment": 0, "offset": 0,
+                             "nbytes": len(data), "crc32c": 0}]}
+
+    def serve(c):
+        hello = read_frame(c)
+        assert hello["device"] == key
+        c.sendall(frame({"type": "ok", "version": 1, "state": "ready", "device": key, "daemon": "fake"}))
+        read_frame(c)
+        so.send_fds(c, [frame(manifest)], [fd])
+        try:
+            read_frame(c)  # release, in copy mode
+            c.sendall(frame({"type": "released", "version": 1}))
+        except Exception:
+            pass
+
+    fake = FakeDaemon(sock_dir, serve, device=key)
+    try:
+        for mode in ("zero_copy", "copy"):
+            w, info = attach(model, device="cuda:0", socket_dir=sock_dir, mode=mode, fallback=False)
+            assert info.hit, info
+            t = w["w"]
+            assert t.device.type == "cuda" and torch.equal(t.cpu(), want.reshape(64, 64))
+            w.close()
+    finally:
+        fake.close()
+        os.close(fd)

@@ -134,6 +134,7 @@ class Mapping:
             driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
 
     def _set_access(self, writable):
+        self.access = "readwrite" if writable else "read"
         desc = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, self.ordinal),
                            CU_MEM_ACCESS_FLAGS_PROT_READWRITE if writable else CU_MEM_ACCESS_FLAGS_PROT_READ)
         try:
@@ -144,6 +145,7 @@ class Mapping:
             if writable or getattr(e, "code", 0) not in (_CUDA_ERROR_INVALID_VALUE, _CUDA_ERROR_NOT_SUPPORTED):
                 raise
             desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            self.access = "readwrite"
             call("cuMemSetAccess", self._ptr, ctypes.c_size_t(self.size), ctypes.byref(desc), ctypes.c_size_t(1))
 
     @property
@@ -152,7 +154,9 @@ class Mapping:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": (self.size,), "typestr": "|u1", "data": (self._ptr.value, self.readonly),
+        # torch refuses readonly=True ("the read only flag is not
+        # supported"); read-only-ness is the mapping's access flags.
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self._ptr.value, False),
                 "version": 3, "strides": None, "stream": None}
 
     def copy_to_host(self, offset, n):

@@ -158,7 +158,9 @@ def map_file(path):
 def readonly_bytes(buf):
     """A uint8 tensor over a read-only buffer (a PROT_READ mapping), without
     torch's "buffer is not writable" warning: read-only is the point, and
-    nothing writes through these views."""
+    nothing writes through these views. (catch_warnings is process-wide
+    state: a warning raised by another thread during this call may be
+    swallowed too.)"""
     import torch
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)

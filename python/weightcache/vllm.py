@@ -108,15 +108,11 @@ def load_or_publish(ctx, opts, build_meta_model, load_default):
         if not opts.fallback:
             raise
     else:
+        # The daemon serving ctx.device holds the tensors there already: a
+        # GPU daemon's on that GPU, the host tier's in host memory.
         model = build_meta_model()
-        target = torch.device(ctx.device)
-        if target.type == "cuda" and any(t.device.type == "cpu" for t in weights.values()):
-            # A host daemon feeding a GPU engine: one copy up, no disk read.
-            placed = {n: t.to(target) for n, t in weights.items()}
-        else:
-            placed = weights
         try:
-            materialize(model, placed, check_shapes=False)
+            materialize(model, weights, check_shapes=False)
         except MaterializeError as err:
             info = source.miss(source.PROTOCOL_ERROR, f"published layout does not fit the model: {err}", socket=info.socket)
             if not opts.fallback:
