@@ -129,7 +129,24 @@ func TestAbandonedPublishLeavesNothing(t *testing.T) {
 	if st := d.Stats().State; st != protocol.StatePublishing {
 		t.Fatalf("state while writing = %s", st)
 	}
+	// A reader waiting for this writer learns at once that it went away.
+	read := make(chan error, 1)
+	go func() {
+		_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"),
+			client.WithFallback(false), client.WithStateTimeout(time.Minute))
+		read <- err
+	}()
+	waitFor(t, func() bool { return d.Stats().Connections == 2 })
+	time.Sleep(50 * time.Millisecond) // let the reader reach wait_ready
 	p.Close()
+	select {
+	case err := <-read:
+		if !errors.Is(err, client.ErrEmpty) {
+			t.Fatalf("waiting reader: %v, want ErrEmpty", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiting reader not told that the writer went away")
+	}
 	waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
 	if err := publishAll(t, model, dir, specs, data); err != nil {
 		t.Fatalf("publish after an abandoned one: %v", err)

@@ -1,5 +1,8 @@
 """Engine-published layouts: publish, attach, abandoned and concurrent writers."""
 
+import ctypes
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +51,13 @@ def test_publish_then_attach(model, daemon, sock_dir, wc_bin):
         assert got[n].dtype == t.dtype and got[n].shape == t.shape and torch.equal(got[n], t), n
     st = status(wc_bin, sock_dir)[0]
     assert st["state"] == "ready" and st["fingerprint"]["engine"] == "testengine" and st["tensors"] == len(tensors)
+    # The Go CLI, naming the same engine, maps the very same bytes.
+    out = subprocess.run([wc_bin, "attach", "--model", model, "--socket-dir", sock_dir, "--json", "--digest",
+                          "--engine", "testengine", "--engine-version", "1.0"], check=True, capture_output=True, text=True).stdout
+    go = json.loads(out)
+    assert go["source"] == "hit"
+    assert go["digest"] == {n: hashlib.sha256(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())).hexdigest()
+                            for n, t in got.items()}
     with pytest.raises(MissError) as e:
         attach(model, socket_dir=sock_dir, fallback=False, engine="testengine", engine_version="2.0")
     assert e.value.reason == "fingerprint_mismatch" and e.value.info.fields[0]["field"] == "engine_version"

@@ -91,7 +91,15 @@ class Publisher:
         self.gpu = []  # writable GPU mappings, closed before commit
 
     def open(self):
-        """Claim the daemon and receive the segments."""
+        """Claim the daemon and receive the segments. On any error nothing
+        stays open."""
+        try:
+            return self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self):
         self.conn = protocol.Conn(protocol.socket_path(self.dir, self.group, self.device), self.timeout)
         hello = protocol.head("hello", fingerprint=self.fingerprint.to_wire(), device=self.device,
                               mode="zero_copy", client=self.client)
