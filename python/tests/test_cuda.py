@@ -134,23 +134,26 @@ if __name__ == "__main__":
         print("torch view: skipped, no torch")
 
 
-def test_gpu_attach_end_to_end(model, sock_dir):
-    """attach(device="cuda:0") from a daemon whose manifest names a GPU
-    segment: a fake daemon, since the CUDA backend is another branch's."""
-    import pytest
-    import torch
-    if not gpu_available() or not torch.cuda.is_available():
-        pytest.skip("no GPU, or torch without CUDA")
-    from test_attach import FakeDaemon, frame, read_frame
+def write_checkpoint(d):
+    """A one-tensor checkpoint, so that this test needs no weightcache binary."""
+    import json
+    import struct
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [64, 64], "data_offsets": [0, 16384]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + bytes(16384))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["X"], "torch_dtype": "float32"}, f)
+    return str(d)
+
+
+def serve_gpu_manifest(sock_dir, key, fd, size, tensor):
+    """A fake daemon whose manifest names one GPU segment (the CUDA backend
+    is another branch's): ok, manifest with fd, released."""
     import socket as so
-    from weightcache import attach
-    key = cuda.device_uuid(0)
-    want = torch.arange(4096, dtype=torch.float32)
-    data = ctypes.string_at(want.data_ptr(), want.numel() * 4)
-    fd, size = export_segment(data)
+    from test_attach import FakeDaemon, frame, read_frame
     manifest = {"type": "manifest", "version": 1, "device": key, "segments": [{"index": 0, "size": size}],
-                "tensors": [{"name": "w", "dtype": "F32", "shape": [64, 64], "segment": 0, "offset": 0,
-                             "nbytes": len(data), "crc32c": 0}]}
+                "tensors": [dict(tensor, name="w", segment=0, offset=0, crc32c=0)]}
 
     def serve(c):
         hello = read_frame(c)
@@ -163,15 +166,36 @@ def test_gpu_attach_end_to_end(model, sock_dir):
             c.sendall(frame({"type": "released", "version": 1}))
         except Exception:
             pass
+    return FakeDaemon(sock_dir, serve, device=key)
 
-    fake = FakeDaemon(sock_dir, serve, device=key)
-    try:
-        for mode in ("zero_copy", "copy"):
-            w, info = attach(model, device="cuda:0", socket_dir=sock_dir, mode=mode, fallback=False)
-            assert info.hit, info
-            t = w["w"]
-            assert t.device.type == "cuda" and torch.equal(t.cpu(), want.reshape(64, 64))
-            w.close()
-    finally:
-        fake.close()
-        os.close(fd)
+
+def test_gpu_attach_end_to_end(tmp_path, sock_dir):
+    """attach(device="cuda:0") maps a GPU segment, zero-copy and copy; a
+    float8 tensor is viewed as torch's float8 where torch has it."""
+    import pytest
+    import torch
+    if not gpu_available() or not torch.cuda.is_available():
+        pytest.skip("no GPU, or torch without CUDA")
+    from weightcache import attach
+    model = write_checkpoint(tmp_path)
+    key = cuda.device_uuid(0)
+    want = torch.arange(4096, dtype=torch.float32)
+    data = ctypes.string_at(want.data_ptr(), want.numel() * 4)
+    cases = [("F32", [64, 64], data, want.reshape(64, 64))]
+    f8 = getattr(torch, "float8_e4m3fn", None)
+    if f8 is not None:
+        cases.append(("F8_E4M3", [8, 8], bytes(range(64)), torch.arange(64, dtype=torch.uint8).view(f8).reshape(8, 8)))
+    for dtype, shape, raw, expect in cases:
+        fd, size = export_segment(raw)
+        fake = serve_gpu_manifest(sock_dir, key, fd, size, {"dtype": dtype, "shape": shape, "nbytes": len(raw)})
+        try:
+            for mode in ("zero_copy", "copy"):
+                w, info = attach(model, device="cuda:0", socket_dir=sock_dir, mode=mode, fallback=False)
+                t = w["w"]
+                assert info.hit and t.device.type == "cuda" and t.dtype == expect.dtype, info
+                assert torch.equal(t.cpu().view(torch.uint8), expect.view(torch.uint8)), (dtype, mode)
+                w.close()
+        finally:
+            fake.close()
+            os.remove(fake.path)
+            os.close(fd)
