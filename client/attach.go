@@ -85,6 +85,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if err != nil {
 		return nil, err
 	}
+	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
 	w, src := attachDaemon(ctx, fp, o)
 	if src.Hit {
 		w.Source = src
@@ -156,6 +157,9 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 	if err := fr.Decode(&ok); err != nil {
 		return nil, miss(ReasonProtocolError, "", err)
 	}
+	if ok.State == protocol.StateEmpty {
+		return nil, miss(ReasonEmpty, "", errors.New("daemon holds no weights yet: load from disk and publish"))
+	}
 	if ok.State != protocol.StateReady {
 		wctx, cancel := context.WithTimeout(ctx, o.stateTimeout+o.connectTimeout)
 		_, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
@@ -164,14 +168,24 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 			if errors.Is(err, protocol.ErrNotReady) || errors.Is(err, context.DeadlineExceeded) {
 				return nil, miss(ReasonNotReadyTimeout, "", err)
 			}
+			// A publisher that went away leaves the daemon empty.
 			return nil, protocolMiss(err)
 		}
 	}
 	sctx, cancel = step()
-	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest)
+	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
 	cancel()
 	if err != nil {
 		return nil, protocolMiss(err)
+	}
+	if fr.Type == protocol.TypeMismatch {
+		// A publish-only daemon accepted our hello while empty; the layout
+		// committed since is another engine's.
+		var m protocol.Mismatch
+		if err := fr.Decode(&m); err != nil {
+			return nil, miss(ReasonProtocolError, "", err)
+		}
+		return nil, miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
 	}
 	w, err := mapManifest(fr)
 	if err != nil {
@@ -198,6 +212,8 @@ func protocolMiss(err error) Source {
 		return miss(ReasonNotReadyTimeout, "", err)
 	case errors.Is(err, protocol.ErrDraining):
 		return miss(ReasonNoDaemon, "", err)
+	case errors.Is(err, protocol.ErrEmpty):
+		return miss(ReasonEmpty, "", err)
 	}
 	return miss(ReasonProtocolError, "", err)
 }

@@ -36,6 +36,9 @@ type options struct {
 	tpSize, tpRank int
 	dpSize, dpRank int
 	name           string
+	engine         string        // published layouts: see publish.go
+	engineVersion  string        //
+	publishWait    time.Duration // how long Publish waits for another writer
 }
 
 func defaults() options {

@@ -18,6 +18,9 @@ const (
 	ReasonFingerprintMismatch Reason = "fingerprint_mismatch"
 	ReasonDeviceMismatch      Reason = "device_mismatch"
 	ReasonProtocolError       Reason = "protocol_error"
+	// ReasonEmpty: a publish-only daemon holds no weights yet; the engine
+	// should load from disk and publish (see Publish).
+	ReasonEmpty Reason = "empty"
 )
 
 // Sentinels for errors.Is on a *MissError, one per reason, and ErrMiss for
@@ -29,6 +32,7 @@ var (
 	ErrFingerprintMismatch = errors.New("fingerprint mismatch")
 	ErrDeviceMismatch      = errors.New("device mismatch")
 	ErrProtocol            = errors.New("protocol error")
+	ErrEmpty               = errors.New("daemon cache empty: publish wanted")
 )
 
 var reasonErr = map[Reason]error{
@@ -37,6 +41,7 @@ var reasonErr = map[Reason]error{
 	ReasonFingerprintMismatch: ErrFingerprintMismatch,
 	ReasonDeviceMismatch:      ErrDeviceMismatch,
 	ReasonProtocolError:       ErrProtocol,
+	ReasonEmpty:               ErrEmpty,
 }
 
 // FieldDiff is one differing fingerprint field: what the engine wants and

@@ -50,6 +50,8 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	touch := fs.Bool("touch", false, "read every byte, so that mapping cost is counted")
 	verify := fs.Bool("verify", false, "check every tensor against the daemon's CRC-32C")
 	hold := fs.Duration("hold", 0, "keep the weights (and a zero_copy lease) this long before exiting")
+	engine := fs.String("engine", "", "attach the layout this engine published (with --engine-version)")
+	engineVersion := fs.String("engine-version", "", "the publishing engine's version")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -64,7 +66,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 		client.WithMode(client.Mode(*mode)), client.WithFallback(*fallback), client.WithDType(*dtype),
 		client.WithRevision(*revision), client.WithDevice(*device), client.WithSocketDir(*socketDir),
 		client.WithConnectTimeout(*connectTimeout), client.WithStateTimeout(*stateTimeout),
-		client.WithClientName("weightcache attach"))
+		client.WithClientName("weightcache attach"), client.WithEngine(*engine, *engineVersion))
 	var me *client.MissError
 	if errors.As(err, &me) {
 		if *asJSON {

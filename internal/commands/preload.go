@@ -42,6 +42,7 @@ type preloadFlags struct {
 	drain                                      time.Duration
 	workers                                    int
 	readLimit                                  int64
+	publishOnly                                bool
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
@@ -53,6 +54,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
 	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")
 	fs.Int64Var(&p.readLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
+	fs.BoolVar(&p.publishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 }
 
 func runPreload(ctx context.Context, e env, args []string) error {
@@ -91,6 +93,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	d, err := daemon.Start(daemon.Config{
 		Model: p.model, Checkpoint: ckpt, Fingerprint: fp, DType: fp.DType, Backend: be,
 		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, Logger: log,
+		PublishOnly: p.publishOnly,
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ type session struct {
 	conn   *protocol.Conn
 	hello  *protocol.Hello
 	leased bool
+	writer bool // holds the publish claim; see publish.go
 }
 
 func (d *Daemon) serveConn(uc *net.UnixConn) {
@@ -35,9 +36,14 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		if s.leased {
 			d.addLease(-1)
 		}
+		if s.writer {
+			d.abortPublish(s, "connection closed before commit")
+		}
 	}()
 	for {
-		if !s.leased {
+		// A writer may take long to fill its segments: like a lease, it is
+		// bounded by its connection, not by the idle timeout.
+		if !s.leased && !s.writer {
 			_ = uc.SetReadDeadline(time.Now().Add(requestTimeout))
 		} else {
 			_ = uc.SetReadDeadline(time.Time{})
@@ -89,6 +95,10 @@ func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply any, files []*os.
 		return protocol.NewHead(protocol.TypeReleased), nil, true
 	case protocol.TypeStats:
 		return d.Stats(), nil, true
+	case protocol.TypePublish:
+		return d.publish(s, fr)
+	case protocol.TypeCommit:
+		return d.commit(s, fr)
 	}
 	d.count(protocol.ResultError, nil)
 	return protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type), nil, true
@@ -121,7 +131,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 		d.log.Info("hello refused: device differs", "client", h.Client, "want", h.Device, "have", dev)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
-	if diff := checkpoint.Diff(h.Fingerprint, d.cfg.Fingerprint); len(diff) > 0 {
+	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
 		d.count(protocol.ResultMismatch, diff)
 		d.log.Info("hello refused: fingerprint differs", "client", h.Client, "fields", diff)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
@@ -140,16 +150,28 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, boo
 	}
 	timer := time.NewTimer(time.Duration(max(w.TimeoutMS, 0)) * time.Millisecond)
 	defer timer.Stop()
-	select {
-	case <-d.readyCh:
-		return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
-	case <-d.stopCh:
-		d.count(protocol.ResultNotReady, nil)
-		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while loading", d.ln.path), nil, false
-	case <-timer.C:
-		d.count(protocol.ResultNotReady, nil)
-		done, total := d.Progress()
-		return protocol.Errorf(protocol.CodeNotReady, "daemon on %s still loading after %dms (%d of %d bytes)", d.ln.path, w.TimeoutMS, done, total), nil, false
+	for {
+		d.mu.Lock()
+		state, changed := d.state, d.pub.changed
+		d.mu.Unlock()
+		if state == protocol.StateEmpty {
+			// Nobody is publishing: waiting cannot help.
+			d.count(protocol.ResultNotReady, nil)
+			return protocol.Errorf(protocol.CodeEmpty, "daemon on %s holds no weights: it waits for an engine to publish", d.ln.path), nil, false
+		}
+		select {
+		case <-d.readyCh:
+			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
+		case <-changed:
+			continue
+		case <-d.stopCh:
+			d.count(protocol.ResultNotReady, nil)
+			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while loading", d.ln.path), nil, false
+		case <-timer.C:
+			d.count(protocol.ResultNotReady, nil)
+			done, total := d.Progress()
+			return protocol.Errorf(protocol.CodeNotReady, "daemon on %s still %s after %dms (%d of %d bytes)", d.ln.path, state, w.TimeoutMS, done, total), nil, false
+		}
 	}
 }
 
@@ -167,6 +189,12 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 			code = protocol.CodeDraining
 		}
 		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false
+	}
+	// A hello accepted while a publish-only daemon was empty named its own
+	// engine; the layout committed since may be another engine's.
+	if diff := d.fingerprintDiff(s.hello.Fingerprint); len(diff) > 0 {
+		d.count(protocol.ResultMismatch, diff)
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	files := make([]*os.File, 0, len(l.segments))
 	for i, seg := range l.segments {

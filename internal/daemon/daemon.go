@@ -37,6 +37,9 @@ type Config struct {
 	MaxSegment   int64         // default backend.DefaultMaxSegment
 	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
 	Logger       *slog.Logger
+	// PublishOnly starts the daemon empty: it loads nothing from disk and
+	// serves the layout the first engine publishes (publish.go).
+	PublishOnly bool
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -63,6 +66,7 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
+	pub        publishState
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -75,6 +79,18 @@ type layout struct {
 	tensors  []protocol.Tensor
 	bytes    int64
 	manifest json.RawMessage // the encoded manifest frame
+}
+
+// encode prepares the manifest frame once: every engine gets the same one,
+// so it is not re-encoded per attach.
+func (l *layout) encode(device string) error {
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Tensors: l.tensors}
+	for i, s := range l.segments {
+		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+	}
+	var err error
+	l.manifest, err = json.Marshal(m)
+	return err
 }
 
 // Start checks the socket directory, takes the device's socket and starts
@@ -117,7 +133,8 @@ func Start(cfg Config) (*Daemon, error) {
 		started:    time.Now(),
 		readyCh:    make(chan struct{}),
 		stopCh:     make(chan struct{}),
-		state:      protocol.StateLoading,
+		state:      initialState(cfg),
+		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
 		conns:      map[*net.UnixConn]struct{}{},
 		handshakes: map[string]int64{},
@@ -253,7 +270,14 @@ func (d *Daemon) Stats() protocol.Stats {
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
 	}
+	if d.cfg.PublishOnly {
+		st.Tensors = 0 // until an engine commits its own
+	}
+	if d.pub.fp != nil {
+		st.Fingerprint, st.FingerprintSum = *d.pub.fp, d.pub.fp.Sum()
+	}
 	if d.layout != nil {
+		st.Tensors = len(d.layout.tensors)
 		st.Bytes = d.layout.bytes
 		st.Segments = len(d.layout.segments)
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -18,6 +17,9 @@ import (
 // through its own bounded staging buffer, so private memory stays at
 // Workers x ChunkBytes whatever the model size. On error nothing is kept.
 func (d *Daemon) Load(ctx context.Context) error {
+	if d.cfg.PublishOnly {
+		return nil // engines fill it: see publish.go
+	}
 	start := time.Now()
 	l, err := d.load(ctx)
 	d.mu.Lock()
@@ -116,16 +118,13 @@ feed:
 	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
-	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: d.cfg.Backend.Device(), Tensors: l.tensors}
 	for i, s := range l.segments {
 		if err := s.Seal(); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w", i, err)
 		}
 		l.bytes += segSizes[i]
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
 	}
-	// Every engine gets the same manifest: encode it once, not per attach.
-	if l.manifest, err = json.Marshal(m); err != nil {
+	if err := l.encode(d.cfg.Backend.Device()); err != nil {
 		return nil, err
 	}
 	ok = true

@@ -17,6 +17,9 @@ var (
 	ErrBadRequest  = errors.New("bad request")
 	ErrBusy        = errors.New("busy")
 	ErrInternal    = errors.New("daemon internal error")
+	// ErrEmpty: a publish-only daemon holds no layout (its writer went
+	// away before commit).
+	ErrEmpty = errors.New("daemon cache is empty")
 )
 
 // Wire error codes, one per sentinel.
@@ -30,6 +33,7 @@ const (
 	CodeBadRequest  = "bad_request"
 	CodeBusy        = "busy"
 	CodeInternal    = "internal"
+	CodeEmpty       = "empty"
 )
 
 var codes = []struct {
@@ -45,6 +49,7 @@ var codes = []struct {
 	{CodeBadRequest, ErrBadRequest},
 	{CodeBusy, ErrBusy},
 	{CodeInternal, ErrInternal},
+	{CodeEmpty, ErrEmpty},
 }
 
 // Error is the "error" frame: a code and a message that says what failed

@@ -1,0 +1,313 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/safetensors"
+)
+
+// publishState is the publish path's share of a publish-only daemon,
+// guarded by Daemon.mu. At most one session is the writer; its segments
+// live here until it commits (they become the layout) or goes away (they
+// are freed, and the daemon is empty again).
+type publishState struct {
+	writer   *session
+	segments []backend.Segment
+	// fp is the fingerprint hellos must match exactly: the writer's while
+	// it publishes, the committed one afterwards; nil while empty.
+	fp *checkpoint.Fingerprint
+	// changed is closed and replaced whenever the writer or the layout
+	// changes, to wake waiting writers and readers.
+	changed chan struct{}
+}
+
+func newPublishState() publishState { return publishState{changed: make(chan struct{})} }
+
+// signal wakes everyone waiting on a change. Callers hold Daemon.mu.
+func (p *publishState) signal() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// writableSegment is what a backend's segments must offer to be published
+// into: a descriptor the engine can write, revoked by Seal.
+type writableSegment interface {
+	ExportWritable() (*os.File, error)
+}
+
+// initialState is where a daemon begins: loading from disk, or empty and
+// waiting for an engine to publish.
+func initialState(cfg Config) string {
+	if cfg.PublishOnly {
+		return protocol.StateEmpty
+	}
+	return protocol.StateLoading
+}
+
+// fingerprintDiff compares an engine's fingerprint with what this daemon
+// serves. A publish-only daemon that is still empty accepts any engine
+// name and version (the first writer decides them); once a writer claims
+// it, or a layout is committed, the match must be exact.
+func (d *Daemon) fingerprintDiff(want checkpoint.Fingerprint) []checkpoint.FieldDiff {
+	if !d.cfg.PublishOnly {
+		return checkpoint.Diff(want, d.cfg.Fingerprint)
+	}
+	d.mu.Lock()
+	fp := d.pub.fp
+	d.mu.Unlock()
+	if fp != nil {
+		return checkpoint.Diff(want, *fp)
+	}
+	base := d.cfg.Fingerprint
+	base.Engine, base.EngineVersion = want.Engine, want.EngineVersion
+	return checkpoint.Diff(want, base)
+}
+
+func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+	var p protocol.Publish
+	if err := fr.Decode(&p); err != nil {
+		return protocol.ToWire(err), nil, false
+	}
+	if err := d.checkPublish(s, p); err != nil {
+		return err, nil, false
+	}
+	deadline := time.NewTimer(time.Duration(max(p.WaitMS, 0)) * time.Millisecond)
+	defer deadline.Stop()
+	for {
+		d.mu.Lock()
+		state, writer, changed := d.state, d.pub.writer, d.pub.changed
+		if state == protocol.StateEmpty {
+			fp := s.hello.Fingerprint
+			d.pub.writer, d.pub.fp, d.state = s, &fp, protocol.StatePublishing
+			d.pub.signal()
+			d.mu.Unlock()
+			s.writer = true
+			return d.grantSegments(s, p.Sizes)
+		}
+		d.mu.Unlock()
+		switch {
+		case state == protocol.StateReady:
+			// Someone committed while we waited: read theirs instead.
+			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: state}, nil, true
+		case state == protocol.StateDraining:
+			return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
+		case p.WaitMS <= 0:
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, writer.hello.Client), nil, true
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q still publishing after %dms", d.ln.path, writer.hello.Client, p.WaitMS), nil, true
+		case <-d.stopCh:
+			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while waiting to publish", d.ln.path), nil, false
+		}
+	}
+}
+
+// checkPublish refuses a publish request that cannot be granted whatever
+// the daemon's state.
+func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
+	switch {
+	case s.hello == nil:
+		return protocol.Errorf(protocol.CodeBadRequest, "publish before hello")
+	case s.writer:
+		return protocol.Errorf(protocol.CodeBadRequest, "publish sent twice on one connection")
+	case !d.cfg.PublishOnly:
+		return protocol.Errorf(protocol.CodeBadRequest, "daemon on %s serves checkpoint %s as preloaded; start it with preload --publish-only to publish", d.ln.path, d.cfg.Model)
+	case s.hello.Fingerprint.Engine == "":
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: hello fingerprint field engine is empty; a published layout carries the engine's name and version")
+	case len(p.Sizes) == 0 || len(p.Sizes) > protocol.MaxFDs:
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: field sizes has %d segments, want 1 to %d", len(p.Sizes), protocol.MaxFDs)
+	}
+	for i, n := range p.Sizes {
+		if n <= 0 {
+			return protocol.Errorf(protocol.CodeBadRequest, "publish: sizes[%d] is %d, want a positive byte count", i, n)
+		}
+	}
+	return nil
+}
+
+// grantSegments allocates the writer's segments. On failure the claim is
+// dropped and the daemon is empty again.
+func (d *Daemon) grantSegments(s *session, sizes []int64) (any, []*os.File, bool) {
+	var segs []backend.Segment
+	var files []*os.File
+	fail := func(err error) (any, []*os.File, bool) {
+		for _, f := range files {
+			_ = f.Close()
+		}
+		d.mu.Lock()
+		d.pub.segments = segs
+		d.mu.Unlock()
+		d.abortPublish(s, err.Error())
+		return protocol.ToWire(err), nil, false
+	}
+	for i, n := range sizes {
+		seg, err := d.cfg.Backend.Alloc(n)
+		if err != nil {
+			return fail(fmt.Errorf("allocate publish segment %d of %d bytes on %s: %w", i, n, d.cfg.Backend.Device(), err))
+		}
+		segs = append(segs, seg)
+		ws, ok := seg.(writableSegment)
+		if !ok {
+			return fail(fmt.Errorf("%w: backend for %s cannot export segments for writing", protocol.ErrInternal, d.cfg.Backend.Device()))
+		}
+		f, err := ws.ExportWritable()
+		if err != nil {
+			return fail(fmt.Errorf("export publish segment %d: %w", i, err))
+		}
+		files = append(files, f)
+	}
+	d.mu.Lock()
+	d.pub.segments = segs
+	d.mu.Unlock()
+	reply := protocol.PublishSegments{Head: protocol.NewHead(protocol.TypePublishSegments), Device: d.cfg.Backend.Device()}
+	for i, seg := range segs {
+		reply.Segments = append(reply.Segments, protocol.Segment{Index: i, Size: seg.Size()})
+	}
+	d.log.Info("publishing", "client", s.hello.Client, "engine", s.hello.Fingerprint.Engine, "engine_version", s.hello.Fingerprint.EngineVersion, "segments", len(segs))
+	return reply, files, true
+}
+
+// abortPublish frees the segments of a writer that went away (or failed to
+// commit) and makes the daemon empty again.
+func (d *Daemon) abortPublish(s *session, why string) {
+	d.mu.Lock()
+	if d.pub.writer != s {
+		d.mu.Unlock()
+		return
+	}
+	segs := d.pub.segments
+	d.pub.writer, d.pub.segments, d.pub.fp = nil, nil, nil
+	if d.state == protocol.StatePublishing {
+		d.state = protocol.StateEmpty
+	}
+	d.pub.signal()
+	d.mu.Unlock()
+	s.writer = false
+	for _, seg := range segs {
+		if err := seg.Free(); err != nil {
+			d.log.Warn("free publish segment", "err", err)
+		}
+	}
+	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", s.hello.Client, "reason", why)
+}
+
+func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+	if !s.writer {
+		return protocol.Errorf(protocol.CodeBadRequest, "commit without a granted publish on this connection"), nil, false
+	}
+	var c protocol.Commit
+	if err := fr.Decode(&c); err != nil {
+		d.abortPublish(s, err.Error())
+		return protocol.ToWire(err), nil, false
+	}
+	d.mu.Lock()
+	segs := d.pub.segments
+	d.mu.Unlock()
+	l, err := sealLayout(d.cfg.Backend.Device(), segs, c.Tensors)
+	if err != nil {
+		// Seals cannot be undone, so a failed commit cannot be retried:
+		// nothing of it is kept.
+		d.abortPublish(s, err.Error())
+		return protocol.Errorf(protocol.CodeBadRequest, "commit on %s: %v", d.ln.path, err), nil, false
+	}
+	d.mu.Lock()
+	if d.state != protocol.StatePublishing || d.pub.writer != s {
+		d.mu.Unlock()
+		d.abortPublish(s, "daemon stopped during commit")
+		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped during commit", d.ln.path), nil, false
+	}
+	d.layout = l
+	d.state = protocol.StateReady
+	d.pub.writer, d.pub.segments = nil, nil
+	fp := *d.pub.fp
+	close(d.readyCh)
+	d.pub.signal()
+	d.mu.Unlock()
+	s.writer = false
+	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", len(l.tensors), "bytes", l.bytes, "fingerprint", fp.Sum())
+	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
+		Tensors: len(l.tensors), Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
+}
+
+// sealLayout checks the writer's manifest against its segments, seals them
+// and checksums every tensor as it will be served.
+func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
+	sizes := make([]protocol.Segment, len(segs))
+	for i, s := range segs {
+		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
+	}
+	seen := make(map[string]bool, len(tensors))
+	for _, t := range tensors {
+		if t.Name == "" {
+			return nil, errors.New("a tensor has an empty name")
+		}
+		if seen[t.Name] {
+			return nil, fmt.Errorf("tensor %s is listed twice", t.Name)
+		}
+		seen[t.Name] = true
+		if err := checkPlacement(t, sizes); err != nil {
+			return nil, err
+		}
+	}
+	l := &layout{segments: segs, tensors: tensors}
+	for i, s := range segs {
+		if err := s.Seal(); err != nil {
+			return nil, fmt.Errorf("seal segment %d: %w (unmap every writable mapping of it before commit)", i, err)
+		}
+		l.bytes += s.Size()
+	}
+	buf := make([]byte, 4<<20)
+	for i := range l.tensors {
+		t := &l.tensors[i]
+		r, ok := segs[t.Segment].(io.ReaderAt)
+		if !ok {
+			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
+			continue
+		}
+		crc, err := checksum(r, t.Offset, t.NBytes, buf)
+		if err != nil {
+			return nil, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
+		}
+		t.CRC32C = crc
+	}
+	return l, l.encode(device)
+}
+
+// checkPlacement refuses an entry outside its segment, or whose size does
+// not match its dtype and shape.
+func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
+	if t.Segment < 0 || t.Segment >= len(segs) {
+		return fmt.Errorf("tensor %s: segment %d does not exist (%d granted)", t.Name, t.Segment, len(segs))
+	}
+	if t.Offset < 0 || t.NBytes < 0 || t.Offset > segs[t.Segment].Size-t.NBytes {
+		return fmt.Errorf("tensor %s: bytes [%d,%d) outside segment %d of %d bytes", t.Name, t.Offset, t.Offset+t.NBytes, t.Segment, segs[t.Segment].Size)
+	}
+	n, err := safetensors.NBytes(safetensors.DType(t.DType), t.Shape)
+	if err != nil || n != t.NBytes {
+		return fmt.Errorf("tensor %s: field nbytes %d does not match dtype %q and shape %v", t.Name, t.NBytes, t.DType, t.Shape)
+	}
+	return nil
+}
+
+func checksum(r io.ReaderAt, off, n int64, buf []byte) (uint32, error) {
+	var crc uint32
+	for done := int64(0); done < n; {
+		chunk := buf[:min(int64(len(buf)), n-done)]
+		if _, err := r.ReadAt(chunk, off+done); err != nil {
+			return 0, err
+		}
+		crc = crc32.Update(crc, checkpoint.Castagnoli, chunk)
+		done += int64(len(chunk))
+	}
+	return crc, nil
+}

@@ -1,0 +1,312 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"hash/crc32"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+func startPublishOnly(t *testing.T, model, dir string) *Daemon {
+	t.Helper()
+	d := start(t, model, dir, "host", func(c *Config) { c.PublishOnly = true })
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Stats(); st.State != protocol.StateEmpty || st.Tensors != 0 {
+		t.Fatalf("publish-only daemon after Load: state %s, %d tensors", st.State, st.Tensors)
+	}
+	return d
+}
+
+// engineWeights is what an engine would publish: the checkpoint as loaded
+// from disk, with one tensor "post-processed" (negated) so that the
+// published layout is provably the engine's, not the checkpoint's.
+func engineWeights(t *testing.T, model string) ([]client.TensorSpec, map[string][]byte) {
+	t.Helper()
+	w, err := client.Attach(context.Background(), model, client.WithSocketDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var specs []client.TensorSpec
+	data := map[string][]byte{}
+	for i, tn := range w.Tensors {
+		b := append([]byte(nil), tn.Data...)
+		if i == 0 {
+			for j := 1; j < len(b); j += 2 {
+				b[j] ^= 0x80 // flip the sign bit of every bf16
+			}
+		}
+		specs = append(specs, client.TensorSpec{Name: tn.Name, DType: tn.DType, Shape: tn.Shape})
+		data[tn.Name] = b
+	}
+	specs = append(specs, client.TensorSpec{Name: "engine.fused_scale", DType: "F32", Shape: []int64{2}})
+	data["engine.fused_scale"] = []byte{0, 0, 128, 63, 0, 0, 0, 64}
+	return specs, data
+}
+
+func publishAll(t *testing.T, model, dir string, specs []client.TensorSpec, data map[string][]byte, opts ...client.Opt) error {
+	t.Helper()
+	opts = append([]client.Opt{client.WithSocketDir(dir), client.WithEngine("testengine", "1.0")}, opts...)
+	p, err := client.Publish(context.Background(), model, specs, opts...)
+	if err != nil {
+		return err
+	}
+	for _, s := range specs {
+		if err := p.Write(s.Name, data[s.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p.Commit(context.Background())
+}
+
+func TestPublishThenAttach(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	engine := client.WithEngine("testengine", "1.0")
+	_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), engine, client.WithFallback(false))
+	if !errors.Is(err, client.ErrEmpty) {
+		t.Fatalf("attach to an empty daemon: %v, want ErrEmpty", err)
+	}
+	specs, data := engineWeights(t, model)
+	if err := publishAll(t, model, dir, specs, data); err != nil {
+		t.Fatal(err)
+	}
+	w := attach(t, model, dir, engine, client.WithFallback(false))
+	if len(w.Tensors) != len(specs) {
+		t.Fatalf("%d tensors, want %d", len(w.Tensors), len(specs))
+	}
+	table := crc32.MakeTable(crc32.Castagnoli)
+	for i, tn := range w.Tensors {
+		if tn.Name != specs[i].Name || string(tn.Data) != string(data[tn.Name]) {
+			t.Fatalf("tensor %s: not the bytes published", tn.Name)
+		}
+		if crc32.Checksum(tn.Data, table) != tn.CRC32C {
+			t.Fatalf("tensor %s: daemon checksum does not match", tn.Name)
+		}
+	}
+	st := d.Stats()
+	if st.State != protocol.StateReady || st.Tensors != len(specs) || st.Fingerprint.Engine != "testengine" {
+		t.Fatalf("stats after commit = %+v", st)
+	}
+	// Another engine version, or the raw checkpoint, is not this layout.
+	for _, tc := range []struct {
+		opt   client.Opt
+		field string
+	}{{client.WithEngine("testengine", "2.0"), "engine_version"}, {client.WithEngine("", ""), "engine"}} {
+		_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), tc.opt, client.WithFallback(false))
+		var me *client.MissError
+		if !errors.As(err, &me) || me.Source.Reason != client.ReasonFingerprintMismatch || me.Source.Fields[0].Field != tc.field {
+			t.Fatalf("attach with other engine: %v, want a mismatch on %s", err, tc.field)
+		}
+	}
+	// The layout is committed for good.
+	if err := publishAll(t, model, dir, specs, data); !errors.Is(err, client.ErrPublished) {
+		t.Fatalf("second publish: %v, want ErrPublished", err)
+	}
+}
+
+func TestAbandonedPublishLeavesNothing(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	specs, data := engineWeights(t, model)
+	p, err := client.Publish(context.Background(), model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Write(specs[0].Name, data[specs[0].Name]); err != nil {
+		t.Fatal(err)
+	}
+	if st := d.Stats().State; st != protocol.StatePublishing {
+		t.Fatalf("state while writing = %s", st)
+	}
+	// A reader waiting for this writer learns at once that it went away.
+	read := make(chan error, 1)
+	go func() {
+		_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"),
+			client.WithFallback(false), client.WithStateTimeout(time.Minute))
+		read <- err
+	}()
+	waitFor(t, func() bool { return d.Stats().Connections == 2 })
+	time.Sleep(50 * time.Millisecond) // let the reader reach wait_ready
+	p.Close()
+	select {
+	case err := <-read:
+		if !errors.Is(err, client.ErrEmpty) {
+			t.Fatalf("waiting reader: %v, want ErrEmpty", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiting reader not told that the writer went away")
+	}
+	waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
+	if err := publishAll(t, model, dir, specs, data); err != nil {
+		t.Fatalf("publish after an abandoned one: %v", err)
+	}
+}
+
+func TestOneWriterAtATime(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	startPublishOnly(t, model, dir)
+	specs, data := engineWeights(t, model)
+	ctx := context.Background()
+	first, err := client.Publish(ctx, model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = client.Publish(ctx, model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"))
+	if !errors.Is(err, client.ErrBusy) || !strings.Contains(err.Error(), "one writer at a time") {
+		t.Fatalf("second writer: %v, want busy", err)
+	}
+	// A reader that arrives meanwhile waits for the commit.
+	read := make(chan *client.Weights, 1)
+	go func() {
+		w, err := client.Attach(ctx, model, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"), client.WithFallback(false))
+		if err != nil {
+			t.Error(err)
+		}
+		read <- w
+	}()
+	// A waiting writer learns that the layout was committed.
+	waited := make(chan error, 1)
+	go func() {
+		_, err := client.Publish(ctx, model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"), client.WithPublishWait(10*time.Second))
+		waited <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	for _, s := range specs {
+		if err := first.Write(s.Name, data[s.Name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; !errors.Is(err, client.ErrPublished) {
+		t.Fatalf("waiting writer: %v, want ErrPublished", err)
+	}
+	w := <-read
+	if w == nil || !w.Source.Hit || len(w.Tensors) != len(specs) {
+		t.Fatal("waiting reader did not get the published layout")
+	}
+	w.Close()
+}
+
+func TestPublishRefused(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	ready := startReady(t, model, sockDir(t))
+	specs, _ := engineWeights(t, model)
+	ckpt, _ := checkpoint.Resolve(model, "")
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	ctx := context.Background()
+	// A preloaded daemon serves the checkpoint; it takes no publisher.
+	pre := rawConn(t, ready.Socket())
+	if _, err := pre.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pre.Call(ctx, protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}}, protocol.TypePublishSegments)
+	if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "--publish-only") {
+		t.Fatalf("publish to a preloaded daemon: %v", err)
+	}
+	d := startPublishOnly(t, model, dir)
+	if _, err := client.Publish(context.Background(), model, specs, client.WithSocketDir(dir)); err == nil {
+		t.Fatal("publish without an engine name succeeded")
+	}
+	// A writer that still maps its segment for writing cannot commit, and
+	// its failed commit leaves nothing behind.
+	c := rawConn(t, d.Socket())
+	fp.Engine = "raw"
+	if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := c.Call(ctx, protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}}, protocol.TypePublishSegments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(fr.Files[0].Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	fr.CloseFiles()
+	commit := protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: []protocol.Tensor{{Name: "x", DType: "U8", Shape: []int64{16}, NBytes: 16}}}
+	if _, err := c.Call(ctx, commit, protocol.TypeCommitted); !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "seal") {
+		t.Fatalf("commit while mapped writable: %v", err)
+	}
+	waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
+}
+
+func TestCommitChecksEntries(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	ckpt, _ := checkpoint.Resolve(model, "")
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp.Engine = "raw"
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		t    protocol.Tensor
+		want string
+	}{
+		{"outside", protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{300}, Offset: 4000, NBytes: 300}, "outside segment"},
+		{"size", protocol.Tensor{Name: "a", DType: "F32", Shape: []int64{3}, NBytes: 16}, "does not match"},
+		{"segment", protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{1}, Segment: 3, NBytes: 1}, "does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, d.Socket())
+			if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
+				t.Fatal(err)
+			}
+			fr, err := c.Call(ctx, protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}}, protocol.TypePublishSegments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fr.CloseFiles()
+			_, err = c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: []protocol.Tensor{tc.t}}, protocol.TypeCommitted)
+			if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("commit: %v, want %q", err, tc.want)
+			}
+			waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
+		})
+	}
+}
+
+func TestManifestAfterOtherEnginePublished(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	ckpt, _ := checkpoint.Resolve(model, "")
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp.Engine, fp.EngineVersion = "testengine", "0.9"
+	ctx := context.Background()
+	// Accepted while empty: any engine may become the writer.
+	c := rawConn(t, d.Socket())
+	fr, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok protocol.OK
+	if fr.Decode(&ok); ok.State != protocol.StateEmpty {
+		t.Fatalf("hello state = %s, want empty", ok.State)
+	}
+	specs, data := engineWeights(t, model)
+	if err := publishAll(t, model, dir, specs, data); err != nil {
+		t.Fatal(err)
+	}
+	fr, err = c.Call(ctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.CloseFiles()
+	var m protocol.Mismatch
+	if fr.Type != protocol.TypeMismatch || fr.Decode(&m) != nil || len(m.Fields) != 1 || m.Fields[0].Field != "engine_version" {
+		t.Fatalf("manifest after another engine published: %s", fr.Body)
+	}
+}

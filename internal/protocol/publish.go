@@ -1,0 +1,62 @@
+package protocol
+
+// Publish path: an engine whose daemon is empty (preload --publish-only)
+// asks for segments, writes its own post-processed tensors into them and
+// commits a manifest under its fingerprint. One writer at a time; nothing
+// of an uncommitted publish survives its connection.
+const (
+	// TypePublish asks for writable segments -> publish_segments (one
+	// writable descriptor per segment) | ready (a layout was committed
+	// meanwhile: ask for the manifest) | error(busy, bad_request, ...).
+	TypePublish = "publish"
+	// TypePublishSegments answers TypePublish.
+	TypePublishSegments = "publish_segments"
+	// TypeCommit seals the segments and installs the manifest -> committed.
+	TypeCommit = "commit"
+	// TypeCommitted answers TypeCommit.
+	TypeCommitted = "committed"
+)
+
+// Daemon states of a publish-only daemon. It starts empty, is publishing
+// while a writer holds it, and is ready once a layout is committed. A
+// hello answered with state empty means "nothing here: publish wanted".
+const (
+	StateEmpty      = "empty"
+	StatePublishing = "publishing"
+)
+
+// Publish asks for one segment per entry of Sizes, each at least that many
+// bytes. With WaitMS 0 a second writer gets a busy error at once; otherwise
+// it waits up to WaitMS for the current writer to commit or go away.
+type Publish struct {
+	Head
+	Sizes  []int64 `json:"sizes"`
+	WaitMS int64   `json:"wait_ms"`
+}
+
+// PublishSegments hands the writer its segments; the descriptors ride on
+// this frame in Segments order and are writable until commit. On the host
+// tier they are memfds: write them with pwrite, or unmap every writable
+// mapping before commit (sealing refuses a segment that is still mapped
+// for writing).
+type PublishSegments struct {
+	Head
+	Device   string    `json:"device"`
+	Segments []Segment `json:"segments"`
+}
+
+// Commit lists every tensor the writer placed. CRC32C is ignored: the
+// daemon checksums the sealed bytes itself.
+type Commit struct {
+	Head
+	Tensors []Tensor `json:"tensors"`
+}
+
+// Committed answers Commit once the layout is sealed and served.
+type Committed struct {
+	Head
+	State          string `json:"state"`
+	Tensors        int    `json:"tensors"`
+	Bytes          int64  `json:"bytes"`
+	FingerprintSum string `json:"fingerprint_sum"`
+}

@@ -1,0 +1,110 @@
+"""Fixtures: the real weightcache binary (built by `make build`, or here
+with `go build` when missing), synthetic checkpoints and daemons run as
+processes, as engines meet them."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def wc_bin(tmp_path_factory):
+    path = os.path.join(ROOT, "bin", "weightcache")
+    if os.environ.get("WEIGHTCACHE_BIN"):
+        return os.environ["WEIGHTCACHE_BIN"]
+    if not os.path.exists(path):
+        path = str(tmp_path_factory.mktemp("bin") / "weightcache")
+        subprocess.run(["go", "build", "-o", path, "./cmd/weightcache"], cwd=ROOT, check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def synth(wc_bin, tmp_path_factory):
+    """synth(preset, shards, dtype) -> a checkpoint directory, made once."""
+    made = {}
+
+    def make(preset="tiny", shards=2, dtype="bf16"):
+        key = (preset, shards, dtype)
+        if key not in made:
+            out = str(tmp_path_factory.mktemp("model") / f"{preset}-{shards}-{dtype}")
+            subprocess.run([wc_bin, "synth", "--preset", preset, "--out", out, "--shards", str(shards),
+                            "--dtype", dtype], check=True, stdout=subprocess.DEVNULL)
+            made[key] = out
+        return made[key]
+    return make
+
+
+@pytest.fixture
+def model(synth):
+    return synth("tiny", 2, "bf16")
+
+
+@pytest.fixture
+def sock_dir():
+    # Short, private: socket paths must fit in 107 bytes.
+    d = tempfile.mkdtemp(prefix="wcpy")
+    os.chmod(d, 0o700)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Daemon:
+    def __init__(self, proc, ready):
+        self.proc, self.ready = proc, ready
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def daemon(wc_bin, sock_dir):
+    """daemon(model, *flags, wait=True) starts `weightcache preload`; with
+    wait it returns once the ready line is out."""
+    started = []
+
+    def start(model, *flags, wait=True):
+        proc = subprocess.Popen([wc_bin, "preload", "--model", model, "--socket-dir", sock_dir, *flags],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        d = Daemon(proc, None)
+        started.append(d)
+        if wait:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"preload exited: {proc.stderr.read()}")
+            d.ready = json.loads(line)
+            assert d.ready["event"] == "ready"
+        return d
+    yield start
+    for d in started:
+        d.stop(signal.SIGKILL)
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def status(wc_bin, sock_dir):
+    out = subprocess.run([wc_bin, "status", "--json", "--socket-dir", sock_dir], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)

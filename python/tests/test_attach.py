@@ -1,0 +1,227 @@
+"""attach() against real daemon processes, and against fake ones for the
+failures a real daemon does not produce on demand."""
+
+import ctypes
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import time
+import warnings
+
+import pytest
+import torch
+
+from conftest import status, wait_for
+from weightcache import MissError, attach
+from weightcache.fallback import load_from_disk
+from weightcache.checkpoint import resolve
+
+
+def raw(t):
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
+def test_hit_is_zero_copy_read_only_and_silent(model, daemon, sock_dir, wc_bin, capfd):
+    daemon(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w, info = attach(model, socket_dir=sock_dir)
+    assert info.source == "hit" and info.reason == "" and not caught, caught
+    assert capfd.readouterr().err == ""
+    disk = load_from_disk(resolve(model), "")
+    assert list(w) == list(disk)
+    for k in w:
+        assert w[k].dtype == disk[k].dtype and torch.equal(w[k], disk[k]), k
+    # Every tensor lies in a shared, read-only mapping of a daemon memfd.
+    maps = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            rng, perms, *rest = line.split()
+            if "weightcache:host" in line:
+                lo, hi = (int(x, 16) for x in rng.split("-"))
+                maps.append((lo, hi, perms))
+    assert maps and all(p == "r--s" for _, _, p in maps)
+    for t in w.values():
+        assert any(lo <= t.data_ptr() < hi for lo, hi, _ in maps)
+    assert status(wc_bin, sock_dir)[0]["leases"] == 1
+    w.close()
+    wait_for(lambda: status(wc_bin, sock_dir)[0]["leases"] == 0)
+    # The mapping outlives the lease: the tensors stay readable.
+    assert torch.equal(next(iter(w.values())), next(iter(disk.values())))
+
+
+def test_copy_mode_owns_and_releases(model, daemon, sock_dir, wc_bin):
+    daemon(model)
+    w, info = attach(model, socket_dir=sock_dir, mode="copy")
+    assert info.hit
+    st = status(wc_bin, sock_dir)[0]
+    assert st["leases"] == 0 and st["releases"] == 1
+    t = next(iter(w.values()))
+    t.add_(1)  # ours to write
+    disk = load_from_disk(resolve(model), "")
+    assert not torch.equal(t, next(iter(disk.values())))
+
+
+def test_go_and_python_see_the_same_bytes(model, daemon, sock_dir, wc_bin):
+    daemon(model)
+    out = subprocess.run([wc_bin, "attach", "--model", model, "--socket-dir", sock_dir, "--json", "--digest"],
+                         check=True, capture_output=True, text=True).stdout
+    go = json.loads(out)
+    assert go["source"] == "hit"
+    w, info = attach(model, socket_dir=sock_dir)
+    assert info.hit
+    py = {n: hashlib.sha256(raw(t)).hexdigest() for n, t in w.items()}
+    assert py == go["digest"]
+
+
+def test_fallback_reasons(model, daemon, sock_dir):
+    w, info = attach(model, socket_dir=sock_dir)
+    assert info.source == "fallback" and info.reason == "no_daemon" and len(w) == 21
+    daemon(model)
+    w, info = attach(model, socket_dir=sock_dir, dtype="float32")
+    assert info.reason == "fingerprint_mismatch"
+    assert info.fields == [{"field": "dtype", "want": "float32", "got": "bfloat16"}]
+    assert all(t.dtype == torch.float32 for t in w.values() if t.is_floating_point())
+    w, info = attach(model, socket_dir=sock_dir, tp_size=2, tp_rank=1)
+    assert info.reason == "fingerprint_mismatch" and {f["field"] for f in info.fields} == {"tp_rank", "tp_size"}
+
+
+def test_strict_miss_raises_with_reason(model, daemon, sock_dir):
+    with pytest.raises(MissError) as e:
+        attach(model, socket_dir=sock_dir, fallback=False)
+    assert e.value.reason == "no_daemon" and "no_daemon" in str(e.value)
+    daemon(model)
+    with pytest.raises(MissError) as e:
+        attach(model, socket_dir=sock_dir, fallback=False, dtype="float16")
+    assert e.value.reason == "fingerprint_mismatch" and e.value.info.fields[0]["field"] == "dtype"
+
+
+def test_not_ready_timeout(synth, daemon, sock_dir):
+    m = synth("small", 1, "bf16")
+    daemon(m, "--read-limit", "1000000", wait=False)
+    wait_for(lambda: os.path.exists(os.path.join(sock_dir, "main-host.sock")))
+    t0 = time.monotonic()
+    with pytest.raises(MissError) as e:
+        attach(m, socket_dir=sock_dir, fallback=False, state_timeout_s=0.3)
+    assert e.value.reason == "not_ready_timeout" and time.monotonic() - t0 < 5
+
+
+def test_kill_9_during_attach(synth, daemon, sock_dir):
+    m = synth("small", 1, "bf16")
+    d = daemon(m, "--read-limit", "1000000", wait=False)
+    wait_for(lambda: os.path.exists(os.path.join(sock_dir, "main-host.sock")))
+    threading.Timer(0.3, lambda: os.kill(d.proc.pid, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    w, info = attach(m, socket_dir=sock_dir, state_timeout_s=60)
+    assert info.source == "fallback" and info.reason == "protocol_error", info
+    assert time.monotonic() - t0 < 30 and len(w) == 75
+
+
+def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
+    d = daemon(model)
+    w, info = attach(model, socket_dir=sock_dir)
+    assert info.hit
+    before = {n: t.clone() for n, t in w.items()}
+    d.stop(signal.SIGKILL)
+    for n, t in w.items():
+        assert torch.equal(t, before[n])
+    # The next engine falls back: the stale socket is refused, not trusted.
+    _, info = attach(model, socket_dir=sock_dir)
+    assert info.reason == "no_daemon"
+
+
+class FakeDaemon:
+    """A socket that answers every request with what serve() sends."""
+
+    def __init__(self, sock_dir, serve, device="host"):
+        self.path = os.path.join(sock_dir, f"main-{device.replace(':', '_')}.sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path)
+        self.srv.listen(4)
+        self.serve = serve
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            with c:
+                try:
+                    self.serve(c)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.srv.close()
+
+
+def frame(msg):
+    body = json.dumps(msg).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def read_frame(c):
+    n = struct.unpack(">I", c.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(c.recv(n, socket.MSG_WAITALL))
+
+
+def fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("serve,reason,detail", [
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "mismatch", "version": 1, "fields": [
+        {"field": "device", "want": "host", "got": "host:1"}]}))), "device_mismatch", ""),
+    (lambda c: (read_frame(c), c.sendall(struct.pack(">I", 300 << 20))), "protocol_error", "limit"),
+    (lambda c: (read_frame(c), c.sendall(b"\x00\x00\x00\x05hello")), "protocol_error", ""),
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "error", "version": 1, "code": "draining", "message": "bye"}))), "no_daemon", "bye"),
+    (lambda c: read_frame(c), "protocol_error", "closed"),
+])
+def test_fake_daemon_failures(model, sock_dir, serve, reason, detail):
+    fake = FakeDaemon(sock_dir, serve)
+    try:
+        w, info = attach(model, socket_dir=sock_dir, connect_timeout_s=2)
+    finally:
+        fake.close()
+    assert info.reason == reason and detail in info.detail, info
+    assert len(w) == 21
+    if reason == "device_mismatch":
+        assert info.fields[0]["got"] == "host:1"
+
+
+def test_unexpected_descriptors_are_closed(model, sock_dir):
+    def serve(c):
+        read_frame(c)
+        r, w = os.pipe()
+        # An "ok" frame carrying descriptors nobody asked for.
+        socket.send_fds(c, [frame({"type": "ok", "version": 1, "state": "ready", "device": "host", "daemon": "fake"})], [r, w])
+        os.close(r)
+        os.close(w)
+        read_frame(c)
+        c.sendall(frame({"type": "manifest", "version": 1, "device": "host", "segments": [{"index": 0, "size": 4096}], "tensors": []}))
+        time.sleep(0.2)
+    fake = FakeDaemon(sock_dir, serve)
+    before = fd_count()
+    try:
+        _, info = attach(model, socket_dir=sock_dir, connect_timeout_s=2)
+    finally:
+        fake.close()
+    assert info.reason == "protocol_error" and "1 segments but 0 descriptors" in info.detail
+    assert fd_count() <= before
+
+
+def test_unsafe_socket_dir_is_not_trusted(model, sock_dir, daemon):
+    daemon(model)
+    os.chmod(sock_dir, 0o777)
+    try:
+        _, info = attach(model, socket_dir=sock_dir)
+    finally:
+        os.chmod(sock_dir, 0o700)
+    assert info.reason == "no_daemon" and "world-writable" in info.detail

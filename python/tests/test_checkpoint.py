@@ -1,0 +1,125 @@
+"""The safetensors reader's strictness, checkpoint resolution (local and
+offline hub cache), and fingerprints equal to the Go daemon's."""
+
+import json
+import os
+import shutil
+import struct
+
+import pytest
+import torch
+
+from weightcache import CheckpointError, resolve
+from weightcache.fallback import load_from_disk
+from weightcache.safetensors import MAX_HEADER_SIZE, FormatError, parse_header, read_header
+
+
+def entry(dtype, shape, begin, end):
+    return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+
+
+@pytest.mark.parametrize("raw,size,want", [
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + "}", 8, None),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + "}   ", 8, None),
+    (' {"a":' + json.dumps(entry("F32", [2], 0, 8)) + "}", 8, "begin with"),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + ',"a":' + json.dumps(entry("F32", [2], 0, 8)) + "}", 16, "twice"),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + ',"b":' + json.dumps(entry("F32", [2], 12, 20)) + "}", 20, "gap"),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + ',"b":' + json.dumps(entry("F32", [2], 4, 12)) + "}", 12, "overlap"),
+    ('{"a":' + json.dumps(entry("F32", [3], 0, 8)) + "}", 8, "needs 12"),
+    ('{"a":' + json.dumps(entry("Q4", [2], 0, 1)) + "}", 1, "unknown dtype"),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + "}", 16, "data section is 16"),
+    ('{"a":' + json.dumps(entry("F32", [4], 0, 16)) + "}", 8, "past the end"),
+    ('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}', 8, "unknown field"),
+    ('{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}', 8, "not a non-negative integer"),
+    ('{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}}', 8, "not a non-negative integer"),
+    ('{"a":{"dtype":"F32","shape":[2]}}', 8, "no data_offsets"),
+    ('{"__metadata__":{"k":1}}', 0, "object of strings"),
+    ('{"a":' + json.dumps(entry("F32", [2], 0, 8)) + "} x", 8, "not valid JSON"),
+    ('{"a":' + json.dumps(entry("F4", [3], 0, 2)) + "}", 2, "whole number of bytes"),
+])
+def test_header_strictness(raw, size, want):
+    if want is None:
+        h = parse_header(raw.encode(), size)
+        assert [t.name for t in h.tensors] == ["a"]
+        return
+    with pytest.raises(FormatError, match=want):
+        parse_header(raw.encode(), size)
+
+
+def test_header_cap_and_truncation(tmp_path):
+    p = tmp_path / "big.safetensors"
+    p.write_bytes(struct.pack("<Q", MAX_HEADER_SIZE + 1) + b"{}")
+    with pytest.raises(FormatError, match="exceeds the limit"):
+        read_header(str(p))
+    p.write_bytes(struct.pack("<Q", 100) + b"{}")
+    with pytest.raises(FormatError, match="runs past the end"):
+        read_header(str(p))
+    p.write_bytes(b"\x01\x02")
+    with pytest.raises(FormatError, match="too short"):
+        read_header(str(p))
+
+
+def test_fingerprint_matches_the_daemon(model, daemon):
+    d = daemon(model)
+    assert resolve(model).fingerprint().sum() == d.ready["fingerprint"]
+
+
+def test_float32_served_from_bf16_matches_the_daemon(synth, daemon, wc_bin, sock_dir):
+    # The daemon converts F32 -> BF16 with round-to-nearest-even; so must the fallback.
+    m = synth("tiny", 1, "f32")
+    daemon(m, "--dtype", "bf16")
+    from weightcache import attach
+    hit, info = attach(m, socket_dir=sock_dir, dtype="bf16")
+    assert info.hit
+    disk, dinfo = attach(m, socket_dir=sock_dir + "-none", dtype="bf16")
+    assert dinfo.reason == "no_daemon"
+    assert hit.keys() == disk.keys()
+    for k in hit:
+        assert hit[k].dtype == torch.bfloat16
+        assert torch.equal(hit[k].view(torch.int16), disk[k].view(torch.int16)), k
+
+
+def test_hub_cache_offline(model, tmp_path, monkeypatch):
+    commit = "a" * 40
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(model, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit + "\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    c = resolve("org/tiny")
+    assert c.revision == commit and c.hash == resolve(model).hash
+    assert resolve("org/tiny", commit).dir == c.dir
+    with pytest.raises(CheckpointError, match="not in the Hugging Face cache"):
+        resolve("org/tiny", "v2")
+    with pytest.raises(CheckpointError, match="downloads nothing"):
+        resolve("org/absent")
+
+
+def test_bad_checkpoints(model, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(model, bad)
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="does not contain it"):
+        resolve(str(bad))
+    (bad / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../escape.safetensors"}}))
+    with pytest.raises(CheckpointError, match="not a file inside"):
+        resolve(str(bad))
+    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+        resolve(str(tmp_path))
+    with pytest.raises(CheckpointError, match="no such directory"):
+        resolve(str(tmp_path / "nothing" / "here" / "x"))
+
+
+def test_fallback_reads_every_tensor(model):
+    c = resolve(model)
+    w = load_from_disk(c, "")
+    assert len(w) == sum(len(s.header.tensors) for s in c.shards)
+    for s in c.shards:
+        with open(s.path, "rb") as f:
+            data = f.read()
+        for e in s.header.tensors:
+            t = w[e.name]
+            assert tuple(t.shape) == e.shape
+            got = t.contiguous().view(torch.uint8).reshape(-1)
+            want = torch.tensor(list(data[s.header.data_start + e.begin:s.header.data_start + e.end]), dtype=torch.uint8)
+            assert torch.equal(got, want), e.name

@@ -1,0 +1,15 @@
+"""weightcache: map LLM weights that a weightcache daemon keeps resident,
+zero-copy, into a PyTorch engine; fall back to disk with a named reason."""
+
+from .attach import Weights, attach, device_key
+from .checkpoint import CheckpointError, resolve
+from .fingerprint import Fingerprint
+from .materialize import MaterializeError, materialize
+from .publish import AlreadyPublished, BusyError, PublishError, Publisher, publish
+from .source import AttachInfo, MissError
+
+__all__ = [
+    "attach", "materialize", "publish", "Publisher", "Weights", "AttachInfo", "MissError",
+    "MaterializeError", "PublishError", "BusyError", "AlreadyPublished", "CheckpointError",
+    "Fingerprint", "resolve", "device_key",
+]

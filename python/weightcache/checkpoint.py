@@ -1,0 +1,282 @@
+"""Checkpoint resolution and fingerprinting, as Go's internal/checkpoint
+does it: a local directory, or a Hugging Face hub id resolved offline in
+the hub cache. Only headers are read here; nothing is downloaded."""
+
+import hashlib
+import json
+import os
+import re
+import struct
+
+from . import dtypes, safetensors
+from .fingerprint import LAYOUT_VERSION, Fingerprint, canonical_json
+
+INDEX_NAME = "model.safetensors.index.json"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class CheckpointError(Exception):
+    """The checkpoint is missing or malformed."""
+
+
+class Shard:
+    def __init__(self, name, path, size, header):
+        self.name, self.path, self.size, self.header = name, path, size, header
+
+
+class Checkpoint:
+    """A resolved, validated checkpoint."""
+
+    def __init__(self, directory, revision):
+        self.dir = directory
+        self.revision = revision
+        self.architecture = ""
+        self.torch_dtype = ""
+        self.quant_method = ""
+        self.quant_hash = ""
+        self.shards = []
+        self.hash = ""
+
+    def tensors(self):
+        """(shard, entry) in shard order, then data order: front to back."""
+        return [(s, t) for s in self.shards for t in s.header.tensors]
+
+    def served_dtype(self, requested):
+        """The torch dtype name tensors are served in (Go's ServedDType)."""
+        d = dtypes.normalize(requested or "")
+        if d:
+            return d
+        if self.torch_dtype:
+            return self.torch_dtype
+        totals = {}
+        for s in self.shards:
+            for t in s.header.tensors:
+                if dtypes.is_float(t.dtype) and dtypes.torch_name(t.dtype):
+                    totals[t.dtype] = totals.get(t.dtype, 0) + t.nbytes
+        if not totals:
+            return ""
+        # Most bytes wins; ties go to the smaller name.
+        best = min(totals, key=lambda k: (-totals[k], k.encode()))
+        return dtypes.torch_name(best)
+
+    def fingerprint(self, dtype="auto", tp_size=1, tp_rank=0, dp_size=1, dp_rank=0, engine="", engine_version=""):
+        if tp_size < 1 or not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
+        if dp_size < 1 or not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} of dp_size {dp_size}: want dp_size >= 1 and 0 <= dp_rank < dp_size")
+        return Fingerprint(
+            checkpoint_hash=self.hash, architecture=self.architecture,
+            tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
+            dtype=self.served_dtype(dtype), quantization=self.quant_method,
+            quantization_hash=self.quant_hash, revision=self.revision,
+            layout_version=LAYOUT_VERSION, engine=engine or "", engine_version=engine_version or "")
+
+    def served(self, dtype):
+        """[(shard, entry, served safetensors dtype)] for a served torch
+        dtype name ("" serves everything as stored): floating F16/BF16/F32
+        tensors convert, everything else is served as stored."""
+        if dtype and dtype not in dtypes.SERVED:
+            raise CheckpointError(f"dtype {dtype!r} cannot be served (want bfloat16, float16 or float32)")
+        to = dtypes.SERVED.get(dtype, "")
+        out = []
+        for s, t in self.tensors():
+            d = to if to and t.dtype in dtypes.CONVERTIBLE else t.dtype
+            out.append((s, t, d))
+        return out
+
+
+def hash_shards(shards):
+    """sha256 over shards sorted by name (byte order) of: name, 0, decimal
+    size, 0, header length as 8 bytes little-endian, the raw header."""
+    h = hashlib.sha256()
+    for s in sorted(shards, key=lambda s: s.name.encode()):
+        h.update(s.name.encode())
+        h.update(b"\x00")
+        h.update(str(s.size).encode())
+        h.update(b"\x00")
+        h.update(struct.pack("<Q", len(s.header.raw)))
+        h.update(s.header.raw)
+    return h.hexdigest()
+
+
+def quantization_hash(config):
+    return hashlib.sha256(canonical_json(config)).hexdigest()
+
+
+def resolve(model, revision=None):
+    """Find and validate a checkpoint, as Go's checkpoint.Resolve."""
+    if not model:
+        raise CheckpointError("checkpoint not found: no model given")
+    revision = revision or ""
+    if os.path.isdir(model):
+        directory, rev = os.path.abspath(model), revision
+    elif os.path.exists(model):
+        raise CheckpointError(f"invalid checkpoint: model {model} is a file, not a checkpoint directory")
+    elif _HUB_ID.match(model) and ".." not in model:
+        directory, rev = _resolve_hub(model, revision)
+    else:
+        raise CheckpointError(f"checkpoint not found: model {model}: no such directory (and not a hub id like org/name; nothing is downloaded)")
+    c = Checkpoint(directory, rev)
+    _read_config(c)
+    _load_shards(c)
+    c.hash = hash_shards(c.shards)
+    return c
+
+
+def hub_cache_dir():
+    for env in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(env):
+            return os.path.expanduser(os.environ[env])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return os.path.join(os.environ["XDG_CACHE_HOME"], "huggingface", "hub")
+    return os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub")
+
+
+def _resolve_hub(model_id, revision):
+    repo = os.path.join(hub_cache_dir(), "models--" + model_id.replace("/", "--"))
+    if not os.path.isdir(repo):
+        raise CheckpointError(
+            f"checkpoint not found: model {model_id}: no such directory, and not in the Hugging Face cache (no {repo}); "
+            f"weightcache resolves hub ids offline and downloads nothing")
+    revision = revision or "main"
+    commit = revision
+    if not _COMMIT.match(revision):
+        if os.path.isabs(revision) or ".." in revision.split("/"):
+            raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision!r} is not a ref name")
+        ref = os.path.join(repo, "refs", revision)
+        try:
+            with open(ref) as f:
+                commit = f.read().strip()
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision} is not in the Hugging Face cache (no {ref}; nothing is downloaded)") from None
+        if not _COMMIT.match(commit):
+            raise CheckpointError(f"invalid checkpoint: ref {ref} holds {commit!r}, not a commit hash")
+    snap = os.path.join(repo, "snapshots", commit)
+    if not os.path.isdir(snap):
+        raise CheckpointError(f"checkpoint not found: model {model_id} revision {revision}: snapshot {snap} is not in the cache (nothing is downloaded)")
+    return snap, commit
+
+
+def _kind(v):
+    return {type(None): "null", str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(v), "a number")
+
+
+def _read_config(c):
+    p = os.path.join(c.dir, "config.json")
+    try:
+        with open(p, "rb") as f:
+            cfg = json.loads(f.read())
+    except FileNotFoundError:
+        return
+    except ValueError as e:
+        raise CheckpointError(f"invalid checkpoint: {p}: not a JSON object: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"invalid checkpoint: {p}: not a JSON object")
+    archs = cfg.get("architectures")
+    if archs is not None:
+        if not isinstance(archs, list):
+            raise CheckpointError(f"invalid checkpoint: {p}: architectures is {_kind(archs)}, not a list of strings")
+        if archs:
+            if not isinstance(archs[0], str):
+                raise CheckpointError(f"invalid checkpoint: {p}: architectures[0] is {_kind(archs[0])}, not a string")
+            c.architecture = archs[0]
+    for key in ("torch_dtype", "dtype"):
+        v = cfg.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise CheckpointError(f"invalid checkpoint: {p}: {key} is {_kind(v)}, not a string")
+        try:
+            c.torch_dtype = dtypes.normalize(v)
+        except ValueError:
+            low = v.lower()
+            c.torch_dtype = low[len("torch."):] if low.startswith("torch.") else low
+        break
+    q = cfg.get("quantization_config")
+    if q is not None:
+        if not isinstance(q, dict):
+            raise CheckpointError(f"invalid checkpoint: {p}: quantization_config is {_kind(q)}, not an object")
+        m = q.get("quant_method")
+        if m is not None:
+            if not isinstance(m, str):
+                raise CheckpointError(f"invalid checkpoint: {p}: quantization_config.quant_method is {_kind(m)}, not a string")
+            c.quant_method = m
+        c.quant_hash = quantization_hash(q)
+
+
+def _load_shards(c):
+    idx_path = os.path.join(c.dir, INDEX_NAME)
+    weight_map = None
+    if os.path.exists(idx_path):
+        weight_map, names = _parse_index(idx_path)
+    else:
+        names = _glob_shards(c.dir)
+    for name in names:
+        path = os.path.join(c.dir, *name.split("/"))
+        try:
+            header, size = safetensors.read_header(path)
+        except FileNotFoundError as e:
+            if weight_map is not None:
+                raise CheckpointError(f"invalid checkpoint: {idx_path} names shard {name}, which is missing: {e}") from None
+            raise
+        except safetensors.FormatError as e:
+            raise CheckpointError(f"invalid checkpoint: invalid safetensors: {e}") from None
+        c.shards.append(Shard(name, path, size, header))
+    if weight_map is not None:
+        by_name = {s.name: s for s in c.shards}
+        for tensor in sorted(weight_map):
+            s = by_name[weight_map[tensor]]
+            if tensor not in s.header.by_name:
+                raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {s.path}, which does not contain it")
+        for s in c.shards:
+            for t in s.header.tensors:
+                want = weight_map.get(t.name)
+                if want is None:
+                    raise CheckpointError(f"invalid checkpoint: tensor {t.name!r} in {s.path} is not in {idx_path}")
+                if want != s.name:
+                    raise CheckpointError(f"invalid checkpoint: tensor {t.name!r} is in {s.name} and in {want} (the one {idx_path} names)")
+    else:
+        owner = {}
+        for s in c.shards:
+            for t in s.header.tensors:
+                if t.name in owner:
+                    raise CheckpointError(f"invalid checkpoint: tensor {t.name!r} is in both {owner[t.name]} and {s.path}")
+                owner[t.name] = s.path
+
+
+def _parse_index(idx_path):
+    try:
+        with open(idx_path, "rb") as f:
+            idx = json.loads(f.read())
+    except ValueError as e:
+        raise CheckpointError(f"invalid checkpoint: {idx_path}: {e}") from None
+    wm = idx.get("weight_map") if isinstance(idx, dict) else None
+    if not isinstance(wm, dict) or not wm:
+        raise CheckpointError(f"invalid checkpoint: {idx_path} has no weight_map entries")
+    names = set()
+    for tensor, shard in list(wm.items()):
+        if not isinstance(shard, str) or not shard or shard.startswith("/") or "\\" in shard:
+            raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {shard!r}, which is not a file inside the checkpoint")
+        clean = os.path.normpath(shard)
+        if clean == ".." or clean.startswith("../") or clean == ".":
+            raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {shard!r}, which is not a file inside the checkpoint")
+        wm[tensor] = clean
+        names.add(clean)
+    return wm, sorted(names, key=lambda n: n.encode())
+
+
+def _glob_shards(directory):
+    names, consolidated = [], []
+    for n in os.listdir(directory):
+        if not n.endswith(".safetensors") or n.startswith("."):
+            continue
+        if not os.path.isfile(os.path.join(directory, n)):  # follows hub symlinks
+            continue
+        (consolidated if n.startswith("consolidated") else names).append(n)
+    names = names or consolidated
+    if not names:
+        raise CheckpointError(f"checkpoint not found: no *.safetensors files in {directory}")
+    return sorted(names, key=lambda n: n.encode())

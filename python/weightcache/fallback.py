@@ -1,0 +1,37 @@
+"""Loading from disk: every tensor as the daemon would serve it, read with
+the package's own safetensors reader over mmap (headers validated at
+resolve)."""
+
+import torch
+
+from . import dtypes, safetensors
+
+
+def load_from_disk(ckpt, dtype, device=None):
+    """name -> tensor for checkpoint ckpt served as torch dtype name dtype
+    ("" as stored): floating F16/BF16/F32 tensors convert, others do not.
+    Conversion rounds to nearest even, as the daemon's does. Every tensor
+    is this process's own memory: the mappings are gone on return."""
+    out = {}
+    by_shard = {}
+    for shard, entry, served in ckpt.served(dtype):
+        by_shard.setdefault(shard.path, (shard, []))[1].append((entry, served))
+    for path, (shard, entries) in by_shard.items():
+        mm = safetensors.map_file(path)
+        try:
+            base = safetensors.readonly_bytes(mm) if len(mm) else torch.empty(0, dtype=torch.uint8)
+            start = shard.header.data_start
+            for entry, served in entries:
+                # Clone first: a fresh allocation is aligned for any dtype,
+                # whatever the file's offsets were.
+                raw = base[start + entry.begin:start + entry.end].clone()
+                t = raw.view(dtypes.to_torch(entry.dtype)).reshape(entry.shape)
+                if served != entry.dtype:
+                    t = t.to(dtypes.to_torch(served))
+                if device is not None and device.type != "cpu":
+                    t = t.to(device)
+                out[entry.name] = t
+            base = raw = t = None
+        finally:
+            mm.close()
+    return out

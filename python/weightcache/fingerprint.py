@@ -1,0 +1,60 @@
+"""The fingerprint a cached layout must match, computed exactly as Go's
+internal/checkpoint does (pinned by testdata/fingerprint_vectors.json)."""
+
+import dataclasses
+import hashlib
+import json
+
+LAYOUT_VERSION = 1
+
+
+def canonical_json(value):
+    """The canonical bytes Go's canonicalJSON renders for the same value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclasses.dataclass
+class Fingerprint:
+    checkpoint_hash: str = ""
+    architecture: str = ""
+    tp_size: int = 0
+    tp_rank: int = 0
+    dp_size: int = 0
+    dp_rank: int = 0
+    dtype: str = ""
+    quantization: str = ""
+    quantization_hash: str = ""
+    revision: str = ""
+    layout_version: int = 0
+    engine: str = ""  # published layouts only
+    engine_version: str = ""  # published layouts only
+
+    def to_wire(self):
+        """The JSON object the daemon decodes (engine fields omitted when empty)."""
+        d = dataclasses.asdict(self)
+        for k in ("engine", "engine_version"):
+            if not d[k]:
+                del d[k]
+        return d
+
+    def canonical(self):
+        return canonical_json(self.to_wire())
+
+    def sum(self):
+        return hashlib.sha256(self.canonical()).hexdigest()
+
+    @classmethod
+    def from_wire(cls, d):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def diff(want, got):
+    """Fields in which got differs from want, in json-name order, as
+    [{"field", "want", "got"}] with values rendered as strings."""
+    out = []
+    for name in sorted(f.name for f in dataclasses.fields(Fingerprint)):
+        w, g = str(getattr(want, name)), str(getattr(got, name))
+        if w != g:
+            out.append({"field": name, "want": w, "got": g})
+    return out

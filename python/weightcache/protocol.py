@@ -1,0 +1,177 @@
+"""The weightcache wire protocol, as internal/protocol speaks it.
+
+A frame is a 4-byte big-endian length, then a JSON object with "type" and
+"version". File descriptors ride on the frame that names them (SCM_RIGHTS);
+whoever receives a descriptor it did not ask for closes it.
+"""
+
+import array
+import json
+import os
+import socket
+import stat
+import struct
+import hashlib
+
+VERSION = 1
+MAX_REPLY_FRAME = 256 << 20  # manifests grow with the number of tensors
+MAX_FDS = 253  # SCM_MAX_FD
+_MAX_SOCKET_PATH = 107
+
+
+class ProtocolError(Exception):
+    """The peer sent something malformed, or closed mid-exchange."""
+
+
+class WireError(Exception):
+    """An "error" frame: a code from internal/protocol/errors.go and a message."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{message} ({code})")
+        self.code = code
+        self.message = message
+
+
+class Timeout(Exception):
+    """No reply within the deadline."""
+
+
+def default_socket_dir():
+    """$XDG_RUNTIME_DIR/weightcache, else /tmp/weightcache-<uid>, as in Go."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return os.path.join(xdg, "weightcache")
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(tmp, f"weightcache-{os.getuid()}")
+
+
+def check_socket_dir(path):
+    """Refuse a directory another user could have planted or can write."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ProtocolError(f"unsafe socket directory: {path} is a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ProtocolError(f"unsafe socket directory: {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ProtocolError(f"unsafe socket directory: {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()}")
+    if st.st_mode & 0o022:
+        raise ProtocolError(f"unsafe socket directory: {path} is group- or world-writable (mode {st.st_mode & 0o777:04o})")
+
+
+def _sanitize(s):
+    ok = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+    return "".join(c if c in ok else "_" for c in s)
+
+
+def socket_path(directory, group, device):
+    """The socket of one daemon group on one device, as protocol.SocketPath names it."""
+    p = os.path.join(directory, f"{group}-{_sanitize(device)}.sock")
+    if len(p.encode()) <= _MAX_SOCKET_PATH:
+        return p
+    digest = hashlib.sha256(f"{group}\x00{device}".encode()).hexdigest()[:12]
+    p = os.path.join(directory, f"wc-{digest}.sock")
+    if len(p.encode()) > _MAX_SOCKET_PATH:
+        raise ProtocolError(f"socket directory {directory} is too long: a socket path there would exceed {_MAX_SOCKET_PATH} bytes")
+    return p
+
+
+def head(type_, **fields):
+    msg = {"type": type_, "version": VERSION}
+    msg.update(fields)
+    return msg
+
+
+class Frame:
+    """One received frame: its decoded JSON and the descriptors that came with it."""
+
+    def __init__(self, body, fds):
+        self.body = body
+        self.type = body.get("type")
+        self.fds = fds
+
+    def close_fds(self):
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
+class Conn:
+    """One client connection. Strictly request/reply; not thread-safe."""
+
+    def __init__(self, path, timeout):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(path)
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def close(self):
+        self.sock.close()
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def send(self, msg):
+        body = json.dumps(msg, separators=(",", ":")).encode()
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+
+    def recv(self, max_frame=MAX_REPLY_FRAME):
+        fds = []
+        try:
+            hdr = self._read(4, fds)
+            (size,) = struct.unpack(">I", hdr)
+            if size == 0 or size > max_frame:
+                raise ProtocolError(f"frame of {size} bytes from {self.path} (limit {max_frame})")
+            body = json.loads(self._read(size, fds))
+            if not isinstance(body, dict) or not isinstance(body.get("type"), str):
+                raise ProtocolError(f'frame from {self.path} has no "type" field')
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return Frame(body, fds)
+
+    def _read(self, n, fds):
+        buf = bytearray()
+        space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+        while len(buf) < n:
+            try:
+                data, anc, flags, _ = self.sock.recvmsg(n - len(buf), space)
+            except socket.timeout as e:
+                raise Timeout(f"no reply from {self.path} within the deadline") from e
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    got = array.array("i")
+                    got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+                    fds.extend(got)
+            if flags & socket.MSG_CTRUNC:
+                raise ProtocolError(f"file descriptors from {self.path} were truncated")
+            if not data:
+                raise ProtocolError(f"{self.path} closed the connection inside a frame" if buf else f"{self.path} closed the connection")
+            buf += data
+        return bytes(buf)
+
+    def call(self, msg, want, *also, timeout=None, fds_expected=False):
+        """Send msg and return the reply frame of type want (or one of also).
+
+        An "error" frame raises WireError. Descriptors on a frame that is not
+        expected to carry them are closed at once.
+        """
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        self.send(msg)
+        fr = self.recv()
+        if not fds_expected or fr.type != want:
+            fr.close_fds()
+        if fr.type == "error":
+            raise WireError(str(fr.body.get("code", "")), str(fr.body.get("message", "")))
+        if fr.type != want and fr.type not in also:
+            fr.close_fds()
+            raise ProtocolError(f'got a "{fr.type}" reply from {self.path}, want "{want}"')
+        return fr

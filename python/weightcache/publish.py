@@ -1,0 +1,200 @@
+"""Publishing: an engine whose daemon is empty (preload --publish-only)
+writes its final, post-processed tensors into segments the daemon grants,
+and commits them under its fingerprint, which names the engine and its
+version. Later engines attach exactly those tensors."""
+
+import ctypes
+import os
+
+import torch
+
+from . import cuda, dtypes, protocol
+from .checkpoint import resolve
+
+ALIGNMENT = 256  # backend.Alignment
+MAX_SEGMENT = 4 << 30  # backend.DefaultMaxSegment
+
+
+class PublishError(Exception):
+    """The daemon refused or failed the publish."""
+
+
+class BusyError(PublishError):
+    """Another engine is publishing (and the wait, if any, ran out)."""
+
+
+class AlreadyPublished(PublishError):
+    """A layout is committed already: attach it instead."""
+
+
+def _align(n):
+    return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+
+
+def pack(sizes, max_segment=MAX_SEGMENT):
+    """Lay items out in order at aligned offsets in segments of at most
+    max_segment bytes, as Go's backend.Pack: [(segment, offset)], [sizes]."""
+    places, segs = [], []
+    for n in sizes:
+        if not segs or (segs[-1] > 0 and _align(segs[-1]) + n > max_segment):
+            segs.append(0)
+        off = _align(segs[-1])
+        places.append((len(segs) - 1, off))
+        segs[-1] = off + n
+    return places, [max(_align(s), ALIGNMENT) for s in segs]
+
+
+def _raw_bytes(t):
+    """A tensor's bytes as a host uint8 tensor (a view where possible)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.dtype != torch.uint8 else t
+
+
+class Publisher:
+    """One publish: open() claims the daemon, write() places tensors,
+    commit() makes them the daemon's layout. close() before commit (or the
+    process dying) abandons it and the daemon frees everything."""
+
+    def __init__(self, model, specs, engine, engine_version="", device="host", socket_dir=None,
+                 group="main", dtype="auto", revision=None, tp_size=1, tp_rank=0, dp_size=1,
+                 dp_rank=0, wait_s=0.0, connect_timeout_s=5.0, client_name="weightcache-python"):
+        """specs: [(name, torch dtype, shape)] in the order to lay them out."""
+        if not engine:
+            raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
+        ckpt = resolve(model, revision)
+        self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version)
+        self.device = device
+        self.dir = socket_dir or protocol.default_socket_dir()
+        self.group = group
+        self.wait_s = wait_s
+        self.timeout = connect_timeout_s
+        self.client = client_name
+        self.entries = {}
+        seen = set()
+        sizes = []
+        for name, dt, shape in specs:
+            if not name or name in seen:
+                raise ValueError(f"publish: tensor name {name!r} is empty or listed twice")
+            seen.add(name)
+            st = dtypes.from_torch(dt)
+            shape = [int(d) for d in shape]
+            sizes.append(dtypes.nbytes(st, shape))
+            self.entries[name] = {"name": name, "dtype": st, "shape": shape, "nbytes": sizes[-1]}
+        places, self.sizes = pack(sizes)
+        for e, (seg, off) in zip(self.entries.values(), places):
+            e["segment"], e["offset"] = seg, off
+        self.conn = None
+        self.fds = []
+        self.gpu = []  # writable GPU mappings, closed before commit
+
+    def open(self):
+        """Claim the daemon and receive the segments. On any error nothing
+        stays open."""
+        try:
+            return self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self):
+        self.conn = protocol.Conn(protocol.socket_path(self.dir, self.group, self.device), self.timeout)
+        hello = protocol.head("hello", fingerprint=self.fingerprint.to_wire(), device=self.device,
+                              mode="zero_copy", client=self.client)
+        fr = self.conn.call(hello, "ok", "mismatch", timeout=self.timeout)
+        if fr.type == "mismatch":
+            raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.body.get('fields')}")
+        req = protocol.head("publish", sizes=self.sizes, wait_ms=int(self.wait_s * 1000))
+        try:
+            fr = self.conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
+        except protocol.WireError as e:
+            if e.code == "busy":
+                raise BusyError(f"publish to {self.conn.path}: {e}") from None
+            raise PublishError(f"publish to {self.conn.path}: {e}") from None
+        if fr.type == "ready":
+            raise AlreadyPublished(f"publish to {self.conn.path}: a layout is already committed")
+        segs = fr.body.get("segments") or []
+        if len(segs) != len(self.sizes) or len(fr.fds) != len(self.sizes) or any(
+                s.get("index") != i or s.get("size", 0) < self.sizes[i] for i, s in enumerate(segs)):
+            fr.close_fds()
+            raise protocol.ProtocolError(f"asked {self.conn.path} for segments {self.sizes}, got {segs} with {len(fr.fds)} descriptors")
+        self.fds, fr.fds = fr.fds, []
+        if str(fr.body.get("device", "")).startswith("GPU-"):
+            ordinal = cuda.ordinal_of(fr.body["device"])
+            self.gpu = [cuda.Mapping(fd, s["size"], ordinal, writable=True) for fd, s in zip(self.fds, segs)]
+        return self
+
+    def write(self, name, tensor):
+        e = self.entries.get(name)
+        if e is None:
+            raise KeyError(f"publish: tensor {name} was not planned")
+        if dtypes.from_torch(tensor.dtype) != e["dtype"] or list(tensor.shape) != e["shape"]:
+            raise ValueError(f"publish: tensor {name} is {tensor.dtype} {list(tensor.shape)}, planned {e['dtype']} {e['shape']}")
+        if not self.fds:
+            raise PublishError(f"publish: tensor {name}: publisher is not open")
+        if self.gpu:
+            dst = cuda.as_tensor(self.gpu[e["segment"]])[e["offset"]:e["offset"] + e["nbytes"]]
+            dst.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+            return
+        raw = _raw_bytes(tensor)
+        # A view of the tensor's own memory: no copy, and no numpy needed.
+        data = memoryview((ctypes.c_ubyte * e["nbytes"]).from_address(raw.data_ptr())).cast("B") if e["nbytes"] else b""
+        off, fd = e["offset"], self.fds[e["segment"]]
+        while data:
+            n = os.pwrite(fd, data, off)
+            data, off = data[n:], off + n
+
+    def commit(self, timeout_s=600.0):
+        """Seal and install; returns the daemon's committed reply. The
+        daemon checksums every byte before it answers."""
+        try:
+            if self.gpu:
+                torch.cuda.synchronize()
+            for m in self.gpu:
+                m.close()
+            self.gpu = []
+            self._close_fds()
+            req = protocol.head("commit", tensors=list(self.entries.values()))
+            try:
+                fr = self.conn.call(req, "committed", timeout=timeout_s)
+            except protocol.WireError as e:
+                raise PublishError(f"commit to {self.conn.path}: {e}") from None
+            return fr.body
+        finally:
+            self.close()
+
+    def _close_fds(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def close(self):
+        for m in self.gpu:
+            m.close()
+        self.gpu = []
+        self._close_fds()
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def publish(model, tensors, engine, engine_version="", **kwargs):
+    """Publish tensors (name -> tensor, in layout order) in one go; returns
+    the daemon's committed reply. Raises BusyError, AlreadyPublished or
+    PublishError."""
+    specs = [(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()]
+    p = Publisher(model, specs, engine, engine_version, **kwargs).open()
+    try:
+        for n, t in tensors.items():
+            p.write(n, t)
+        return p.commit()
+    finally:
+        p.close()

@@ -1,0 +1,60 @@
+"""Where weights came from, and why not from the daemon."""
+
+NO_DAEMON = "no_daemon"
+NOT_READY_TIMEOUT = "not_ready_timeout"
+FINGERPRINT_MISMATCH = "fingerprint_mismatch"
+DEVICE_MISMATCH = "device_mismatch"
+PROTOCOL_ERROR = "protocol_error"
+# A publish-only daemon holds nothing yet: load from disk, then publish.
+EMPTY = "empty"
+
+REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY)
+
+
+class AttachInfo:
+    """source is "hit" or "fallback"; reason, fields (differing fingerprint
+    fields as {"field", "want", "got"}) and detail say why it missed."""
+
+    def __init__(self, source, reason="", fields=None, detail="", socket="", device=""):
+        self.source = source
+        self.reason = reason
+        self.fields = list(fields or [])
+        self.detail = detail
+        self.socket = socket
+        self.device = device
+        self.seconds = 0.0
+
+    @property
+    def hit(self):
+        return self.source == "hit"
+
+    @property
+    def publish_wanted(self):
+        """The daemon is empty and waits for an engine to publish."""
+        return self.reason == EMPTY
+
+    def __str__(self):
+        if self.hit:
+            return f"hit from {self.socket}"
+        msg = self.reason
+        if self.fields:
+            msg += " (" + "; ".join(f'{f["field"]}: engine {f["want"]!r}, daemon {f["got"]!r}' for f in self.fields) + ")"
+        if self.detail:
+            msg += ": " + self.detail
+        return msg
+
+    __repr__ = __str__
+
+
+def miss(reason, detail="", fields=None, socket=""):
+    return AttachInfo("fallback", reason, fields, str(detail), socket)
+
+
+class MissError(Exception):
+    """attach with fallback=False when the daemon cannot serve; .reason and
+    .info say why."""
+
+    def __init__(self, info):
+        super().__init__(f"weight cache miss, {info}")
+        self.info = info
+        self.reason = info.reason
