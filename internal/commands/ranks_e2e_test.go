@@ -1,0 +1,448 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
+
+// freePort returns a loopback TCP port nobody listens on right now.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// dataBytes is the tensor data in a checkpoint's files: their sizes less
+// their headers, from the files themselves.
+func dataBytes(t *testing.T, model string) int64 {
+	t.Helper()
+	ck, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, s := range ck.Shards {
+		st, err := os.Stat(s.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += st.Size() - s.Header.DataStart
+	}
+	return n
+}
+
+func readyRanks(t *testing.T, p *preloadProc) []map[string]any {
+	t.Helper()
+	raw, ok := p.ready["ranks"].([]any)
+	if !ok {
+		t.Fatalf("ready line has no ranks: %v", p.ready)
+	}
+	out := make([]map[string]any, len(raw))
+	for i, r := range raw {
+		out[i] = r.(map[string]any)
+	}
+	return out
+}
+
+func httpGet(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// scrape parses /metrics with the Prometheus text parser.
+func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	code, body := httpGet(t, "http://"+addr+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v\n%s", err, body)
+	}
+	return fams
+}
+
+// value finds the sample of family name whose labels include want.
+func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	t.Helper()
+	f, ok := fams[name]
+	if !ok {
+		t.Fatalf("metric %s missing", name)
+	}
+next:
+	for _, m := range f.Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		}
+	}
+	t.Fatalf("metric %s has no sample with labels %v", name, want)
+	return 0
+}
+
+// notifyListener is a NOTIFY_SOCKET that collects what systemd would get.
+func notifyListener(t *testing.T) (string, <-chan string) {
+	t.Helper()
+	path := filepath.Join(sockDir(t), "notify")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	got := make(chan string, 4)
+	go func() {
+		buf := make([]byte, 256)
+		for {
+			n, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	return path, got
+}
+
+func TestTensorParallelHealthAndMetrics(t *testing.T) {
+	model, dir, port := synthModel(t, "tiny"), sockDir(t), freePort(t)
+	notify, notified := notifyListener(t)
+	t.Setenv("NOTIFY_SOCKET", notify)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
+		"--devices", "host:0,host:1", "--weight-cache-health-port", port)
+	select {
+	case msg := <-notified:
+		if msg != "READY=1" {
+			t.Fatalf("NOTIFY_SOCKET got %q", msg)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no READY=1 on NOTIFY_SOCKET")
+	}
+	if got, want := int64(p.ready["read_bytes"].(float64)), dataBytes(t, model); got != want {
+		t.Fatalf("read %d checkpoint bytes for 2 ranks, want each once: %d", got, want)
+	}
+	ranks := readyRanks(t, p)
+	if len(ranks) != 2 || ranks[1]["device"] != "host:1" || ranks[1]["tp_rank"].(float64) != 1 {
+		t.Fatalf("ranks: %v", ranks)
+	}
+	addr := "127.0.0.1:" + port
+	if code, body := httpGet(t, "http://"+addr+"/health"); code != 200 || !strings.Contains(string(body), `"ready":true`) {
+		t.Fatalf("/health: %d %s", code, body)
+	}
+
+	tp := func(rank int, device string) []string {
+		return []string{"--model", model, "--socket-dir", dir, "--device", device, "--tensor-parallel-size", "2", "--tp-rank", strconv.Itoa(rank)}
+	}
+	for r, dev := range []string{"host:0", "host:1"} {
+		if res, code := attachJSON(t, append(tp(r, dev), "--verify", "--fallback=false")...); code != 0 || res.Source != "hit" {
+			t.Fatalf("rank %d on %s: exit %d, %+v", r, dev, code, res)
+		}
+	}
+	miss, code := attachJSON(t, append(tp(0, "host:1"), "--fallback=false")...)
+	if code != exitMiss || miss.Reason != "fingerprint_mismatch" || miss.Fields[0].Field != "tp_rank" {
+		t.Fatalf("wrong tp rank: exit %d, %+v", code, miss)
+	}
+	// An engine on host:2 handed host:0's socket: a device mismatch.
+	if err := os.Symlink(filepath.Join(dir, "main-host_0.sock"), filepath.Join(dir, "main-host_2.sock")); err != nil {
+		t.Fatal(err)
+	}
+	if dm, _ := attachJSON(t, tp(0, "host:2")...); dm.Reason != "device_mismatch" {
+		t.Fatalf("device mismatch: %+v", dm)
+	}
+	os.Remove(filepath.Join(dir, "main-host_2.sock"))
+
+	fams := scrape(t, addr)
+	h0, h1 := map[string]string{"device": "host:0", "tp_rank": "0"}, map[string]string{"device": "host:1", "tp_rank": "1", "dp_rank": "0", "group": "main"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for a, b := range m {
+			out[a] = b
+		}
+		return out
+	}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"weightcache_rank_ready", h0, 1},
+		{"weightcache_rank_ready", h1, 1},
+		{"weightcache_handshakes_total", with(h0, "result", "hit"), 1},
+		{"weightcache_handshakes_total", with(h1, "result", "hit"), 1},
+		{"weightcache_handshakes_total", with(h1, "result", "fingerprint_mismatch"), 1},
+		{"weightcache_handshakes_total", with(h0, "result", "device_mismatch"), 1},
+		{"weightcache_handshakes_total", with(h0, "result", "fingerprint_mismatch"), 0},
+		{"weightcache_mismatch_fields_total", with(h1, "field", "tp_rank"), 1},
+		{"weightcache_mismatch_fields_total", with(h0, "field", "device"), 1},
+		{"weightcache_leases", h0, 0},
+		{"weightcache_releases_total", h0, 0},
+		{"weightcache_tensors", h1, 21},
+	}
+	for _, c := range checks {
+		if got := value(t, fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if r0, r1 := value(t, fams, "weightcache_resident_bytes", h0), value(t, fams, "weightcache_resident_bytes", h1); r0 <= 0 || r0+r1 >= 2*float64(dataBytes(t, model)) {
+		t.Errorf("resident bytes %v + %v: want each rank to hold about half of %d", r0, r1, dataBytes(t, model))
+	}
+	if value(t, fams, "weightcache_load_seconds", h0) <= 0 {
+		t.Error("load seconds not reported")
+	}
+
+	// A rank that dies after start-up: /health says which, the other serves.
+	pid := int(ranks[1]["pid"].(float64))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var body []byte
+	waitFor(t, "health 503", func() bool {
+		var c int
+		c, body = httpGet(t, "http://"+addr+"/health")
+		return c == 503
+	})
+	var h struct {
+		Ready bool
+		Ranks []struct {
+			Device, State string
+			ExitCode      *int `json:"exit_code"`
+		}
+	}
+	if err := json.Unmarshal(body, &h); err != nil || h.Ready || h.Ranks[1].State != "exited" || h.Ranks[1].ExitCode == nil || *h.Ranks[1].ExitCode != 137 || h.Ranks[0].State != "ready" {
+		t.Fatalf("/health after a rank died: %s (%v)", body, err)
+	}
+	if res, _ := attachJSON(t, tp(0, "host:0")...); res.Source != "hit" {
+		t.Fatalf("surviving rank: %+v", res)
+	}
+	if v := value(t, scrape(t, addr), "weightcache_rank_ready", h1); v != 0 {
+		t.Fatalf("dead rank reported ready %v", v)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "rank exited") || !strings.Contains(p.stderr.String(), "host:1") {
+		t.Fatalf("the dead rank is not in the log: %s", p.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "main-host_0.sock")); !os.IsNotExist(err) {
+		t.Fatalf("host:0 socket left behind: %v", err)
+	}
+}
+
+func TestRankKilledDuringStartup(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	// Throttled, so that both ranks are still loading when one is killed.
+	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--read-limit", "50000")
+	var pids = map[string]int{}
+	waitFor(t, "both ranks loading", func() bool {
+		st, err := client.Status(context.Background(), dir)
+		if err != nil || len(st) != 2 {
+			return false
+		}
+		for _, s := range st {
+			if s.State != "loading" {
+				return false
+			}
+			pids[s.Device] = s.PID
+		}
+		return true
+	})
+	if err := syscall.Kill(pids["host:1"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("launcher still running 30s after a rank died during start-up")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("launcher exit %d, want the killed rank's 137: %s", code, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "rank host:1") {
+		t.Fatalf("error does not name the rank: %s", p.stderr)
+	}
+	if err := syscall.Kill(pids["host:0"], 0); err != syscall.ESRCH {
+		t.Fatalf("rank host:0 (pid %d) still exists: %v", pids["host:0"], err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "main-host_0.sock")); !os.IsNotExist(err) {
+		t.Fatalf("host:0 socket left behind: %v", err)
+	}
+	if _, ok := <-p.lines; ok {
+		t.Fatal("a ready line after a failed start-up")
+	}
+}
+
+func TestDraftGroupBesideMain(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	draft := filepath.Join(t.TempDir(), "draft")
+	if err := checkpoint.Synth(draft, "tiny", 1, "f32"); err != nil {
+		t.Fatal(err)
+	}
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--draft-model", draft, "--draft-dtype", "bfloat16")
+	groups := map[string]bool{}
+	for _, r := range readyRanks(t, p) {
+		groups[r["group"].(string)] = true
+	}
+	if !groups["main"] || !groups["draft"] {
+		t.Fatalf("ready line ranks: %v", p.ready["ranks"])
+	}
+	for _, sock := range []string{"main-host.sock", "draft-host.sock"} {
+		if _, err := os.Stat(filepath.Join(dir, sock)); err != nil {
+			t.Fatalf("socket %s: %v", sock, err)
+		}
+	}
+	if r, code := attachJSON(t, "--model", draft, "--socket-dir", dir, "--group", "draft", "--dtype", "bfloat16", "--verify", "--fallback=false"); code != 0 || r.Source != "hit" {
+		t.Fatalf("draft attach: exit %d, %+v", code, r)
+	}
+	if r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false"); code != 0 || r.Source != "hit" {
+		t.Fatalf("main attach: exit %d, %+v", code, r)
+	}
+	// The main model asked of the draft group is a named mismatch.
+	if r, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--group", "draft"); r.Reason != "fingerprint_mismatch" {
+		t.Fatalf("main model on the draft socket: %+v", r)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit %d: %s", code, p.stderr)
+	}
+	noSockets(t, dir)
+}
+
+func TestRankFlagErrors(t *testing.T) {
+	model := synthModel(t, "tiny")
+	unknown := filepath.Join(t.TempDir(), "gptneox")
+	if err := os.CopyFS(unknown, os.DirFS(model)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(unknown, "config.json")
+	b, _ := os.ReadFile(cfg)
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(b), "LlamaForCausalLM", "GPTNeoXForCausalLM", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"too few devices", []string{"--tensor-parallel-size", "2", "--data-parallel-size", "2", "--devices", "host:0,host:1,host:2"}, 2, "needs 4"},
+		{"too many devices", []string{"--tensor-parallel-size", "2", "--devices", "host:0,host:1,host:2"}, 2, "needs 2"},
+		{"master port clash", []string{"--master-port", "29600"}, 2, "--master-port"},
+		{"unknown architecture", []string{"--tensor-parallel-size", "2", "--model", unknown}, 1, "MixtralForCausalLM"},
+		{"non-dividing dim", []string{"--tensor-parallel-size", "3"}, 1, "model.embed_tokens.weight: dim 0 of size 1024"},
+		{"bad group", nil, 2, "--group"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := sockDir(t)
+			args := append([]string{"preload", "--model", model, "--socket-dir", dir}, tt.args...)
+			if tt.name == "bad group" {
+				args = []string{"attach", "--model", model, "--group", "spare"}
+			}
+			_, stderr, code := runWC(t, args...)
+			if code != tt.code || !strings.Contains(stderr, tt.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d naming %q", code, stderr, tt.code, tt.want)
+			}
+			noSockets(t, dir)
+		})
+	}
+}
+
+func TestTwoNodes(t *testing.T) {
+	model := synthModel(t, "tiny")
+	node := func(rank int, dir, port string, extra ...string) []string {
+		return append([]string{"--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--devices", "host:0",
+			"--nnodes", "2", "--node-rank", strconv.Itoa(rank), "--master-addr", "127.0.0.1", "--weight-cache-master-port", port,
+			"--weight-cache-rendezvous-timeout", "20s"}, extra...)
+	}
+	t.Run("both serve", func(t *testing.T) {
+		port, d0, d1 := freePort(t), sockDir(t), sockDir(t)
+		// Node 1 first: it waits for node 0's rendezvous.
+		n1 := startPreloadProc(t, false, node(1, d1, port)...)
+		n0 := startPreloadProc(t, true, node(0, d0, port)...)
+		select {
+		case line := <-n1.lines:
+			if !strings.Contains(line, `"event":"ready"`) || !strings.Contains(line, `"node_rank":1`) {
+				t.Fatalf("node 1 line: %s", line)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("node 1 not ready: %s", n1.stderr)
+		}
+		if r := readyRanks(t, n0); r[0]["tp_rank"].(float64) != 0 {
+			t.Fatalf("node 0 ranks %v", r)
+		}
+		if r, code := attachJSON(t, "--model", model, "--socket-dir", d1, "--device", "host:0", "--tensor-parallel-size", "2", "--tp-rank", "1", "--verify", "--fallback=false"); code != 0 || r.Source != "hit" {
+			t.Fatalf("node 1 rank: exit %d %+v", code, r)
+		}
+		for i, n := range []*preloadProc{n0, n1} {
+			if code := n.stop(t, syscall.SIGTERM); code != 0 {
+				t.Fatalf("node %d exit %d: %s", i, code, n.stderr)
+			}
+		}
+	})
+	t.Run("node never arrives", func(t *testing.T) {
+		port := freePort(t)
+		args := append([]string{"preload"}, node(0, sockDir(t), port)...)
+		args[len(args)-1] = "1s"
+		_, stderr, code := runWC(t, args...)
+		if code != 1 || !strings.Contains(stderr, "[1] never joined") || !strings.Contains(stderr, "127.0.0.1:"+port) {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+	})
+	t.Run("a failing node stops every node", func(t *testing.T) {
+		port := freePort(t)
+		n0 := startPreloadProc(t, false, node(0, sockDir(t), port)...)
+		_, stderr, code := runWC(t, append([]string{"preload"}, node(1, sockDir(t), port, "--dtype", "float32")...)...)
+		if code != 1 || !strings.Contains(stderr, "dtype") {
+			t.Fatalf("node 1: exit %d: %s", code, stderr)
+		}
+		if err := n0.cmd.Wait(); err == nil || !strings.Contains(n0.stderr.String(), "disagrees with node 0 on dtype") {
+			t.Fatalf("node 0: %v: %s", err, n0.stderr)
+		}
+		if _, ok := <-n0.lines; ok {
+			t.Fatal("node 0 printed a line")
+		}
+	})
+}
