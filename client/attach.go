@@ -95,7 +95,11 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if !o.fallback {
 		return nil, &MissError{Source: src}
 	}
-	w, err = loadFromDisk(ckpt, fp.DType)
+	if fp.TPSize > 1 {
+		w, err = loadShardFromDisk(ctx, ckpt, fp)
+	} else {
+		w, err = loadFromDisk(ckpt, fp.DType)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fallback load after %s: %w", src, err)
 	}
