@@ -102,11 +102,11 @@ func (l *launcher) start(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
 	begin := time.Now()
-	if err := l.join(ctx); err != nil {
-		return l.cause(ctx, err)
+	if err := l.join(ctx, cancel); err != nil {
+		return l.cause(parent, ctx, err)
 	}
 	if err := l.spawnAll(ctx, cancel); err != nil {
-		return l.cause(ctx, err)
+		return l.cause(parent, ctx, err)
 	}
 	var stopProgress func()
 	if l.cfg.Progress != nil {
@@ -117,26 +117,24 @@ func (l *launcher) start(parent context.Context) error {
 		stopProgress()
 	}
 	if err != nil {
-		return l.cause(ctx, err)
+		return l.cause(parent, ctx, err)
 	}
 	l.report.localSeconds = time.Since(begin).Seconds()
 	if err := l.barrier(ctx); err != nil {
-		return l.cause(ctx, err)
+		return l.cause(parent, ctx, err)
 	}
 	l.started.Store(true)
 	return nil
 }
 
-// cause prefers the reason start-up was cancelled (a rank's death, an
-// interrupt) over the error it produced downstream.
-func (l *launcher) cause(ctx context.Context, err error) error {
-	c := context.Cause(ctx)
-	var ee *ExitError
-	switch {
-	case errors.As(c, &ee):
-		return c
-	case c != nil && errors.Is(c, context.Canceled):
+// cause prefers the reason start-up was cancelled (an interrupt, a rank's
+// death, another node's failure) over the error it produced downstream.
+func (l *launcher) cause(parent, ctx context.Context, err error) error {
+	if parent.Err() != nil {
 		return fmt.Errorf("interrupted while loading %s", l.cfg.Groups[0].Model)
+	}
+	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+		return c
 	}
 	return err
 }
@@ -259,18 +257,20 @@ func (l *launcher) serve(ctx context.Context) error {
 	}
 }
 
-// Ranks implements metrics.Source.
+// Ranks implements metrics.Source: every rank of every group, those not
+// started yet as starting.
 func (l *launcher) Ranks() []metrics.RankState {
-	out := make([]metrics.RankState, 0, len(l.procs))
-	for _, p := range l.procsSnapshot() {
-		p.mu.Lock()
-		rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.state, PID: p.pid, Socket: p.socket}
-		if p.state == StateExited {
-			code := p.exitCode
-			rs.ExitCode = &code
+	procs := l.procsSnapshot()
+	out := make([]metrics.RankState, 0, len(l.cfg.Groups)*len(l.ranks))
+	for gi, g := range l.cfg.Groups {
+		for ri, r := range l.ranks {
+			rs := metrics.RankState{Group: g.Name, Device: r.Device, TPRank: r.TPRank, DPRank: r.DPRank, State: StateStarting}
+			// spawnAll starts them group by group, in rank order.
+			if i := gi*len(l.ranks) + ri; i < len(procs) {
+				rs = procs[i].rankState()
+			}
+			out = append(out, rs)
 		}
-		p.mu.Unlock()
-		out = append(out, rs)
 	}
 	return out
 }

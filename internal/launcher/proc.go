@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -167,3 +168,15 @@ type ExitError struct {
 
 func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
+
+// rankState describes the rank for /health and /metrics.
+func (p *proc) rankState() metrics.RankState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.state, PID: p.pid, Socket: p.socket}
+	if p.state == StateExited {
+		code := p.exitCode
+		rs.ExitCode = &code
+	}
+	return rs
+}

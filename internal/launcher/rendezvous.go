@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
@@ -79,12 +80,15 @@ type member struct {
 	conn    net.Conn
 	enc     *json.Encoder
 	dec     *json.Decoder
-	server  *rvServer // node 0 only
+	server  *rvServer  // node 0 only
+	msgs    chan rvMsg // after the layout: node 0's messages; closed when the connection ends
+	lost    error      // why msgs was closed
+	closing atomic.Bool
 }
 
 // join runs the first rendezvous step for every group when there are
 // several nodes.
-func (l *launcher) join(ctx context.Context) error {
+func (l *launcher) join(ctx context.Context, cancel context.CancelCauseFunc) error {
 	lay := l.cfg.Layout
 	if lay.NNodes <= 1 {
 		return nil
@@ -95,7 +99,7 @@ func (l *launcher) join(ctx context.Context) error {
 			return err
 		}
 		addr := net.JoinHostPort(l.cfg.MasterAddr, strconv.Itoa(g.MasterPort))
-		m := &member{group: g.Name, addr: addr, node: lay.NodeRank, timeout: l.cfg.RendezvousTimeout}
+		m := &member{group: g.Name, addr: addr, node: lay.NodeRank, timeout: l.cfg.RendezvousTimeout, msgs: make(chan rvMsg, 4)}
 		l.nodes = append(l.nodes, m)
 		if lay.NodeRank == 0 {
 			if m.server, err = listenRendezvous(addr, g.Name, lay.NNodes, l.cfg.RendezvousTimeout, l.log); err != nil {
@@ -107,6 +111,13 @@ func (l *launcher) join(ctx context.Context) error {
 			return err
 		}
 		l.log.Info("rendezvous: every node joined", "group", g.Name, "addr", addr, "nodes", len(layout))
+		go m.follow(func(err error) {
+			if !l.started.Load() {
+				cancel(err)
+				return
+			}
+			l.log.Warn("rendezvous connection ended; this node keeps serving", "group", m.group, "addr", m.addr, "err", err)
+		})
 	}
 	return nil
 }
@@ -135,12 +146,53 @@ func (m *member) join(ctx context.Context, hello rvMsg) ([][]Rank, error) {
 	return reply.Layout, nil
 }
 
+// ready reports this node ready and waits for every node, bounded by the
+// timeout.
 func (m *member) ready(ctx context.Context) error {
 	if err := m.enc.Encode(rvMsg{Type: "ready", Node: m.node}); err != nil {
 		return fmt.Errorf("node %d: rendezvous for group %s at %s: %w", m.node, m.group, m.addr, err)
 	}
-	_, err := m.await(ctx, "all_ready")
-	return err
+	timer := time.NewTimer(m.timeout)
+	defer timer.Stop()
+	select {
+	case msg, ok := <-m.msgs:
+		switch {
+		case !ok:
+			return m.lost
+		case msg.Type != "all_ready":
+			return fmt.Errorf("rendezvous for group %s at %s: got %q, want all_ready", m.group, m.addr, msg.Type)
+		}
+		return nil
+	case <-timer.C:
+		return fmt.Errorf("node %d: rendezvous for group %s at %s: not every node was ready within %s of this one", m.node, m.group, m.addr, m.timeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// follow reads node 0's messages once the layout is agreed. An abort, or
+// the connection ending, is reported to lost: during start-up that stops
+// this node even while it is still loading.
+func (m *member) follow(lost func(error)) {
+	_ = m.conn.SetReadDeadline(time.Time{})
+	for {
+		var msg rvMsg
+		err := m.dec.Decode(&msg)
+		if err == nil && msg.Type == "abort" {
+			err = fmt.Errorf("rendezvous for group %s at %s aborted: %s", m.group, m.addr, msg.Error)
+		} else if err != nil {
+			err = fmt.Errorf("node %d: rendezvous for group %s at %s closed (node 0 gone?): %w", m.node, m.group, m.addr, err)
+		}
+		if err != nil {
+			m.lost = err
+			close(m.msgs)
+			if !m.closing.Load() {
+				lost(err)
+			}
+			return
+		}
+		m.msgs <- msg
+	}
 }
 
 // dial connects to node 0, retrying until the timeout: node 0 may start
@@ -199,6 +251,7 @@ func (m *member) fail(err error) {
 }
 
 func (m *member) close() {
+	m.closing.Store(true)
 	if m.conn != nil {
 		_ = m.conn.Close()
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,9 +20,10 @@ type rvServer struct {
 	timeout time.Duration
 	log     *slog.Logger
 
-	mu    sync.Mutex
-	conns []net.Conn
-	done  chan struct{}
+	mu      sync.Mutex // guards conns; held by broadcast
+	conns   []net.Conn
+	done    chan struct{}
+	closing atomic.Bool // this node is stopping: peers leaving is expected
 }
 
 type peer struct {
@@ -48,6 +50,7 @@ func listenRendezvous(addr, group string, nnodes int, timeout time.Duration, log
 }
 
 func (s *rvServer) close() {
+	s.closing.Store(true)
 	_ = s.ln.Close()
 	s.mu.Lock()
 	for _, c := range s.conns {
@@ -201,6 +204,9 @@ func (s *rvServer) follow(peers []*peer, msgs <-chan peerMsg) {
 				s.abortAll(peers, fmt.Errorf("node %d (%s) left before every node was ready: %v", node, m.p.conn.RemoteAddr(), m.err))
 				return
 			}
+			if s.closing.Load() {
+				continue
+			}
 			s.log.Warn("rendezvous: node left; the other nodes keep serving", "group", s.group, "node", node, "addr", m.p.conn.RemoteAddr().String())
 		case m.msg.Type == "failed":
 			s.abortAll(peers, fmt.Errorf("node %d (%s) failed: %s", node, m.p.conn.RemoteAddr(), m.msg.Error))
@@ -222,7 +228,12 @@ func (s *rvServer) abortAll(peers []*peer, err error) {
 	}
 }
 
+// broadcast holds mu while it writes, so that close (node 0's own launcher
+// stopping because of this very message) cannot cut it off before every
+// node has it.
 func (s *rvServer) broadcast(peers []*peer, m rvMsg) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, p := range slices.Clone(peers) {
 		_ = p.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
 		if err := p.enc.Encode(m); err != nil {
