@@ -20,7 +20,7 @@ type rankFlags struct {
 	masterAddr                       string
 	masterPort, wcPort, draftPort    int
 	rendezvousTimeout                time.Duration
-	shardingPlan                     string
+	shardingPlan, draftPlan          string
 	draftModel, draftDType, draftRev string
 	healthHost                       string
 	healthPort                       int
@@ -39,6 +39,7 @@ func (r *rankFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&r.draftPort, "draft-weight-cache-master-port", 29601, "rendezvous port of the draft group on node 0")
 	fs.DurationVar(&r.rendezvousTimeout, "weight-cache-rendezvous-timeout", 5*time.Minute, "bound on each wait for the other nodes")
 	fs.StringVar(&r.shardingPlan, "sharding-plan", "", "JSON or YAML file of tensor-name patterns -> split kind and dim, for architectures without a built-in plan")
+	fs.StringVar(&r.draftPlan, "draft-sharding-plan", "", "sharding plan file for the draft model (default: its architecture's built-in plan)")
 	fs.StringVar(&r.draftModel, "draft-model", "", "draft model (MTP, EAGLE, EAGLE3) to serve as group draft on every device")
 	fs.StringVar(&r.draftDType, "draft-dtype", "auto", "dtype of the draft model")
 	fs.StringVar(&r.draftRev, "draft-revision", "", "revision of the draft model")
@@ -67,13 +68,13 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 	if _, err := launcher.Map(cfg.Devices, cfg.Layout); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
-	main, err := r.group("main", p.model, p.revision, p.dtype, r.wcPort)
+	main, err := r.group("main", p.model, p.revision, p.dtype, r.shardingPlan, r.wcPort)
 	if err != nil {
 		return cfg, err
 	}
 	cfg.Groups = []launcher.Group{main}
 	if r.draftModel != "" {
-		draft, err := r.group("draft", r.draftModel, r.draftRev, r.draftDType, r.draftPort)
+		draft, err := r.group("draft", r.draftModel, r.draftRev, r.draftDType, r.draftPlan, r.draftPort)
 		if err != nil {
 			return cfg, err
 		}
@@ -110,7 +111,7 @@ func (r *rankFlags) checkPorts() error {
 
 // group resolves one group's checkpoint and, with TP > 1, its sharding
 // plan, and checks that every split tensor divides.
-func (r *rankFlags) group(name, model, revision, dtypeFlag string, port int) (launcher.Group, error) {
+func (r *rankFlags) group(name, model, revision, dtypeFlag, planFile string, port int) (launcher.Group, error) {
 	dtype, err := checkpoint.NormalizeDType(dtypeFlag)
 	if err != nil {
 		return launcher.Group{}, usageErrorf("group %s: dtype: %v", name, err)
@@ -126,8 +127,8 @@ func (r *rankFlags) group(name, model, revision, dtypeFlag string, port int) (la
 	if r.tp == 1 {
 		return g, nil
 	}
-	if r.shardingPlan != "" {
-		g.Plan, err = plan.Load(r.shardingPlan)
+	if planFile != "" {
+		g.Plan, err = plan.Load(planFile)
 	} else {
 		g.Plan, err = plan.ForArchitecture(ckpt.Architecture)
 	}

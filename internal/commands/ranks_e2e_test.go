@@ -175,10 +175,26 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 	tp := func(rank int, device string) []string {
 		return []string{"--model", model, "--socket-dir", dir, "--device", device, "--tensor-parallel-size", "2", "--tp-rank", strconv.Itoa(rank)}
 	}
+	var hits [2]attachResult
 	for r, dev := range []string{"host:0", "host:1"} {
-		if res, code := attachJSON(t, append(tp(r, dev), "--verify", "--fallback=false")...); code != 0 || res.Source != "hit" {
+		res, code := attachJSON(t, append(tp(r, dev), "--verify", "--digest", "--fallback=false")...)
+		if code != 0 || res.Source != "hit" {
 			t.Fatalf("rank %d on %s: exit %d, %+v", r, dev, code, res)
 		}
+		hits[r] = res
+	}
+	// A rank that falls back to disk gets the same slices a hit serves.
+	disk, _ := attachJSON(t, "--model", model, "--socket-dir", sockDir(t), "--device", "host:1", "--tensor-parallel-size", "2", "--tp-rank", "1", "--digest")
+	if disk.Source != "fallback" || len(disk.Digest) != len(hits[1].Digest) || hits[1].Bytes != disk.Bytes {
+		t.Fatalf("fallback of rank 1: %+v", disk)
+	}
+	for name, d := range disk.Digest {
+		if hits[1].Digest[name] != d {
+			t.Fatalf("rank 1 tensor %s differs between daemon and disk", name)
+		}
+	}
+	if q := "model.layers.0.self_attn.q_proj.weight"; hits[0].Digest[q] == hits[1].Digest[q] {
+		t.Fatalf("ranks 0 and 1 hold the same %s", q)
 	}
 	miss, code := attachJSON(t, append(tp(0, "host:1"), "--fallback=false")...)
 	if code != exitMiss || miss.Reason != "fingerprint_mismatch" || miss.Fields[0].Field != "tp_rank" {
@@ -429,6 +445,34 @@ func TestTwoNodes(t *testing.T) {
 		_, stderr, code := runWC(t, args...)
 		if code != 1 || !strings.Contains(stderr, "[1] never joined") || !strings.Contains(stderr, "127.0.0.1:"+port) {
 			t.Fatalf("exit %d: %s", code, stderr)
+		}
+	})
+	t.Run("a rank dying on one node stops the other while it loads", func(t *testing.T) {
+		port, d1 := freePort(t), sockDir(t)
+		// Throttled: a whole load would take about 25s.
+		n0 := startPreloadProc(t, false, node(0, sockDir(t), port, "--read-limit", "50000")...)
+		n1 := startPreloadProc(t, false, node(1, d1, port, "--read-limit", "50000")...)
+		var pid int
+		waitFor(t, "node 1 rank loading", func() bool {
+			st, err := client.Status(context.Background(), d1)
+			if err != nil || len(st) != 1 || st[0].State != "loading" {
+				return false
+			}
+			pid = st[0].PID
+			return true
+		})
+		start := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := n1.cmd.Wait(); n1.cmd.ProcessState.ExitCode() != 137 {
+			t.Fatalf("node 1: %v, exit %d: %s", err, n1.cmd.ProcessState.ExitCode(), n1.stderr)
+		}
+		if err := n0.cmd.Wait(); err == nil || !strings.Contains(n0.stderr.String(), "node 1") {
+			t.Fatalf("node 0: %v: %s", err, n0.stderr)
+		}
+		if el := time.Since(start); el > 10*time.Second {
+			t.Fatalf("node 0 took %s to stop", el)
 		}
 	})
 	t.Run("a failing node stops every node", func(t *testing.T) {
