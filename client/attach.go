@@ -96,7 +96,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 		return nil, &MissError{Source: src}
 	}
 	if fp.TPSize > 1 {
-		w, err = loadShardFromDisk(ctx, ckpt, fp)
+		w, err = loadShardFromDisk(ctx, ckpt, fp, o.shardingPlan)
 	} else {
 		w, err = loadFromDisk(ckpt, fp.DType)
 	}

@@ -36,6 +36,7 @@ type options struct {
 	tpSize, tpRank int
 	dpSize, dpRank int
 	name           string
+	shardingPlan   string
 }
 
 func defaults() options {
@@ -91,3 +92,8 @@ func WithParallel(tpSize, tpRank, dpSize, dpRank int) Opt {
 
 // WithClientName is reported to the daemon in hello, for its logs.
 func WithClientName(name string) Opt { return func(o *options) { o.name = name } }
+
+// WithShardingPlan names a sharding plan file (see weightcache preload
+// --sharding-plan) for a tensor-parallel fallback on an architecture
+// without a built-in plan.
+func WithShardingPlan(path string) Opt { return func(o *options) { o.shardingPlan = path } }

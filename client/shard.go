@@ -11,11 +11,17 @@ import (
 )
 
 // loadShardFromDisk loads this engine's tensor-parallel slice of every
-// tensor, sliced by the architecture's built-in plan exactly as a daemon
-// serves it, so that a fallback hands the engine the same tensors a hit
-// would.
-func loadShardFromDisk(ctx context.Context, ckpt *checkpoint.Checkpoint, fp checkpoint.Fingerprint) (*Weights, error) {
-	p, err := plan.ForArchitecture(ckpt.Architecture)
+// tensor, sliced by the plan file, else the architecture's built-in plan,
+// exactly as a daemon serves it, so that a fallback hands the engine the
+// same tensors a hit would.
+func loadShardFromDisk(ctx context.Context, ckpt *checkpoint.Checkpoint, fp checkpoint.Fingerprint, planFile string) (*Weights, error) {
+	var p *plan.Plan
+	var err error
+	if planFile != "" {
+		p, err = plan.Load(planFile)
+	} else {
+		p, err = plan.ForArchitecture(ckpt.Architecture)
+	}
 	if err != nil {
 		return nil, err
 	}

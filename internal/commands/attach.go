@@ -47,6 +47,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	tpRank := fs.Int("tp-rank", 0, "the engine's tensor-parallel rank")
 	dpSize := fs.Int("data-parallel-size", 1, "the engine's data-parallel size")
 	dpRank := fs.Int("dp-rank", 0, "the engine's data-parallel rank")
+	shardingPlan := fs.String("sharding-plan", "", "plan file for a tensor-parallel fallback on an architecture without a built-in plan")
 	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
 	connectTimeout := fs.Duration("connect-timeout", client.DefaultConnectTimeout, "bound on connecting to the daemon")
 	stateTimeout := fs.Duration("state-timeout", client.DefaultStateTimeout, "bound on waiting for a loading daemon")
@@ -73,7 +74,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 		client.WithRevision(*revision), client.WithDevice(*device), client.WithSocketDir(*socketDir),
 		client.WithConnectTimeout(*connectTimeout), client.WithStateTimeout(*stateTimeout),
 		client.WithClientName("weightcache attach"), client.WithGroup(*group),
-		client.WithParallel(*tpSize, *tpRank, *dpSize, *dpRank))
+		client.WithParallel(*tpSize, *tpRank, *dpSize, *dpRank), client.WithShardingPlan(*shardingPlan))
 	var me *client.MissError
 	if errors.As(err, &me) {
 		if *asJSON {

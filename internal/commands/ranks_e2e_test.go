@@ -366,8 +366,9 @@ func TestDraftGroupBesideMain(t *testing.T) {
 	noSockets(t, dir)
 }
 
-func TestRankFlagErrors(t *testing.T) {
-	model := synthModel(t, "tiny")
+// unknownArch copies a model under an architecture with no built-in plan.
+func unknownArch(t *testing.T, model string) string {
+	t.Helper()
 	unknown := filepath.Join(t.TempDir(), "gptneox")
 	if err := os.CopyFS(unknown, os.DirFS(model)); err != nil {
 		t.Fatal(err)
@@ -377,6 +378,62 @@ func TestRankFlagErrors(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(strings.Replace(string(b), "LlamaForCausalLM", "GPTNeoXForCausalLM", 1)), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return unknown
+}
+
+func TestShardingPlanFileWithDataParallel(t *testing.T) {
+	model, dir := unknownArch(t, synthModel(t, "tiny")), sockDir(t)
+	planFile := filepath.Join(t.TempDir(), "plan.yaml")
+	yaml := `rules:
+  - {pattern: '.*norm\.weight', split: replicated}
+  - {pattern: 'model\.embed_tokens\.weight|lm_head\.weight', split: vocab}
+  - {pattern: '.*\.q_proj\.weight|.*\.mlp\.(gate|up)_proj\.weight', split: column}
+  - {pattern: '.*\.[kv]_proj\.weight', split: kv_heads}
+  - {pattern: '.*\.(o|down)_proj\.weight', split: row, dim: 1}
+`
+	if err := os.WriteFile(planFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--sharding-plan", planFile,
+		"--tensor-parallel-size", "2", "--data-parallel-size", "2", "--devices", "host:0,host:1,host:2,host:3")
+	if got, want := int64(p.ready["read_bytes"].(float64)), dataBytes(t, model); got != want {
+		t.Fatalf("read %d bytes for 4 ranks, want %d", got, want)
+	}
+	// host:3 is tp_rank 1 of dp_rank 1, and holds what host:1 holds.
+	var digests [2]map[string]string
+	for i, dev := range []string{"host:1", "host:3"} {
+		r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", dev, "--tensor-parallel-size", "2", "--tp-rank", "1",
+			"--data-parallel-size", "2", "--dp-rank", strconv.Itoa(i), "--digest", "--fallback=false")
+		if code != 0 || r.Source != "hit" {
+			t.Fatalf("%s: exit %d, %+v", dev, code, r)
+		}
+		digests[i] = r.Digest
+	}
+	for name, d := range digests[0] {
+		if digests[1][name] != d {
+			t.Fatalf("tensor %s differs between data-parallel replicas", name)
+		}
+	}
+	// A wrong dp rank is a named miss; its fallback slices by the same plan file.
+	r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", "host:3", "--tensor-parallel-size", "2", "--tp-rank", "1",
+		"--data-parallel-size", "2", "--dp-rank", "0", "--sharding-plan", planFile, "--digest")
+	if code != 0 || r.Reason != "fingerprint_mismatch" || r.Fields[0].Field != "dp_rank" || len(r.Digest) != len(digests[0]) {
+		t.Fatalf("wrong dp rank: exit %d, %+v", code, r)
+	}
+	for name, d := range digests[0] {
+		if r.Digest[name] != d {
+			t.Fatalf("tensor %s differs between the fallback and the daemon", name)
+		}
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("exit %d: %s", code, p.stderr)
+	}
+	noSockets(t, dir)
+}
+
+func TestRankFlagErrors(t *testing.T) {
+	model := synthModel(t, "tiny")
+	unknown := unknownArch(t, model)
 	tests := []struct {
 		name string
 		args []string

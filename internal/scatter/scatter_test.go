@@ -281,3 +281,34 @@ func TestNonDividingDimNamesTensor(t *testing.T) {
 		t.Fatalf("tp 3 over dims of 32: %v", err)
 	}
 }
+
+func TestDataParallelReplicasMatch(t *testing.T) {
+	ck, _ := writeModel(t, "Qwen2ForCausalLM")
+	p, _ := plan.ForArchitecture(ck.Architecture)
+	m, _ := plan.ReadModel(ck.Dir)
+	cfg := Config{Checkpoint: ck, Plan: p, Model: m, TPSize: 2}
+	// tp 2 x dp 2: devices 0,1 are dp rank 0, devices 2,3 dp rank 1.
+	for i := range 4 {
+		be, _ := host.New(fmt.Sprintf("host:%d", i))
+		cfg.Targets = append(cfg.Targets, Target{Backend: be, TPRank: i % 2})
+	}
+	res, err := Load(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.free()
+	if want := ck.Size() - headerBytes(ck); res.ReadBytes != want {
+		t.Fatalf("read %d bytes for 4 ranks, want %d", res.ReadBytes, want)
+	}
+	for tp := range 2 {
+		a, b := res.Ranks[tp], res.Ranks[tp+2]
+		ma, mb := mapAll(t, a.Segments), mapAll(t, b.Segments)
+		for i, e := range a.Tensors {
+			f := b.Tensors[i]
+			da, db := ma[e.Segment][e.Offset:e.Offset+e.NBytes], mb[f.Segment][f.Offset:f.Offset+f.NBytes]
+			if !bytes.Equal(da, db) || e.CRC32C != f.CRC32C || e.CRC32C != crc32c(da) {
+				t.Fatalf("tp rank %d: tensor %s differs between its data-parallel replicas", tp, e.Name)
+			}
+		}
+	}
+}
