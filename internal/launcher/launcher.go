@@ -147,8 +147,7 @@ func (l *launcher) progress() (int64, int64) {
 	return l.read.Load(), total
 }
 
-// spawnAll starts a daemon per rank and group and waits until each holds
-// its socket.
+// spawnAll starts a daemon per rank and group.
 func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc) error {
 	exe := l.cfg.Exe
 	if exe == "" {
@@ -174,7 +173,13 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 			l.log.Debug("rank started", "rank", p.String(), "pid", p.pid, "group", g.Name)
 		}
 	}
-	for _, p := range l.procs {
+	return nil
+}
+
+// awaitListening waits until each rank holds its socket. The load runs
+// meanwhile: ranks start while the checkpoint is read.
+func awaitListening(ctx context.Context, procs []*proc) error {
+	for _, p := range procs {
 		var m listening
 		if err := p.expect(typeListening, &m, ctx.Done()); err != nil {
 			return err

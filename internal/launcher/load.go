@@ -45,6 +45,10 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}
 	l.report.add(g, res)
+	if err := awaitListening(ctx, procs); err != nil {
+		res.Free()
+		return err
+	}
 	for i, p := range procs {
 		err := handOff(p, res.Ranks[i], res)
 		// The rank holds its own descriptors now (or failed): the

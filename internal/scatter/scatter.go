@@ -67,7 +67,7 @@ func Load(ctx context.Context, cfg Config) (*Result, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			res.free()
+			res.Free()
 		}
 	}()
 	if err := allocate(cfg, jobs, res); err != nil {
@@ -108,8 +108,8 @@ func (c *Config) defaults() {
 	}
 }
 
-// free drops every segment allocated so far.
-func (r *Result) free() {
+// Free drops every segment: after a failure, or once they are handed on.
+func (r *Result) Free() {
 	for _, rk := range r.Ranks {
 		for _, s := range rk.Segments {
 			_ = s.Free()

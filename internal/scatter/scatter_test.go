@@ -128,7 +128,7 @@ func load(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk i
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(res.free)
+	t.Cleanup(res.Free)
 	out := make([]map[string]served, tp)
 	for r, rk := range res.Ranks {
 		out[r] = map[string]served{}
@@ -296,7 +296,7 @@ func TestDataParallelReplicasMatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.free()
+	defer res.Free()
 	if want := ck.Size() - headerBytes(ck); res.ReadBytes != want {
 		t.Fatalf("read %d bytes for 4 ranks, want %d", res.ReadBytes, want)
 	}
