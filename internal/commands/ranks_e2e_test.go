@@ -22,16 +22,23 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
-// freePort returns a loopback TCP port nobody listens on right now.
-func freePort(t *testing.T) string {
+// freePorts returns n distinct loopback TCP ports nobody listens on right
+// now: all are held open until every one is picked.
+func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var out []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		out = append(out, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return out
 }
+
+func freePort(t *testing.T) string { return freePorts(t, 1)[0] }
 
 // dataBytes is the tensor data in a checkpoint's files: their sizes less
 // their headers, from the files themselves.
@@ -470,11 +477,14 @@ func TestTwoNodes(t *testing.T) {
 			"--nnodes", "2", "--node-rank", strconv.Itoa(rank), "--master-addr", "127.0.0.1", "--weight-cache-master-port", port,
 			"--weight-cache-rendezvous-timeout", "20s"}, extra...)
 	}
-	t.Run("both serve", func(t *testing.T) {
-		port, d0, d1 := freePort(t), sockDir(t), sockDir(t)
+	t.Run("both serve, with a draft group", func(t *testing.T) {
+		ports, d0, d1 := freePorts(t, 2), sockDir(t), sockDir(t)
+		port := ports[0]
+		// The draft group has a rendezvous of its own.
+		draft := []string{"--draft-model", model, "--draft-weight-cache-master-port", ports[1]}
 		// Node 1 first: it waits for node 0's rendezvous.
-		n1 := startPreloadProc(t, false, node(1, d1, port)...)
-		n0 := startPreloadProc(t, true, node(0, d0, port)...)
+		n1 := startPreloadProc(t, false, node(1, d1, port, draft...)...)
+		n0 := startPreloadProc(t, true, node(0, d0, port, draft...)...)
 		select {
 		case line := <-n1.lines:
 			if !strings.Contains(line, `"event":"ready"`) || !strings.Contains(line, `"node_rank":1`) {
@@ -486,8 +496,10 @@ func TestTwoNodes(t *testing.T) {
 		if r := readyRanks(t, n0); r[0]["tp_rank"].(float64) != 0 {
 			t.Fatalf("node 0 ranks %v", r)
 		}
-		if r, code := attachJSON(t, "--model", model, "--socket-dir", d1, "--device", "host:0", "--tensor-parallel-size", "2", "--tp-rank", "1", "--verify", "--fallback=false"); code != 0 || r.Source != "hit" {
-			t.Fatalf("node 1 rank: exit %d %+v", code, r)
+		for _, group := range []string{"main", "draft"} {
+			if r, code := attachJSON(t, "--model", model, "--socket-dir", d1, "--device", "host:0", "--group", group, "--tensor-parallel-size", "2", "--tp-rank", "1", "--verify", "--fallback=false"); code != 0 || r.Source != "hit" {
+				t.Fatalf("node 1 rank, group %s: exit %d %+v", group, code, r)
+			}
 		}
 		for i, n := range []*preloadProc{n0, n1} {
 			if code := n.stop(t, syscall.SIGTERM); code != 0 {
@@ -546,4 +558,14 @@ func TestTwoNodes(t *testing.T) {
 			t.Fatal("node 0 printed a line")
 		}
 	})
+}
+
+func TestDaemonCommandNeedsLauncher(t *testing.T) {
+	_, stderr, code := runWC(t, "daemon")
+	if code != 1 || !strings.Contains(stderr, "started by preload") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if _, usage, _ := runWC(t, "help"); !strings.Contains(usage, "preload") || strings.Contains(usage, "\n  daemon ") {
+		t.Fatalf("help should list preload and hide daemon:\n%s", usage)
+	}
 }
