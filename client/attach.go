@@ -98,7 +98,11 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fallback after %s: %w", src, err)
 	}
-	w, err = loadFromDisk(ckpt, fp.DType)
+	if fp.TPSize > 1 {
+		w, err = loadShardFromDisk(ctx, ckpt, fp, o.shardingPlan)
+	} else {
+		w, err = loadFromDisk(ckpt, fp.DType)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fallback load after %s: %w", src, err)
 	}

@@ -39,6 +39,7 @@ type options struct {
 	engine         string        // published layouts: see publish.go
 	engineVersion  string        //
 	publishWait    time.Duration // how long Publish waits for another writer
+	shardingPlan   string        // tensor-parallel fallback on an architecture without a built-in plan
 }
 
 func defaults() options {
@@ -94,3 +95,8 @@ func WithParallel(tpSize, tpRank, dpSize, dpRank int) Opt {
 
 // WithClientName is reported to the daemon in hello, for its logs.
 func WithClientName(name string) Opt { return func(o *options) { o.name = name } }
+
+// WithShardingPlan names a sharding plan file (see weightcache preload
+// --sharding-plan) for a tensor-parallel fallback on an architecture
+// without a built-in plan.
+func WithShardingPlan(path string) Opt { return func(o *options) { o.shardingPlan = path } }

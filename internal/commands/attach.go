@@ -42,6 +42,12 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	dtype := fs.String("dtype", "auto", "the engine's dtype")
 	revision := fs.String("revision", "", "checkpoint revision")
 	device := fs.String("device", "host", "the engine's device key")
+	group := fs.String("group", "main", "daemon group: main, or draft for the draft model")
+	tpSize := fs.Int("tensor-parallel-size", 1, "the engine's tensor-parallel size")
+	tpRank := fs.Int("tp-rank", 0, "the engine's tensor-parallel rank")
+	dpSize := fs.Int("data-parallel-size", 1, "the engine's data-parallel size")
+	dpRank := fs.Int("dp-rank", 0, "the engine's data-parallel rank")
+	shardingPlan := fs.String("sharding-plan", "", "plan file for a tensor-parallel fallback on an architecture without a built-in plan")
 	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
 	connectTimeout := fs.Duration("connect-timeout", client.DefaultConnectTimeout, "bound on connecting to the daemon")
 	stateTimeout := fs.Duration("state-timeout", client.DefaultStateTimeout, "bound on waiting for a loading daemon")
@@ -61,12 +67,16 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	if *mode != string(client.ZeroCopy) && *mode != string(client.Copy) {
 		return usageErrorf("--mode %q: want zero_copy or copy", *mode)
 	}
+	if *group != "main" && *group != "draft" {
+		return usageErrorf("--group %q: want main or draft", *group)
+	}
 	start := time.Now()
 	w, err := client.Attach(ctx, *model,
 		client.WithMode(client.Mode(*mode)), client.WithFallback(*fallback), client.WithDType(*dtype),
 		client.WithRevision(*revision), client.WithDevice(*device), client.WithSocketDir(*socketDir),
 		client.WithConnectTimeout(*connectTimeout), client.WithStateTimeout(*stateTimeout),
-		client.WithClientName("weightcache attach"), client.WithEngine(*engine, *engineVersion))
+		client.WithClientName("weightcache attach"), client.WithEngine(*engine, *engineVersion), client.WithGroup(*group),
+		client.WithParallel(*tpSize, *tpRank, *dpSize, *dpRank), client.WithShardingPlan(*shardingPlan))
 	var me *client.MissError
 	if errors.As(err, &me) {
 		if *asJSON {

@@ -2,20 +2,17 @@ package commands
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/weightcache/weightcache/internal/backend/host"
-	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -23,19 +20,9 @@ func init() {
 	register(command{name: "preload", summary: "load a checkpoint once and serve it to engines until stopped", run: runPreload})
 }
 
-// readyLine is the one JSON line preload prints on stdout once it serves.
-type readyLine struct {
-	Event       string  `json:"event"`
-	Socket      string  `json:"socket"`
-	Device      string  `json:"device"`
-	Group       string  `json:"group"`
-	Model       string  `json:"model"`
-	Tensors     int     `json:"tensors"`
-	Bytes       int64   `json:"bytes"`
-	LoadSeconds float64 `json:"load_seconds"`
-	Fingerprint string  `json:"fingerprint"`
-	PID         int     `json:"pid"`
-}
+// readyLine is the one JSON line preload prints on stdout once every rank
+// serves.
+type readyLine = launcher.ReadyLine
 
 type preloadFlags struct {
 	model, devices, socketDir, dtype, revision string
@@ -47,7 +34,7 @@ type preloadFlags struct {
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
-	fs.StringVar(&p.devices, "devices", "host", "device to serve: host or host:N")
+	fs.StringVar(&p.devices, "devices", "host", "devices to serve, one rank each: host, or host:0,host:1,... (default with several ranks: host:0..host:N-1)")
 	fs.StringVar(&p.socketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
 	fs.StringVar(&p.dtype, "dtype", "auto", "dtype to serve floating tensors in: auto, bfloat16, float16, float32")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
@@ -59,76 +46,32 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 
 func runPreload(ctx context.Context, e env, args []string) error {
 	var p preloadFlags
+	var r rankFlags
 	fs := newFlags("preload", e)
 	p.register(fs)
+	r.register(fs)
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if p.model == "" {
 		return usageErrorf("--model is required")
 	}
-	if strings.Contains(p.devices, ",") {
-		return usageErrorf("--devices %q: one device per daemon in this version", p.devices)
-	}
 	if p.workers < 1 {
 		return usageErrorf("--load-workers must be at least 1, got %d", p.workers)
 	}
-	dtype, err := checkpoint.NormalizeDType(p.dtype)
-	if err != nil {
-		return usageErrorf("--dtype: %v", err)
-	}
-	ckpt, err := checkpoint.Resolve(p.model, p.revision)
+	cfg, err := r.config(fs, &p)
 	if err != nil {
 		return err
 	}
-	fp, err := ckpt.Fingerprint(dtype, 1, 0, 1, 0)
-	if err != nil {
-		return err
+	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
+	cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, nil))
+	cfg.Progress = func(progress func() (int64, int64)) func() { return showProgress(e.stdout, progress) }
+	err = launcher.Run(ctx, cfg)
+	var ee *launcher.ExitError
+	if errors.As(err, &ee) {
+		return &exitError{code: ee.Code, err: ee.Err}
 	}
-	be, err := host.New(p.devices)
-	if err != nil {
-		return usageErrorf("--devices: %v", err)
-	}
-	log := slog.New(slog.NewTextHandler(e.stderr, nil))
-	d, err := daemon.Start(daemon.Config{
-		Model: p.model, Checkpoint: ckpt, Fingerprint: fp, DType: fp.DType, Backend: be,
-		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, Logger: log,
-		PublishOnly: p.publishOnly,
-	})
-	if err != nil {
-		return err
-	}
-	loaded := make(chan error, 1)
-	go func() { loaded <- d.Load(ctx) }()
-	stopProgress := showProgress(e.stdout, d.Progress)
-	// Load watches ctx itself, so an interrupt ends it within one tensor.
-	err = <-loaded
-	stopProgress()
-	if ctx.Err() != nil {
-		err = fmt.Errorf("interrupted while loading %s", p.model)
-	}
-	if err != nil {
-		d.Shutdown(context.Background())
-		return err
-	}
-	st := d.Stats()
-	ready := readyLine{
-		Event: "ready", Socket: d.Socket(), Device: st.Device, Group: st.Group, Model: p.model,
-		Tensors: st.Tensors, Bytes: st.Bytes, LoadSeconds: st.LoadSeconds, Fingerprint: st.FingerprintSum, PID: os.Getpid(),
-	}
-	if err := json.NewEncoder(e.stdout).Encode(ready); err != nil {
-		d.Shutdown(context.Background())
-		return err
-	}
-	<-ctx.Done()
-	if n := d.Leases(); n > 0 {
-		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", p.drain)
-	}
-	if left := d.Shutdown(context.Background()); left > 0 {
-		log.Warn("stopped with live leases; their mappings stay valid until those engines exit", "leases", left)
-	}
-	log.Info("stopped: socket removed, segments freed")
-	return nil
+	return err
 }
 
 // showProgress redraws one status line on a terminal until the returned

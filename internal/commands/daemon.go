@@ -1,0 +1,43 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/weightcache/weightcache/internal/launcher"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+func init() {
+	register(command{name: "daemon", hidden: true, summary: "one rank daemon, started by preload", run: runDaemon})
+}
+
+// runDaemon is one rank: preload starts it with a socketpair on fd 3 and
+// drives it from there; it is not meant to be started by hand.
+func runDaemon(ctx context.Context, e env, args []string) error {
+	fs := newFlags("daemon", e)
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	f := os.NewFile(launcher.ControlFD, "control")
+	if f == nil {
+		return fmt.Errorf("no control descriptor on fd %d: the daemon command is started by preload", launcher.ControlFD)
+	}
+	fc, err := net.FileConn(f)
+	_ = f.Close()
+	if err != nil {
+		return fmt.Errorf("control descriptor on fd %d: %w (the daemon command is started by preload)", launcher.ControlFD, err)
+	}
+	uc, ok := fc.(*net.UnixConn)
+	if !ok {
+		_ = fc.Close()
+		return fmt.Errorf("control descriptor on fd %d is not a unix socket", launcher.ControlFD)
+	}
+	ctl := protocol.NewConn(uc, protocol.MaxReplyFrame)
+	defer ctl.Close()
+	log := slog.New(slog.NewTextHandler(e.stderr, nil)).With("pid", os.Getpid())
+	return launcher.ServeRank(ctx, ctl, log)
+}

@@ -1,0 +1,57 @@
+package launcher
+
+import (
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// The launcher talks to each rank daemon over a socketpair (the daemon's
+// fd 3) in protocol frames: spec ->, <- listening, segments (with one fd
+// per segment) ->, <- ready. The pair stays open for the rank's lifetime:
+// its end of file tells the rank that the launcher is gone.
+const (
+	typeSpec      = "rank_spec"
+	typeListening = "rank_listening"
+	typeSegments  = "rank_segments"
+	typeReady     = "rank_ready"
+)
+
+// ControlFD is the descriptor the rank daemon finds its socketpair end on.
+const ControlFD = 3
+
+// RankSpec is everything a rank daemon needs to start serving.
+type RankSpec struct {
+	protocol.Head
+	Group          string                 `json:"group"`
+	Device         string                 `json:"device"`
+	Model          string                 `json:"model"` // as the operator named it
+	Dir            string                 `json:"dir"`   // resolved checkpoint directory
+	Revision       string                 `json:"revision"`
+	Fingerprint    checkpoint.Fingerprint `json:"fingerprint"`
+	SocketDir      string                 `json:"socket_dir"`
+	DrainTimeoutMS int64                  `json:"drain_timeout_ms"`
+	// PublishOnly ranks load nothing: they start empty, ready for the
+	// first engine to publish its own weights.
+	PublishOnly bool `json:"publish_only,omitempty"`
+}
+
+type listening struct {
+	protocol.Head
+	Socket string `json:"socket"`
+	PID    int    `json:"pid"`
+}
+
+// segments hands a rank its sealed segments; the fds ride on the frame in
+// Segments order.
+type segments struct {
+	protocol.Head
+	Segments  []protocol.Segment `json:"segments"`
+	Tensors   []protocol.Tensor  `json:"tensors"`
+	LoadMS    int64              `json:"load_ms"`
+	ReadBytes int64              `json:"read_bytes"`
+}
+
+type ready struct {
+	protocol.Head
+	Bytes int64 `json:"bytes"`
+}

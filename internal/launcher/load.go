@@ -1,0 +1,128 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/scatter"
+)
+
+func headOf(t string) protocol.Head { return protocol.NewHead(t) }
+
+// loadAll fills each group's segments with one read of its checkpoint and
+// hands every rank its own.
+func (l *launcher) loadAll(ctx context.Context) error {
+	for gi := range l.cfg.Groups {
+		if err := l.loadGroup(ctx, gi); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (l *launcher) loadGroup(ctx context.Context, gi int) error {
+	g := l.cfg.Groups[gi]
+	procs := l.groupProcs(g.Name)
+	if l.cfg.PublishOnly {
+		// Nothing to read: each rank starts empty and says when it serves.
+		if err := awaitListening(ctx, procs); err != nil {
+			return err
+		}
+		return l.awaitReady(ctx, procs)
+	}
+	cfg := scatter.Config{
+		Checkpoint: g.Checkpoint, Plan: g.Plan, Model: g.Heads, TPSize: l.cfg.Layout.TP,
+		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Read: &l.read,
+	}
+	var err error
+	if cfg.DType, err = g.Checkpoint.ServedDType(g.DType); err != nil {
+		return err
+	}
+	for _, p := range procs {
+		be, err := NewBackend(p.Device)
+		if err != nil {
+			return err
+		}
+		cfg.Targets = append(cfg.Targets, scatter.Target{Backend: be, TPRank: p.TPRank})
+	}
+	res, err := scatter.Load(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
+	}
+	l.report.add(g, res)
+	if err := awaitListening(ctx, procs); err != nil {
+		res.Free()
+		return err
+	}
+	for i, p := range procs {
+		err := handOff(p, res.Ranks[i], res)
+		// The rank holds its own descriptors now (or failed): the
+		// launcher's references go, so that only the rank keeps the memory.
+		for _, s := range res.Ranks[i].Segments {
+			_ = s.Free()
+		}
+		if err != nil {
+			for _, r := range res.Ranks[i+1:] {
+				for _, s := range r.Segments {
+					_ = s.Free()
+				}
+			}
+			return err
+		}
+	}
+	return l.awaitReady(ctx, procs)
+}
+
+// awaitReady waits for every rank of procs to report that it serves.
+func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
+	for _, p := range procs {
+		var r ready
+		if err := p.expect(typeReady, &r, ctx.Done()); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.bytes = r.Bytes
+		p.mu.Unlock()
+		p.setState(StateReady)
+		l.log.Info("rank ready", "rank", p.String(), "socket", p.socket, "bytes", r.Bytes)
+	}
+	return nil
+}
+
+func (l *launcher) groupProcs(group string) []*proc {
+	var out []*proc
+	for _, p := range l.procsSnapshot() {
+		if p.group == group {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// handOff sends a rank its sealed segments, one read-only descriptor each.
+func handOff(p *proc, rk scatter.Rank, res *scatter.Result) error {
+	if len(rk.Segments) > protocol.MaxFDs {
+		return fmt.Errorf("%s: %d segments exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
+	}
+	m := segments{Head: headOf(typeSegments), Tensors: rk.Tensors, LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes}
+	files := make([]*os.File, 0, len(rk.Segments))
+	defer func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}()
+	for i, s := range rk.Segments {
+		f, err := s.Export()
+		if err != nil {
+			return fmt.Errorf("%s: export segment %d: %w", p, i, err)
+		}
+		files = append(files, f)
+		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+	}
+	if err := p.ctl.Send(m, files...); err != nil {
+		return fmt.Errorf("%s: send segments: %w", p, err)
+	}
+	return nil
+}

@@ -1,0 +1,182 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/internal/metrics"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Rank states, as /health reports them.
+const (
+	StateStarting = "starting" // process started, socket not yet taken
+	StateLoading  = "loading"  // serving its socket, segments being filled
+	StateReady    = "ready"
+	StateExited   = "exited"
+)
+
+// proc is one rank daemon process as the launcher sees it.
+type proc struct {
+	Rank
+	group  string
+	cmd    *exec.Cmd
+	ctl    *protocol.Conn
+	frames chan *protocol.Frame // from the rank; closed at end of file
+	done   chan struct{}        // closed once the process has exited
+
+	mu       sync.Mutex
+	state    string
+	socket   string
+	pid      int
+	bytes    int64 // resident, once ready
+	exitCode int
+	exitErr  error
+}
+
+func (p *proc) String() string {
+	return fmt.Sprintf("rank %s (group %s, tp_rank %d, dp_rank %d)", p.Device, p.group, p.TPRank, p.DPRank)
+}
+
+// spawn starts `exe daemon` with its end of a socketpair on fd 3 and sends
+// it spec. The daemon is killed if the launcher dies (Pdeathsig), and
+// stops by itself when the socketpair closes.
+func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "control"), os.NewFile(uintptr(fds[1]), "control")
+	defer theirs.Close()
+	fc, err := net.FileConn(mine)
+	_ = mine.Close()
+	if err != nil {
+		return nil, fmt.Errorf("control socket for rank %s: %w", r.Device, err)
+	}
+	cmd := exec.Command(exe, "daemon")
+	cmd.ExtraFiles = []*os.File{theirs} // fd 3 = ControlFD
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
+		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting}
+	if err := cmd.Start(); err != nil {
+		_ = fc.Close()
+		return nil, fmt.Errorf("start %s: %w", p, err)
+	}
+	p.pid = cmd.Process.Pid
+	go p.wait()
+	go p.read()
+	if err := p.ctl.Send(spec); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("send spec to %s: %w", p, err)
+	}
+	return p, nil
+}
+
+func (p *proc) wait() {
+	err := p.cmd.Wait()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal()) // as a shell reports it
+		}
+	}
+	p.mu.Lock()
+	p.state, p.exitCode, p.exitErr = StateExited, code, err
+	p.mu.Unlock()
+	_ = p.ctl.Close()
+	close(p.done)
+}
+
+func (p *proc) read() {
+	defer close(p.frames)
+	for {
+		fr, err := p.ctl.Recv()
+		if err != nil {
+			return
+		}
+		fr.CloseFiles() // ranks send no descriptors
+		p.frames <- fr
+	}
+}
+
+// expect waits for a frame of type want from the rank, or for the
+// rank's exit, or for stop.
+func (p *proc) expect(want string, v any, stop <-chan struct{}) error {
+	select {
+	case fr, ok := <-p.frames:
+		if !ok {
+			<-p.done
+			return p.exitError()
+		}
+		if fr.Type != want {
+			return fmt.Errorf("%s sent %q, want %q", p, fr.Type, want)
+		}
+		return fr.Decode(v)
+	case <-stop:
+		return errors.New("stopped")
+	}
+}
+
+func (p *proc) setState(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state != StateExited {
+		p.state = s
+	}
+}
+
+// exitError describes how the rank ended, carrying its exit code.
+func (p *proc) exitError() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &ExitError{Code: max(p.exitCode, 1), Err: fmt.Errorf("%s exited with code %d", p, p.exitCode)}
+}
+
+// terminate asks the rank to drain and stop; after grace it is killed.
+func (p *proc) terminate(grace time.Duration) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.kill()
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// ExitError is a failure with the exit code the launcher should end with:
+// a rank's own code when a rank died.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// rankState describes the rank for /health and /metrics.
+func (p *proc) rankState() metrics.RankState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.state, PID: p.pid, Socket: p.socket}
+	if p.state == StateExited {
+		code := p.exitCode
+		rs.ExitCode = &code
+	}
+	return rs
+}

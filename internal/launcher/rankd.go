@@ -1,0 +1,151 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// ServeRank is the rank daemon (`weightcache daemon`): it takes its socket
+// in state loading, waits for the launcher's segments, serves them, and
+// drains when ctx ends (SIGINT/SIGTERM) or the launcher goes away.
+func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error {
+	fr, err := ctl.Recv()
+	if err != nil {
+		return fmt.Errorf("read rank spec from the launcher: %w", err)
+	}
+	var spec RankSpec
+	if err := fr.Decode(&spec); err != nil || fr.Type != typeSpec {
+		return fmt.Errorf("rank spec from the launcher: type %q: %v", fr.Type, err)
+	}
+	d, err := startRank(spec, log)
+	if err != nil {
+		return err
+	}
+	if err := ctl.Send(listening{Head: protocol.NewHead(typeListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
+		d.Shutdown(context.Background())
+		return fmt.Errorf("rank %s: tell the launcher: %w", spec.Device, err)
+	}
+	frames := make(chan *protocol.Frame)
+	gone := make(chan error, 1)
+	go func() {
+		for {
+			fr, err := ctl.Recv()
+			if err != nil {
+				gone <- err
+				return
+			}
+			frames <- fr
+		}
+	}()
+	if spec.PublishOnly {
+		// Nothing to wait for: the daemon starts empty and engines fill it.
+		err = ctl.Send(ready{Head: protocol.NewHead(typeReady)})
+	} else {
+		select {
+		case fr := <-frames:
+			err = adopt(d, spec, fr)
+			if err == nil {
+				err = ctl.Send(ready{Head: protocol.NewHead(typeReady), Bytes: d.Stats().Bytes})
+			}
+		case <-ctx.Done():
+			err = fmt.Errorf("rank %s interrupted while loading", spec.Device)
+		case e := <-gone:
+			err = fmt.Errorf("rank %s: launcher went away while loading: %w", spec.Device, e)
+		}
+	}
+	if err != nil {
+		d.Shutdown(context.Background())
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case <-gone:
+		log.Warn("launcher went away: stopping")
+	}
+	if n := d.Leases(); n > 0 {
+		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", time.Duration(spec.DrainTimeoutMS)*time.Millisecond)
+	}
+	if left := d.Shutdown(context.Background()); left > 0 {
+		log.Warn("stopped with live leases; their mappings stay valid until those engines exit", "leases", left)
+	}
+	log.Info("stopped: socket removed, segments freed")
+	return nil
+}
+
+func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
+	ckpt, err := checkpoint.Resolve(spec.Dir, spec.Revision)
+	if err != nil {
+		return nil, err
+	}
+	be, err := NewBackend(spec.Device)
+	if err != nil {
+		return nil, err
+	}
+	return daemon.Start(daemon.Config{
+		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
+		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
+		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
+		PublishOnly: spec.PublishOnly,
+	})
+}
+
+// adopt imports the segments on fr and serves them. The frame's fds are
+// owned by the segments once imported; the rest are closed.
+func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
+	if fr.Type != typeSegments {
+		fr.CloseFiles()
+		return fmt.Errorf("rank %s: expected segments from the launcher, got %q", spec.Device, fr.Type)
+	}
+	var m segments
+	if err := fr.Decode(&m); err != nil {
+		fr.CloseFiles()
+		return err
+	}
+	if len(m.Segments) != len(fr.Files) {
+		fr.CloseFiles()
+		return fmt.Errorf("rank %s: %d segments named, %d descriptors sent", spec.Device, len(m.Segments), len(fr.Files))
+	}
+	be, err := NewBackend(spec.Device)
+	if err != nil {
+		fr.CloseFiles()
+		return err
+	}
+	imp, ok := be.(backend.Importer)
+	if !ok {
+		fr.CloseFiles()
+		return fmt.Errorf("rank %s: backend cannot import segments", spec.Device)
+	}
+	segs := make([]backend.Segment, 0, len(m.Segments))
+	var ierr error
+	for i, s := range m.Segments {
+		if ierr != nil {
+			_ = fr.Files[i].Close()
+			continue
+		}
+		seg, err := imp.Import(fr.Files[i], s.Size)
+		if err != nil {
+			ierr = fmt.Errorf("rank %s: segment %d: %w", spec.Device, i, err)
+			continue
+		}
+		segs = append(segs, seg)
+	}
+	if ierr != nil {
+		for _, s := range segs {
+			_ = s.Free()
+		}
+		return ierr
+	}
+	if err := d.Adopt(segs, m.Tensors, time.Duration(m.LoadMS)*time.Millisecond, m.ReadBytes); err != nil {
+		return errors.Join(fmt.Errorf("rank %s", spec.Device), err)
+	}
+	return nil
+}

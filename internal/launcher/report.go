@@ -1,0 +1,136 @@
+package launcher
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/weightcache/weightcache/internal/scatter"
+)
+
+// report accumulates what the ready line says about the loads.
+type report struct {
+	mu           sync.Mutex
+	readBytes    int64 // read from the checkpoints' shard files
+	dataBytes    int64 // tensor data in those files
+	fileBytes    int64 // the files' sizes, headers included
+	loadSeconds  float64
+	localSeconds float64 // start-up of this node, before waiting for others
+}
+
+func (r *report) add(g Group, res *scatter.Result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.readBytes += res.ReadBytes
+	r.fileBytes += g.Checkpoint.Size()
+	for _, s := range g.Checkpoint.Shards {
+		r.dataBytes += s.Header.DataSize()
+	}
+	r.loadSeconds += res.Elapsed.Seconds()
+}
+
+// ReadyLine is the one JSON line preload prints on stdout once every rank
+// of every group on every node serves. The leading fields describe the
+// first rank, as a single-device preload always printed them.
+type ReadyLine struct {
+	Event       string      `json:"event"`
+	Socket      string      `json:"socket"`
+	Device      string      `json:"device"`
+	Group       string      `json:"group"`
+	Model       string      `json:"model"`
+	Tensors     int         `json:"tensors"`
+	Bytes       int64       `json:"bytes"` // resident over every local rank
+	LoadSeconds float64     `json:"load_seconds"`
+	Fingerprint string      `json:"fingerprint"`
+	PID         int         `json:"pid"`
+	ReadBytes   int64       `json:"read_bytes"`
+	DataBytes   int64       `json:"data_bytes"`
+	FileBytes   int64       `json:"file_bytes"`
+	NNodes      int         `json:"nnodes"`
+	NodeRank    int         `json:"node_rank"`
+	Health      string      `json:"health,omitempty"`
+	Ranks       []ReadyRank `json:"ranks"`
+}
+
+// ReadyRank is one rank daemon in the ready line.
+type ReadyRank struct {
+	Group       string `json:"group"`
+	Device      string `json:"device"`
+	TPRank      int    `json:"tp_rank"`
+	DPRank      int    `json:"dp_rank"`
+	Socket      string `json:"socket"`
+	PID         int    `json:"pid"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+func (l *launcher) printReady() error {
+	r := &l.report
+	line := ReadyLine{
+		Event: "ready", Model: l.cfg.Groups[0].Model, Tensors: l.cfg.Groups[0].Checkpoint.NumTensors(),
+		LoadSeconds: r.localSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
+		NNodes: l.cfg.Layout.NNodes, NodeRank: l.cfg.Layout.NodeRank,
+	}
+	if l.health != nil {
+		line.Health = l.health.Addr()
+	}
+	for i, p := range l.procsSnapshot() {
+		spec, err := l.spec(l.groupIndex(p.group), p.Rank)
+		if err != nil {
+			return err
+		}
+		rr := ReadyRank{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, Socket: p.socket, PID: p.pid, Fingerprint: spec.Fingerprint.Sum()}
+		line.Ranks = append(line.Ranks, rr)
+		if i == 0 {
+			line.Socket, line.Device, line.Group, line.Fingerprint = rr.Socket, rr.Device, rr.Group, rr.Fingerprint
+		}
+	}
+	if l.cfg.PublishOnly {
+		line.Tensors = 0 // served once an engine publishes
+	}
+	line.Bytes = l.residentBytes()
+	if err := json.NewEncoder(l.cfg.Stdout).Encode(line); err != nil {
+		return err
+	}
+	return notifySystemd(os.Getenv("NOTIFY_SOCKET"))
+}
+
+func (l *launcher) groupIndex(name string) int {
+	for i, g := range l.cfg.Groups {
+		if g.Name == name {
+			return i
+		}
+	}
+	return 0
+}
+
+func (l *launcher) residentBytes() int64 {
+	var n int64
+	for _, p := range l.procsSnapshot() {
+		p.mu.Lock()
+		n += p.bytes
+		p.mu.Unlock()
+	}
+	return n
+}
+
+// notifySystemd sends READY=1 to $NOTIFY_SOCKET (sd_notify(3)), a unix
+// datagram socket; a leading '@' names an abstract socket.
+func notifySystemd(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if addr[0] == '@' {
+		addr = "\x00" + addr[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
+	if err != nil {
+		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w", addr, err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("READY=1")); err != nil {
+		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w", addr, err)
+	}
+	return nil
+}

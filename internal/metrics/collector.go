@@ -1,0 +1,91 @@
+package metrics
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+var rankLabels = []string{"group", "device", "tp_rank", "dp_rank"}
+
+// Handshake results, always exported so that a rate over zero exists.
+var results = []string{protocol.ResultHit, protocol.ResultMismatch, protocol.ResultDeviceMismatch, protocol.ResultNotReady, protocol.ResultError}
+
+func desc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, append(append([]string{}, rankLabels...), extra...), nil)
+}
+
+var (
+	descReady      = desc("weightcache_rank_ready", "1 when the rank daemon serves its tensors, else 0.")
+	descResident   = desc("weightcache_resident_bytes", "Bytes of segments the rank keeps resident.")
+	descTensors    = desc("weightcache_tensors", "Tensors the rank serves.")
+	descLoad       = desc("weightcache_load_seconds", "Seconds the rank's segments took to fill.")
+	descHandshakes = desc("weightcache_handshakes_total", "Engine handshakes by result: hit, or the reason the engine fell back.", "result")
+	descFields     = desc("weightcache_mismatch_fields_total", "Fingerprint or device fields that differed in refused handshakes.", "field")
+	descLeases     = desc("weightcache_leases", "Live zero_copy leases.")
+	descReleases   = desc("weightcache_releases_total", "Copy-mode releases.")
+)
+
+// collector asks every live rank daemon for its stats at scrape time, over
+// its socket through the public client, so the numbers are the daemons'
+// own and nothing is cached in the launcher.
+type collector struct{ src Source }
+
+func newCollector(src Source) *collector { return &collector{src: src} }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ranks := c.src.Ranks()
+	stats := make([]*client.DaemonStatus, len(ranks))
+	var wg sync.WaitGroup
+	for i, r := range ranks {
+		if r.Socket == "" || r.State == "exited" || r.State == "starting" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := client.StatsOf(context.Background(), r.Socket)
+			if err == nil {
+				stats[i] = st
+			}
+		}()
+	}
+	wg.Wait()
+	for i, r := range ranks {
+		l := []string{r.Group, r.Device, strconv.Itoa(r.TPRank), strconv.Itoa(r.DPRank)}
+		ready := 0.0
+		if r.State == "ready" {
+			ready = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready, l...)
+		if st := stats[i]; st != nil {
+			emitStats(ch, st, l)
+		}
+	}
+}
+
+func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string) {
+	with := func(extra string) []string { return append(append([]string{}, l...), extra) }
+	ch <- prometheus.MustNewConstMetric(descResident, prometheus.GaugeValue, float64(st.Bytes), l...)
+	ch <- prometheus.MustNewConstMetric(descTensors, prometheus.GaugeValue, float64(st.Tensors), l...)
+	ch <- prometheus.MustNewConstMetric(descLoad, prometheus.GaugeValue, st.LoadSeconds, l...)
+	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases), l...)
+	ch <- prometheus.MustNewConstMetric(descReleases, prometheus.CounterValue, float64(st.Releases), l...)
+	for _, res := range results {
+		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(st.Handshakes[res]), with(res)...)
+	}
+	for field, n := range st.Mismatches {
+		ch <- prometheus.MustNewConstMetric(descFields, prometheus.CounterValue, float64(n), with(field)...)
+	}
+}

@@ -1,0 +1,103 @@
+// Package metrics serves the launcher's /health and /metrics on their own
+// mux: /health is 200 only when every rank is ready, and /metrics counts,
+// per rank, the handshakes the daemons saw, so that every engine that
+// missed the cache shows up with its reason on the daemon side.
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// RankState is one rank as the launcher knows it.
+type RankState struct {
+	Group    string `json:"group"`
+	Device   string `json:"device"`
+	TPRank   int    `json:"tp_rank"`
+	DPRank   int    `json:"dp_rank"`
+	State    string `json:"state"` // starting, loading, ready, exited
+	PID      int    `json:"pid"`
+	Socket   string `json:"socket,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+}
+
+// Source lists the ranks; the launcher implements it.
+type Source interface {
+	Ranks() []RankState
+}
+
+// Server is the health and metrics endpoint.
+type Server struct {
+	srv  *http.Server
+	addr string
+	done chan struct{}
+}
+
+// Serve listens on addr and serves /health and /metrics until Close.
+func Serve(addr string, src Source, log *slog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("health and metrics listener on %s: %w", addr, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(src))
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { health(w, src) })
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 10 * time.Second}))
+	s := &Server{addr: ln.Addr().String(), done: make(chan struct{}), srv: &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    1 << 16,
+	}}
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health and metrics server stopped", "addr", s.addr, "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.addr }
+
+// Close stops the server, waiting up to a second for requests in flight.
+func (s *Server) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.srv.Shutdown(ctx)
+	<-s.done
+}
+
+type healthBody struct {
+	Ready bool        `json:"ready"`
+	Ranks []RankState `json:"ranks"`
+}
+
+func health(w http.ResponseWriter, src Source) {
+	ranks := src.Ranks()
+	body := healthBody{Ready: len(ranks) > 0, Ranks: ranks}
+	for _, r := range ranks {
+		if r.State != "ready" {
+			body.Ready = false
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if !body.Ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(body)
+}

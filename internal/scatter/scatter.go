@@ -1,0 +1,215 @@
+// Package scatter fills the segments of every local rank from one pass over
+// the checkpoint: each tensor is read once, sliced by the sharding plan
+// and written to every rank that holds a part of it. Whatever the
+// tensor-parallel size, a node reads each checkpoint byte once, and
+// staging memory stays at Workers x 3 x ChunkBytes.
+package scatter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/plan"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Target is one local rank to fill.
+type Target struct {
+	Backend backend.Backend
+	TPRank  int
+}
+
+// Config describes one load.
+type Config struct {
+	Checkpoint *checkpoint.Checkpoint
+	DType      string // served dtype, normalized; "" serves tensors as stored
+	Plan       *plan.Plan
+	Model      plan.Model
+	TPSize     int
+	Targets    []Target
+	Workers    int   // parallel readers; default 4
+	ChunkBytes int   // staging per buffer; default 4 MiB
+	MaxSegment int64 // default backend.DefaultMaxSegment
+	ReadLimit  int64 // checkpoint bytes per second; 0 is unlimited
+	// Read, when set, is advanced by every byte read from the checkpoint,
+	// for progress reports while the load runs.
+	Read *atomic.Int64
+}
+
+// Rank is what one target got: sealed segments and its manifest entries.
+type Rank struct {
+	Segments []backend.Segment
+	Tensors  []protocol.Tensor
+}
+
+// Result is a finished load. The caller owns the segments.
+type Result struct {
+	Ranks     []Rank
+	ReadBytes int64 // bytes read from the checkpoint's shard files
+	Elapsed   time.Duration
+}
+
+// Load reads the checkpoint once and fills every target's segments. On
+// error every segment is freed.
+func Load(ctx context.Context, cfg Config) (*Result, error) {
+	start := time.Now()
+	cfg.defaults()
+	jobs, err := planJobs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Ranks: make([]Rank, len(cfg.Targets))}
+	ok := false
+	defer func() {
+		if !ok {
+			res.Free()
+		}
+	}()
+	if err := allocate(cfg, jobs, res); err != nil {
+		return nil, err
+	}
+	read, err := run(ctx, cfg, jobs)
+	res.ReadBytes = read
+	if err != nil {
+		return nil, err
+	}
+	for t, r := range res.Ranks {
+		for i, s := range r.Segments {
+			if err := s.Seal(); err != nil {
+				return nil, fmt.Errorf("seal segment %d of %s: %w", i, cfg.Targets[t].Backend.Device(), err)
+			}
+		}
+	}
+	res.Elapsed = time.Since(start)
+	ok = true
+	return res, nil
+}
+
+func (c *Config) defaults() {
+	if c.Workers <= 0 {
+		c.Workers = 4
+	}
+	if c.ChunkBytes <= 0 {
+		c.ChunkBytes = 4 << 20
+	}
+	if c.MaxSegment <= 0 {
+		c.MaxSegment = backend.DefaultMaxSegment
+	}
+	if c.TPSize <= 0 {
+		c.TPSize = 1
+	}
+	if c.Read == nil {
+		c.Read = new(atomic.Int64)
+	}
+}
+
+// Free drops every segment: after a failure, or once they are handed on.
+func (r *Result) Free() {
+	for _, rk := range r.Ranks {
+		for _, s := range rk.Segments {
+			_ = s.Free()
+		}
+	}
+}
+
+// allocate packs each target's slices into segments, allocates them, and
+// fills in each target's manifest entries but for the checksums.
+func allocate(cfg Config, jobs []*job, res *Result) error {
+	for t, tg := range cfg.Targets {
+		sizes := make([]int64, len(jobs))
+		for i, j := range jobs {
+			sizes[i] = j.part[t].nbytes
+		}
+		places, segSizes, err := backend.Pack(sizes, cfg.MaxSegment)
+		if err != nil {
+			return err
+		}
+		for i, n := range segSizes {
+			seg, err := tg.Backend.Alloc(n)
+			if err != nil {
+				return fmt.Errorf("allocate segment %d of %d bytes on %s: %w", i, n, tg.Backend.Device(), err)
+			}
+			res.Ranks[t].Segments = append(res.Ranks[t].Segments, seg)
+		}
+		res.Ranks[t].Tensors = make([]protocol.Tensor, len(jobs))
+		for i, j := range jobs {
+			p := j.part[t]
+			p.seg, p.off, p.dev = res.Ranks[t].Segments[places[i].Segment], places[i].Offset, tg.Backend.Device()
+			res.Ranks[t].Tensors[i] = protocol.Tensor{
+				Name: j.s.Tensor.Name, DType: string(j.s.DType), Shape: p.slice.Shape(j.s.Tensor.Shape),
+				Segment: places[i].Segment, Offset: places[i].Offset, NBytes: p.nbytes,
+			}
+			j.entries = append(j.entries, &res.Ranks[t].Tensors[i])
+		}
+	}
+	return nil
+}
+
+// run feeds the tensors, in file order, to the workers and returns the
+// bytes read.
+func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
+	files, err := cfg.Checkpoint.OpenShards()
+	if err != nil {
+		return 0, err
+	}
+	defer checkpoint.CloseShards(files)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var read atomic.Int64
+	th := throttle{rate: cfg.ReadLimit, start: time.Now(), read: &read, progress: cfg.Read}
+	feed := make(chan *job)
+	var wg sync.WaitGroup
+	for range min(cfg.Workers, max(len(jobs), 1)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := newWorker(files, cfg.ChunkBytes, func(n int64) { th.add(ctx, n) })
+			for j := range feed {
+				if err := w.copy(j); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+loop:
+	for _, j := range jobs {
+		select {
+		case feed <- j:
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	close(feed)
+	wg.Wait()
+	// The cause is the first worker's error, or the caller's cancellation.
+	return read.Load(), context.Cause(ctx)
+}
+
+// throttle counts bytes read and, with a rate, sleeps whoever got ahead of
+// it, so that a preload on a shared host does not starve other tenants.
+type throttle struct {
+	rate     int64
+	start    time.Time
+	read     *atomic.Int64
+	progress *atomic.Int64
+}
+
+func (t *throttle) add(ctx context.Context, n int64) {
+	done := t.read.Add(n)
+	t.progress.Add(n)
+	if t.rate <= 0 {
+		return
+	}
+	due := t.start.Add(time.Duration(float64(done) / float64(t.rate) * float64(time.Second)))
+	if wait := time.Until(due); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+	}
+}
