@@ -2,4 +2,7 @@ module github.com/weightcache/weightcache
 
 go 1.26.8
 
-require golang.org/x/sys v0.50.0 // indirect
+require (
+	github.com/ebitengine/purego v0.11.3
+	golang.org/x/sys v0.50.0
+)
