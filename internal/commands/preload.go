@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -42,17 +41,19 @@ type preloadFlags struct {
 	drain                                      time.Duration
 	workers                                    int
 	readLimit                                  int64
+	gpu                                        gpuFlags
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
-	fs.StringVar(&p.devices, "devices", "host", "device to serve: host or host:N")
+	fs.StringVar(&p.devices, "devices", "", "device to serve: host, host:N, GPU-<uuid>, cuda:N or N (default: every visible GPU, else host)")
 	fs.StringVar(&p.socketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
 	fs.StringVar(&p.dtype, "dtype", "auto", "dtype to serve floating tensors in: auto, bfloat16, float16, float32")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
 	fs.DurationVar(&p.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
 	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")
 	fs.Int64Var(&p.readLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
+	p.gpu.register(fs)
 }
 
 func runPreload(ctx context.Context, e env, args []string) error {
@@ -65,8 +66,12 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if p.model == "" {
 		return usageErrorf("--model is required")
 	}
-	if strings.Contains(p.devices, ",") {
-		return usageErrorf("--devices %q: one device per daemon in this version", p.devices)
+	devices, err := resolveDevices(p.devices)
+	if err != nil {
+		return usageErrorf("--devices: %v", err)
+	}
+	if len(devices) > 1 {
+		return usageErrorf("--devices: %d devices (%s): one device per daemon in this version; name one", len(devices), strings.Join(devices, ","))
 	}
 	if p.workers < 1 {
 		return usageErrorf("--load-workers must be at least 1, got %d", p.workers)
@@ -83,14 +88,14 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	be, err := host.New(p.devices)
+	be, err := newBackend(devices[0], p.gpu)
 	if err != nil {
-		return usageErrorf("--devices: %v", err)
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	d, err := daemon.Start(daemon.Config{
 		Model: p.model, Checkpoint: ckpt, Fingerprint: fp, DType: fp.DType, Backend: be,
-		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, Logger: log,
+		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: loadWorkers(fs, p.workers, devices[0]), ReadLimit: p.readLimit, Logger: log,
 	})
 	if err != nil {
 		return err

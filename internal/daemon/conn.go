@@ -169,19 +169,12 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false
 	}
 	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: d.cfg.Backend.Device(), Tensors: l.tensors}
-	files := make([]*os.File, 0, len(l.segments))
-	for i, seg := range l.segments {
-		f, err := seg.Export()
-		if err != nil {
-			for _, f := range files {
-				_ = f.Close()
-			}
-			d.count(protocol.ResultError, nil)
-			return protocol.Errorf(protocol.CodeInternal, "export segment %d: %v", i, err), nil, false
-		}
-		files = append(files, f)
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: seg.Size()})
+	segs, files, err := exportSegments(l.segments)
+	if err != nil {
+		d.count(protocol.ResultError, nil)
+		return protocol.Errorf(protocol.CodeInternal, "%v", err), nil, false
 	}
+	m.Segments = segs
 	if !s.leased {
 		s.leased = true
 		d.addLease(1)

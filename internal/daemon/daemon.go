@@ -185,7 +185,7 @@ func (d *Daemon) shutdown(ctx context.Context) int {
 	d.state = protocol.StateDraining
 	d.mu.Unlock()
 	close(d.stopCh)
-	timer := time.NewTimer(d.cfg.DrainTimeout)
+	timer := time.NewTimer(d.drainTimeout())
 	defer timer.Stop()
 	left := d.Leases()
 	for left > 0 {

@@ -1,0 +1,98 @@
+package commands
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/cuda"
+	"github.com/weightcache/weightcache/internal/backend/host"
+)
+
+// gpuFlags are preload's GPU options.
+type gpuFlags struct {
+	ipc          string
+	stagingBytes int64
+	reserveBytes int64
+}
+
+func (g *gpuFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.ipc, "ipc", cuda.IPCFD, "how GPU segments are shared: fd (POSIX descriptors; an engine's memory survives the daemon) or legacy (cuIpcGetMemHandle; the daemon keeps its memory while any lease lives)")
+	fs.Int64Var(&g.stagingBytes, "staging-bytes", cuda.DefaultStagingBytes, "pinned host memory for GPU uploads, in all, whatever the model size")
+	fs.Int64Var(&g.reserveBytes, "reserve-bytes", 1<<30, "GPU memory to leave free for the engine; a rank that does not fit refuses to start")
+}
+
+// gpuLoadWorkers is how many readers feed a GPU when --load-workers is not
+// given: reading from the page cache is the bottleneck, and the link to the
+// GPU takes more than four readers can deliver.
+const gpuLoadWorkers = 8
+
+// resolveDevices turns --devices into device keys. "" (the default) means
+// every GPU this process sees, else host; a list may name host, host:N,
+// GPU-<uuid or unique prefix>, cuda:N or a bare visible index N. GPUs come
+// back as their full UUIDs, the keys clients ask for.
+func resolveDevices(spec string) ([]string, error) {
+	if spec == "" {
+		infos, err := cuda.List()
+		if err != nil || len(infos) == 0 {
+			return []string{"host"}, nil
+		}
+		keys := make([]string, len(infos))
+		for i, in := range infos {
+			keys[i] = in.UUID
+		}
+		return keys, nil
+	}
+	var keys []string
+	for _, item := range strings.Split(spec, ",") {
+		key, err := resolveDevice(strings.TrimSpace(item))
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, key)
+	}
+	return keys, nil
+}
+
+func resolveDevice(item string) (string, error) {
+	if host.IsDevice(item) {
+		return item, nil
+	}
+	if _, err := strconv.Atoi(item); err == nil {
+		item = "cuda:" + item
+	}
+	if !cuda.IsDevice(item) {
+		return "", fmt.Errorf("device %q: want host, host:N, GPU-<uuid>, cuda:N or N", item)
+	}
+	d, err := cuda.Open(item)
+	if err != nil {
+		return "", err
+	}
+	uuid := d.UUID
+	return uuid, d.Close()
+}
+
+// newBackend opens the backend that serves key.
+func newBackend(key string, g gpuFlags) (backend.Backend, error) {
+	if host.IsDevice(key) {
+		return host.New(key)
+	}
+	if g.stagingBytes <= 0 {
+		return nil, errors.New("--staging-bytes must be positive")
+	}
+	return cuda.New(key, cuda.Options{IPC: g.ipc, StagingBytes: g.stagingBytes, ReserveBytes: g.reserveBytes})
+}
+
+// loadWorkers is --load-workers, or gpuLoadWorkers for a GPU when the flag
+// was not given.
+func loadWorkers(fs *flag.FlagSet, workers int, key string) int {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "load-workers" })
+	if !set && !host.IsDevice(key) {
+		return gpuLoadWorkers
+	}
+	return workers
+}
