@@ -179,8 +179,10 @@ func TestGPULegacyIPCKeepsMemoryWhileLeased(t *testing.T) {
 	}
 	released := time.Now()
 	// The drain timeout is 10ms, but legacy memory is the daemon's own: it
-	// must have waited for the holder, however long that took.
-	if at := <-stopped; at.Before(released) || at.Sub(released) > 5*time.Second {
+	// must have waited for the holder (about 1.5s), however long that took.
+	// The daemon sees the lease end before the holder is reaped, hence the
+	// slack.
+	if at := <-stopped; at.Before(released.Add(-300*time.Millisecond)) || at.Sub(released) > 5*time.Second {
 		t.Fatalf("preload stopped %v after the legacy lease ended: %s", at.Sub(released), p.stderr)
 	}
 	if !strings.Contains(p.stderr.String(), "legacy IPC") {

@@ -179,7 +179,7 @@ func TestSegmentLifecycle(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	inOrder(t, calls(), "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemsetD8_v2",
+	inOrder(t, calls(), "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemsetD8_v2", "cuCtxSynchronize",
 		"cuMemHostAlloc", "cuStreamCreate", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize", "cuMemFreeHost",
 		"cuMemUnmap", "cuMemAddressFree", "cuMemExportToShareableHandle",
 		"cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemRelease",

@@ -93,7 +93,12 @@ func (d *Device) Copy(src uint64, n uint64) (*Mapping, error) {
 		if m.Ptr, err = d.drv.memAlloc(max(n, 1)); err != nil {
 			return err
 		}
-		if err = d.drv.dtod(m.Ptr, src, n); err != nil {
+		// Device-to-device copies return before they finish; the source
+		// mapping is released right after this.
+		if err = d.drv.dtod(m.Ptr, src, n); err == nil {
+			err = d.drv.ctxSync()
+		}
+		if err != nil {
 			return errors.Join(err, d.drv.memFree(m.Ptr))
 		}
 		return nil

@@ -28,7 +28,7 @@ func newLegacySegment(dev *Device, size uint64) (*legacySegment, error) {
 		if s.ptr, err = dev.drv.memAlloc(size); err != nil {
 			return err
 		}
-		if err := dev.drv.memsetZero(s.ptr, size); err != nil {
+		if err := zero(dev.drv, s.ptr, size); err != nil {
 			_ = dev.drv.memFree(s.ptr)
 			return err
 		}
@@ -59,6 +59,10 @@ func (s *legacySegment) Seal() error {
 	s.mu.Lock()
 	s.sealed = true
 	s.mu.Unlock()
+	// Copies from pageable memory (WriteAt) may still be in flight.
+	if err := s.dev.do(s.dev.drv.ctxSync); err != nil {
+		return s.dev.errf("seal legacy segment: %w", err)
+	}
 	return nil
 }
 

@@ -62,7 +62,7 @@ func (s *vmmSegment) mapRW() error {
 	}
 	err := d.setAccess(s.ptr, s.size, s.dev.Ordinal, memAccessProtReadWrite)
 	if err == nil {
-		err = d.memsetZero(s.ptr, s.size)
+		err = zero(d, s.ptr, s.size)
 	}
 	if err != nil {
 		return errors.Join(err, d.unmap(s.ptr, s.size))
@@ -106,6 +106,10 @@ func (s *vmmSegment) unmapLocked() error {
 	p := s.ptr
 	s.ptr = 0
 	err := s.dev.do(func() error {
+		// Copies from pageable memory (WriteAt) may still be in flight.
+		if err := s.dev.drv.ctxSync(); err != nil {
+			return err
+		}
 		return errors.Join(s.dev.drv.unmap(p, s.size), s.dev.drv.addressFree(p, s.size))
 	})
 	if err != nil {
@@ -155,6 +159,16 @@ func (s *vmmSegment) Free() error {
 func (s *vmmSegment) HandleType() string         { return backend.HandleCUDAFD }
 func (s *vmmSegment) Align() int64               { return int64(s.gran) }
 func (s *vmmSegment) IPCHandle() ([]byte, error) { return nil, nil }
+
+// zero clears n bytes at p and waits for it: the memset runs on the legacy
+// default stream, which the loader's non-blocking streams do not wait for,
+// so without the wait it could land after (and wipe) their copies.
+func zero(d driver, p devicePtr, n uint64) error {
+	if err := d.memsetZero(p, n); err != nil {
+		return err
+	}
+	return d.ctxSync()
+}
 
 // writeSync is WriteAt for both segment kinds.
 func writeSync(s deviceSegment, p []byte, off int64) (int, error) {

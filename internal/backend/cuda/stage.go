@@ -16,6 +16,11 @@ const stageBuffers = 2
 // small even with many workers and a small --staging-bytes.
 const minStageBuffer = 1 << 20
 
+// maxStageBuffer caps each buffer: larger ones copy no faster, and pinning
+// host memory costs start-up time in proportion to its size, so the staging
+// budget is a bound, not a target.
+const maxStageBuffer = 16 << 20
+
 // stage is one loader worker's pinned buffers, each with its own stream, so
 // that waiting for a buffer waits only for that buffer's copies.
 type stage struct {
@@ -37,7 +42,7 @@ var _ backend.Stage = (*stage)(nil)
 // share of StagingBytes, split into double buffers.
 func (b *Backend) NewStage(stages int) (backend.Stage, error) {
 	size := b.opts.StagingBytes / int64(max(stages, 1)) / stageBuffers
-	size = max(size&^4095, minStageBuffer)
+	size = min(max(size&^4095, minStageBuffer), maxStageBuffer)
 	st := &stage{b: b}
 	err := b.dev.do(func() error {
 		for range stageBuffers {

@@ -102,6 +102,9 @@ static CUresult enter(const char *name, int need_init, int need_ctx) {
 }
 #define ENTER(init, ctx) do { CUresult e_ = enter(__func__, init, ctx); if (e_) return e_; } while (0)
 
+static void flush_null(void);
+static CUresult check(CUdeviceptr p, size_t n, int prot);
+
 static size_t granularity(void) { return (size_t)envll("FAKECUDA_GRANULARITY", 2 << 20); }
 
 static void uuid_of(int phys, unsigned char out[16]) {
@@ -231,7 +234,6 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(1, 0); return phys(d) 
 
 CUresult cuCtxSetCurrent(CUcontext c) { ENTER(1, 0); current = c; return OK; }
 
-CUresult cuCtxSynchronize(void) { ENTER(1, 1); return OK; }
 
 CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
   ENTER(1, 1);
@@ -385,6 +387,7 @@ CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUhandle h, unsigned l
 
 CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
   ENTER(1, 0);
+  flush_null();
   pthread_mutex_lock(&mu);
   struct region *g = find_region(p, size);
   CUresult r = !g || g->legacy || g->ptr != p || g->size != size ? INVALID_VALUE : OK;
@@ -426,6 +429,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
   ENTER(1, 1);
+  flush_null();
   pthread_mutex_lock(&mu);
   struct region *g = find_region(p, 1);
   CUresult r = !g || !g->legacy || g->ptr != p ? INVALID_VALUE : OK;
@@ -495,15 +499,47 @@ static CUresult check(CUdeviceptr p, size_t n, int prot) {
   return r;
 }
 
+/* Memsets are asynchronous on the legacy NULL stream, which streams made
+ * with CU_STREAM_NON_BLOCKING do not wait for: they happen at the next
+ * cuCtxSynchronize or synchronous call, so code that skips the sync sees
+ * its copies zeroed afterwards. */
+struct memset_op { CUdeviceptr p; unsigned char c; size_t n; struct memset_op *next; };
+static struct memset_op *null_stream;
+
+static void flush_null(void) {
+  pthread_mutex_lock(&mu);
+  struct memset_op *op = null_stream;
+  null_stream = NULL;
+  pthread_mutex_unlock(&mu);
+  while (op) {
+    struct memset_op *next = op->next;
+    if (!check(op->p, op->n, PROT_WRITE)) memset((void *)(uintptr_t)op->p, op->c, op->n);
+    free(op);
+    op = next;
+  }
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char c, size_t n) {
   ENTER(1, 1);
   CUresult r = check(p, n, PROT_WRITE);
-  if (!r) memset((void *)(uintptr_t)p, c, n);
+  struct memset_op *op = r ? NULL : malloc(sizeof *op);
+  if (!r && !op) r = OUT_OF_MEMORY;
+  if (!r) {
+    pthread_mutex_lock(&mu);
+    struct memset_op **tail = &null_stream;
+    while (*tail) tail = &(*tail)->next;
+    *op = (struct memset_op){p, c, n, NULL};
+    *tail = op;
+    pthread_mutex_unlock(&mu);
+  }
   return r;
 }
 
+CUresult cuCtxSynchronize(void) { ENTER(1, 1); flush_null(); return OK; }
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   ENTER(1, 1);
+  flush_null();
   CUresult r = check(dst, n, PROT_WRITE);
   if (!r) memcpy((void *)(uintptr_t)dst, src, n);
   return r;
@@ -511,6 +547,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
   ENTER(1, 1);
+  flush_null();
   CUresult r = check(src, n, PROT_READ);
   if (!r) memcpy(dst, (void *)(uintptr_t)src, n);
   return r;
@@ -518,6 +555,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   ENTER(1, 1);
+  flush_null();
   CUresult r = check(src, n, PROT_READ);
   if (!r) r = check(dst, n, PROT_WRITE);
   if (!r) memcpy((void *)(uintptr_t)dst, (void *)(uintptr_t)src, n);
