@@ -22,11 +22,20 @@ var devices struct {
 	open map[string]*cuda.Device
 }
 
-// OpenDevice opens the GPU named by key (GPU-<uuid> or cuda:N, as seen by
-// this process under CUDA_VISIBLE_DEVICES) and keeps it open for the life
-// of the process. Attach calls it itself; an engine that calls it first
-// keeps driver start-up out of its attach time.
-func OpenDevice(key string) (*cuda.Device, error) {
+// PrepareDevice opens the GPU named by key (GPU-<uuid>, or cuda:N as seen
+// by this process under CUDA_VISIBLE_DEVICES), keeps it open for the life
+// of the process and returns its UUID. Attach opens the device itself; an
+// engine that calls PrepareDevice first keeps driver start-up out of its
+// attach time.
+func PrepareDevice(key string) (string, error) {
+	d, err := openDevice(key)
+	if err != nil {
+		return "", err
+	}
+	return d.UUID, nil
+}
+
+func openDevice(key string) (*cuda.Device, error) {
 	devices.Lock()
 	defer devices.Unlock()
 	if d, ok := devices.open[key]; ok {
@@ -50,11 +59,11 @@ func resolveDevice(key string) (string, error) {
 	if !cuda.IsDevice(key) {
 		return key, nil
 	}
-	d, err := OpenDevice(key)
+	uuid, err := PrepareDevice(key)
 	if err != nil {
 		return "", fmt.Errorf("%w: engine device %s: %w", errDeviceMismatch, key, err)
 	}
-	return d.UUID, nil
+	return uuid, nil
 }
 
 // gpuWeights is what a GPU attach holds: one mapping per segment.
@@ -77,7 +86,7 @@ func (g *gpuWeights) close() error {
 // read-only mappings where the driver allows it. On error nothing stays
 // mapped; the caller closes files.
 func importGPU(m *protocol.Manifest, files []*os.File, readOnly bool) (*gpuWeights, error) {
-	dev, err := OpenDevice(m.Device)
+	dev, err := openDevice(m.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%w: daemon serves %s: %w", errDeviceMismatch, m.Device, err)
 	}

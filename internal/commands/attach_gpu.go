@@ -30,7 +30,7 @@ func openDevice(key string) float64 {
 		return 0
 	}
 	t0 := time.Now()
-	_, _ = client.OpenDevice(key)
+	_, _ = client.PrepareDevice(key)
 	return time.Since(t0).Seconds()
 }
 

@@ -3,6 +3,7 @@ package commands
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 
@@ -51,8 +52,7 @@ func runCUDABench(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return benchDevice(e, d, bufs, *chunk)
+	return errors.Join(benchDevice(e, d, bufs, *chunk), d.Close())
 }
 
 func benchDevice(e env, d *cuda.Device, bufs [][]byte, chunk int64) error {

@@ -57,25 +57,29 @@ func (d *Device) CopyPinned(total, chunk int64) (Bandwidth, error) {
 		if err != nil {
 			return err
 		}
-		defer d.drv.hostFree(buf)
 		s, err := d.drv.streamCreate()
 		if err != nil {
-			return err
+			return errors.Join(err, d.drv.hostFree(buf))
 		}
-		defer d.drv.streamDestroy(s)
-		start := time.Now()
-		for done := int64(0); done < total; done += chunk {
-			if err := d.drv.htodAsync(dst, buf[:min(chunk, total-done)], s); err != nil {
-				return err
-			}
-		}
-		if err := d.drv.streamSync(s); err != nil {
-			return err
-		}
-		bw = Bandwidth{Bytes: total, Seconds: time.Since(start).Seconds()}
-		return nil
+		bw, err = timeAsync(d.drv, dst, buf, s, total)
+		return errors.Join(err, d.drv.streamDestroy(s), d.drv.hostFree(buf))
 	})
 	return bw, err
+}
+
+// timeAsync copies total bytes from buf, chunk by chunk, on stream s.
+func timeAsync(drv driver, dst devicePtr, buf []byte, s cuStream, total int64) (Bandwidth, error) {
+	chunk := int64(len(buf))
+	start := time.Now()
+	for done := int64(0); done < total; done += chunk {
+		if err := drv.htodAsync(dst, buf[:min(chunk, total-done)], s); err != nil {
+			return Bandwidth{}, err
+		}
+	}
+	if err := drv.streamSync(s); err != nil {
+		return Bandwidth{}, err
+	}
+	return Bandwidth{Bytes: total, Seconds: time.Since(start).Seconds()}, nil
 }
 
 // withScratch runs fn with the context current and n bytes of device
