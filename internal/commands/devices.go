@@ -75,15 +75,15 @@ func resolveDevice(item string) (string, error) {
 	return uuid, d.Close()
 }
 
-// newBackend opens the backend that serves key.
-func newBackend(key string, g gpuFlags) (backend.Backend, error) {
+// newBackend opens the backend that serves key for workers load workers.
+func newBackend(key string, g gpuFlags, workers int) (backend.Backend, error) {
 	if host.IsDevice(key) {
 		return host.New(key)
 	}
 	if g.stagingBytes <= 0 {
 		return nil, errors.New("--staging-bytes must be positive")
 	}
-	return cuda.New(key, cuda.Options{IPC: g.ipc, StagingBytes: g.stagingBytes, ReserveBytes: g.reserveBytes})
+	return cuda.New(key, cuda.Options{IPC: g.ipc, StagingBytes: g.stagingBytes, ReserveBytes: g.reserveBytes, Stages: workers})
 }
 
 // loadWorkers is --load-workers, or gpuLoadWorkers for a GPU when the flag

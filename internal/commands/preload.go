@@ -88,14 +88,15 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	be, err := newBackend(devices[0], p.gpu)
+	workers := loadWorkers(fs, p.workers, devices[0])
+	be, err := newBackend(devices[0], p.gpu, workers)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	d, err := daemon.Start(daemon.Config{
 		Model: p.model, Checkpoint: ckpt, Fingerprint: fp, DType: fp.DType, Backend: be,
-		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: loadWorkers(fs, p.workers, devices[0]), ReadLimit: p.readLimit, Logger: log,
+		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: workers, ReadLimit: p.readLimit, Logger: log,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,9 @@ type Options struct {
 	IPC          string // IPCFD (default) or IPCLegacy
 	StagingBytes int64  // pinned host staging for loads; default DefaultStagingBytes
 	ReserveBytes int64  // device memory to leave free beyond the rank's segments
+	// Stages is how many loader workers will stage at once; when set, their
+	// pinned buffers are pinned as the backend opens, not during the load.
+	Stages int
 }
 
 // Backend allocates segments on one GPU.
@@ -36,6 +39,7 @@ type Backend struct {
 	opts   Options
 	gran   uint64
 	pinned atomic.Int64 // staging bytes currently allocated
+	pool   pool
 }
 
 var (
@@ -72,6 +76,11 @@ func newBackend(drv driver, key string, opts Options) (*Backend, error) {
 	b := &Backend{dev: dev, opts: opts, gran: 2 << 20}
 	if opts.IPC == IPCFD {
 		if err := b.checkFD(); err != nil {
+			return nil, errors.Join(err, dev.Close())
+		}
+	}
+	if opts.Stages > 0 {
+		if err := b.prepin(opts.Stages); err != nil {
 			return nil, errors.Join(err, dev.Close())
 		}
 	}
@@ -158,5 +167,6 @@ func gib(n uint64) string { return fmt.Sprintf("%.2f GiB (%d bytes)", float64(n)
 // PinnedBytes is the staging memory allocated right now.
 func (b *Backend) PinnedBytes() int64 { return b.pinned.Load() }
 
-// Close implements backend.Backend; every segment must be freed first.
-func (b *Backend) Close() error { return b.dev.Close() }
+// Close implements backend.Backend; every segment must be freed and every
+// stage closed first.
+func (b *Backend) Close() error { return errors.Join(b.closePool(), b.dev.Close()) }

@@ -204,8 +204,47 @@ func TestStagingIsBoundedAndReleased(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	b.pool.freeing.Wait()
 	if got := b.PinnedBytes(); got != 0 {
-		t.Fatalf("%d pinned bytes left after Close", got)
+		t.Fatalf("%d pinned bytes left after the last stage closed", got)
+	}
+}
+
+func TestStagingPinnedBeforeTheLoad(t *testing.T) {
+	b, path := newFake(t, Options{StagingBytes: 8 << 20, Stages: 2})
+	if got := b.PinnedBytes(); got != 8<<20 {
+		t.Fatalf("%d bytes pinned as the backend opened, want the 8 MiB for 2 stages", got)
+	}
+	calls := trace(t, path)
+	var stages []backend.Stage
+	for range 2 {
+		st, err := b.NewStage(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stages = append(stages, st)
+	}
+	for _, st := range stages {
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.pool.freeing.Wait()
+	got := strings.Join(calls(), " ")
+	if strings.Contains(got, "cuMemHostAlloc") || strings.Count(got, "cuMemFreeHost") != 4 || b.PinnedBytes() != 0 {
+		t.Fatalf("stages pinned again or did not unpin the pool after the load (%d bytes left): %s", b.PinnedBytes(), got)
+	}
+	// A stage of another size unpins the pool before pinning anew.
+	b2, _ := newFake(t, Options{StagingBytes: 8 << 20, Stages: 1})
+	st, err := b2.NewStage(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b2.PinnedBytes(); got != 2<<20 {
+		t.Fatalf("%d bytes pinned for one of 4 stages, want 2 MiB (the pool's 8 MiB unpinned)", got)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 

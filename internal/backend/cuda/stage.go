@@ -17,9 +17,9 @@ const stageBuffers = 2
 const minStageBuffer = 1 << 20
 
 // maxStageBuffer caps each buffer: larger ones copy no faster, and pinning
-// host memory costs start-up time in proportion to its size, so the staging
-// budget is a bound, not a target.
-const maxStageBuffer = 16 << 20
+// host memory costs time in proportion to its size, so the staging budget is
+// a bound, not a target.
+const maxStageBuffer = 8 << 20
 
 // stage is one loader worker's pinned buffers, each with its own stream, so
 // that waiting for a buffer waits only for that buffer's copies.
@@ -41,16 +41,15 @@ var _ backend.Stage = (*stage)(nil)
 // NewStage implements backend.Stager. Each of stages workers gets an equal
 // share of StagingBytes, split into double buffers.
 func (b *Backend) NewStage(stages int) (backend.Stage, error) {
-	size := b.opts.StagingBytes / int64(max(stages, 1)) / stageBuffers
-	size = min(max(size&^4095, minStageBuffer), maxStageBuffer)
+	size := b.bufSize(stages)
 	st := &stage{b: b}
+	b.stageOpened()
 	err := b.dev.do(func() error {
 		for range stageBuffers {
-			buf, err := b.dev.drv.hostAlloc(uint64(size))
+			buf, err := b.takeBuffer(size)
 			if err != nil {
 				return err
 			}
-			b.pinned.Add(size)
 			st.slots = append(st.slots, slot{buf: buf})
 			if st.slots[len(st.slots)-1].stream, err = b.dev.drv.streamCreate(); err != nil {
 				return err
@@ -148,19 +147,18 @@ func (st *stage) Close() error {
 func (st *stage) release() error {
 	d := st.b.dev
 	var errs []error
+	var bufs [][]byte
 	_ = d.do(func() error {
 		for _, s := range st.slots {
 			if s.stream != 0 {
 				errs = append(errs, d.drv.streamDestroy(s.stream))
 			}
-			if s.buf != nil {
-				errs = append(errs, d.drv.hostFree(s.buf))
-				st.b.pinned.Add(-int64(len(s.buf)))
-			}
+			bufs = append(bufs, s.buf)
 		}
 		return nil
 	})
 	st.slots = nil
+	st.b.stageClosed(bufs)
 	if err := errors.Join(errs...); err != nil {
 		return d.errf("free staging: %w", err)
 	}
