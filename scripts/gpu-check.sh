@@ -89,11 +89,15 @@ say "gpu-check: work directory $WORK"
 # 1. Build.
 if [[ -n ${WEIGHTCACHE_BIN:-} ]]; then
 	BIN=$WEIGHTCACHE_BIN
+elif ! command -v go >/dev/null && [[ -x $ROOT/bin/weightcache ]]; then
+	BIN=$ROOT/bin/weightcache
+	say "go not found: using the prebuilt $BIN"
 else
-	command -v go >/dev/null || die "go not found (or set WEIGHTCACHE_BIN)"
+	command -v go >/dev/null || die "go not found (build bin/weightcache elsewhere with make build, or set WEIGHTCACHE_BIN)"
 	BIN=$WORK/weightcache
 	(cd "$ROOT" && export CGO_ENABLED=${GPU_CHECK_CGO:-0} && step 180 "go build" go build -o "$BIN" ./cmd/weightcache) || die "go build failed"
 fi
+[[ -x $BIN ]] || die "$BIN is not an executable"
 say "binary:   $BIN"
 
 # 2. Checkpoint, read once so that the preload reads from the page cache.
