@@ -179,8 +179,13 @@ func TestSegmentLifecycle(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// Staging is unpinned in the background once the last stage closes.
+	b.pool.freeing.Wait()
+	if n := strings.Count(strings.Join(calls(), " "), "cuMemFreeHost"); n != 2 {
+		t.Fatalf("%d staging buffers unpinned, want 2", n)
+	}
 	inOrder(t, calls(), "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemsetD8_v2", "cuCtxSynchronize",
-		"cuMemHostAlloc", "cuStreamCreate", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize", "cuMemFreeHost",
+		"cuMemHostAlloc", "cuStreamCreate", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize", "cuStreamDestroy_v2",
 		"cuMemUnmap", "cuMemAddressFree", "cuMemExportToShareableHandle",
 		"cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemRelease",
 		"cuMemRelease", "cuMemcpyDtoH_v2", "cuMemUnmap", "cuMemAddressFree")
