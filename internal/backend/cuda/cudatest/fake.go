@@ -3,6 +3,9 @@
 package cudatest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,12 +26,13 @@ const (
 
 var built struct {
 	sync.Mutex
-	dir  string
 	libs map[string]string
 }
 
-// Build compiles the fake driver once per test binary and returns the path
-// of the shared library. It skips the test when gcc is missing.
+// Build compiles the fake driver and returns the path of the shared
+// library. Builds are cached by source hash in the temp directory, so test
+// binaries share them and leave one small directory behind, not one per
+// run. It skips the test when gcc is missing.
 func Build(t testing.TB, variant string) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
@@ -40,24 +44,40 @@ func Build(t testing.TB, variant string) string {
 	if p, ok := built.libs[variant]; ok {
 		return p
 	}
-	if built.dir == "" {
-		// Shared by every test in the binary, so not t.TempDir; the OS
-		// temp directory is cleaned by the test runner's environment.
-		if built.dir, err = os.MkdirTemp("", "fakecuda"); err != nil {
+	src, err := os.ReadFile(Source())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(append(src, variant...))
+	dir := filepath.Join(os.TempDir(), "weightcache-fakecuda-"+hex.EncodeToString(sum[:6]))
+	out := filepath.Join(dir, "libcuda"+sanitize(variant)+".so.1")
+	if _, err := os.Stat(out); err != nil {
+		if err := compile(gcc, dir, out, variant); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if built.libs == nil {
 		built.libs = map[string]string{}
 	}
-	out := filepath.Join(built.dir, "libcuda"+sanitize(variant)+".so.1")
-	args := []string{"-shared", "-fPIC", "-O1", "-Wall", "-o", out, Source()}
+	built.libs[variant] = out
+	return out
+}
+
+// compile builds into a private name and renames it into place, so that
+// test binaries building at once never load a half-written library.
+func compile(gcc, dir, out, variant string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf("%s.%d.tmp", out, os.Getpid())
+	args := []string{"-shared", "-fPIC", "-O1", "-Wall", "-o", tmp, Source()}
 	if variant != "" {
 		args = append(args, variant)
 	}
 	if msg, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
-		t.Fatalf("build fake cuda driver: %v\n%s", err, msg)
+		return fmt.Errorf("build fake cuda driver: %v\n%s", err, msg)
 	}
-	built.libs[variant] = out
-	return out
+	return os.Rename(tmp, out)
 }
 
 func sanitize(v string) string {
