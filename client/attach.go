@@ -11,37 +11,51 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/safetensors"
 )
 
-// Tensor is one tensor as served. Data is read-only: in zero_copy mode it is
+// Tensor is one tensor as served. In host memory, Data holds its bytes; on
+// a GPU, Data is nil and DevicePtr is its device address in this process
+// (use Weights.Read for a host copy). Either is read-only in zero_copy mode:
 // a view of the daemon's memory, valid until Weights.Close.
 type Tensor struct {
-	Name   string
-	DType  string // safetensors dtype name
-	Shape  []int64
-	Data   []byte
-	CRC32C uint32 // as the daemon computed it; 0 on a fallback
+	Name      string
+	DType     string // safetensors dtype name
+	Shape     []int64
+	NBytes    int64
+	Data      []byte
+	DevicePtr uint64
+	CRC32C    uint32 // as the daemon computed it; 0 on a fallback
 }
 
 // Weights is what Attach returns.
 type Weights struct {
-	Source  Source
+	Source Source
+	// Device is where the tensors live: "host" (a host daemon's memory, or
+	// any fallback load), or the UUID of the GPU that DevicePtr addresses.
+	Device  string
 	Tensors []Tensor
+	// ReadOnly says that the mappings are read-only, enforced by the OS or
+	// the GPU driver (zero_copy hits; a driver that refuses read-only
+	// device mappings leaves them writable).
+	ReadOnly bool
 
 	closeOnce sync.Once
 	maps      [][]byte
-	conn      *protocol.Conn // the lease, in zero_copy mode
+	gpu       *gpuWeights
+	places    []protocol.Tensor // GPU tensors' segments and offsets
+	conn      *protocol.Conn    // the lease, in zero_copy mode
 }
 
 // Bytes is the total size of the tensors.
 func (w *Weights) Bytes() int64 {
 	var n int64
 	for _, t := range w.Tensors {
-		n += int64(len(t.Data))
+		n += t.NBytes
 	}
 	return n
 }
@@ -57,6 +71,11 @@ func (w *Weights) Close() error {
 			}
 		}
 		w.maps = nil
+		if w.gpu != nil {
+			if gerr := w.gpu.close(); gerr != nil && err == nil {
+				err = gerr
+			}
+		}
 		if w.conn != nil {
 			if cerr := w.conn.Close(); cerr != nil && err == nil {
 				err = cerr
@@ -113,6 +132,11 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 // attachDaemon runs the handshake. On anything short of a hit it returns the
 // reason and leaves nothing open.
 func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*Weights, Source) {
+	dev, err := resolveDevice(o.device)
+	if err != nil {
+		return nil, miss(ReasonDeviceMismatch, "", err)
+	}
+	o.device = dev
 	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, miss(ReasonNoDaemon, "", err)
@@ -191,7 +215,10 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 		}
 		return nil, miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
 	}
-	w, err := mapManifest(fr)
+	w, err := mapManifest(fr, o.mode == ZeroCopy)
+	if errors.Is(err, errDeviceMismatch) {
+		return nil, miss(ReasonDeviceMismatch, "", err)
+	}
 	if err != nil {
 		return nil, miss(ReasonProtocolError, "", err)
 	}
@@ -222,18 +249,22 @@ func protocolMiss(err error) Source {
 	return miss(ReasonProtocolError, "", err)
 }
 
-// mapManifest checks a manifest against its descriptors and maps them. On
-// error every descriptor is closed and nothing stays mapped.
-func mapManifest(fr *protocol.Frame) (*Weights, error) {
+// mapManifest checks a manifest against its descriptors and maps them,
+// read-only when readOnly. On error every descriptor is closed and nothing
+// stays mapped.
+func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
 	defer fr.CloseFiles()
 	var m protocol.Manifest
 	if err := fr.Decode(&m); err != nil {
 		return nil, err
 	}
+	if cuda.IsDevice(m.Device) {
+		return mapGPU(&m, fr.Files, readOnly)
+	}
 	if len(m.Segments) != len(fr.Files) {
 		return nil, fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(fr.Files))
 	}
-	w := &Weights{}
+	w := &Weights{Device: m.Device, ReadOnly: true}
 	for i, s := range m.Segments {
 		if s.Index != i {
 			w.Close()
@@ -253,7 +284,7 @@ func mapManifest(fr *protocol.Frame) (*Weights, error) {
 			return nil, err
 		}
 		seg := w.maps[t.Segment]
-		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, CRC32C: t.CRC32C,
+		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, NBytes: t.NBytes, CRC32C: t.CRC32C,
 			Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
 	}
 	return w, nil
@@ -278,6 +309,14 @@ func checkEntry(t protocol.Tensor, segs []protocol.Segment) error {
 // copyAndRelease moves every tensor into this process's memory, unmaps the
 // segments and tells the daemon it may let go.
 func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o options) error {
+	if w.gpu != nil {
+		if err := w.gpu.copyToPrivate(); err != nil {
+			return err
+		}
+		w.ReadOnly = false
+		w.placeGPU()
+		return release(ctx, conn, o)
+	}
 	var total int64
 	for _, t := range w.Tensors {
 		total += int64(len(t.Data))
@@ -291,6 +330,12 @@ func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o opt
 		_ = host.Unmap(m)
 	}
 	w.maps = nil
+	w.ReadOnly = false
+	return release(ctx, conn, o)
+}
+
+// release tells the daemon that this engine no longer uses its memory.
+func release(ctx context.Context, conn *protocol.Conn, o options) error {
 	rctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	defer cancel()
 	_, err := conn.Call(rctx, protocol.NewHead(protocol.TypeRelease), protocol.TypeReleased)
@@ -315,14 +360,14 @@ func loadFromDisk(ckpt *checkpoint.Checkpoint, dtype string) (*Weights, error) {
 	}
 	defer checkpoint.CloseShards(files)
 	r := checkpoint.NewReader(files, 4<<20)
-	w := &Weights{Tensors: make([]Tensor, len(served))}
+	w := &Weights{Device: "host", Tensors: make([]Tensor, len(served))}
 	var off int64
 	for i, s := range served {
 		dst := buf[off : off+s.NBytes : off+s.NBytes]
 		if _, err := r.Copy(s, sliceWriter(dst), 0, nil); err != nil {
 			return nil, err
 		}
-		w.Tensors[i] = Tensor{Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape, Data: dst}
+		w.Tensors[i] = Tensor{Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape, NBytes: s.NBytes, Data: dst}
 		off += s.NBytes
 	}
 	return w, nil

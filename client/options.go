@@ -76,7 +76,9 @@ func WithStateTimeout(d time.Duration) Opt { return func(o *options) { o.stateTi
 // WithSocketDir overrides the socket directory.
 func WithSocketDir(dir string) Opt { return func(o *options) { o.socketDir = dir } }
 
-// WithDevice names the device the engine runs on ("host", "host:N").
+// WithDevice names the device the engine runs on: "host", "host:N", a GPU's
+// UUID ("GPU-..."), or "cuda:N", this process's N-th visible GPU (under its
+// CUDA_VISIBLE_DEVICES), which Attach resolves to the GPU's UUID.
 func WithDevice(key string) Opt { return func(o *options) { o.device = key } }
 
 // WithGroup selects the daemon group ("main", or "draft" for a draft model).

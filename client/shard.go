@@ -65,7 +65,7 @@ func loadShardFromDisk(ctx context.Context, ckpt *checkpoint.Checkpoint, fp chec
 	w.Tensors = make([]Tensor, len(rk.Tensors))
 	for i, t := range rk.Tensors {
 		seg := w.maps[t.Segment]
-		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
+		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, NBytes: t.NBytes, Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
 	}
 	return w, nil
 }

@@ -2,9 +2,7 @@ package commands
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +30,7 @@ type attachResult struct {
 	TouchSeconds  float64            `json:"touch_seconds,omitempty"`
 	Verified      *bool              `json:"verified,omitempty"`
 	Digest        map[string]string  `json:"digest,omitempty"`
+	gpuResult
 }
 
 func runAttach(ctx context.Context, e env, args []string) error {
@@ -58,6 +57,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	hold := fs.Duration("hold", 0, "keep the weights (and a zero_copy lease) this long before exiting")
 	engine := fs.String("engine", "", "attach the layout this engine published (with --engine-version)")
 	engineVersion := fs.String("engine-version", "", "the publishing engine's version")
+	reread := fs.Bool("reread", false, "after --hold, or on SIGUSR1, read every tensor again and print a second result (checks that memory outlives a dead daemon)")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -70,6 +70,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	if *group != "main" && *group != "draft" {
 		return usageErrorf("--group %q: want main or draft", *group)
 	}
+	initSecs := openDevice(*device)
 	start := time.Now()
 	w, err := client.Attach(ctx, *model,
 		client.WithMode(client.Mode(*mode)), client.WithFallback(*fallback), client.WithDType(*dtype),
@@ -89,31 +90,20 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	}
 	defer w.Close()
 	res := resultOf(w.Source, w, time.Since(start))
-	if *touch {
-		t0 := time.Now()
-		touchAll(w)
-		res.TouchSeconds = time.Since(t0).Seconds()
+	res.gpuResult = gpuResultOf(w, initSecs)
+	checks := readChecks{touch: *touch, verify: *verify && w.Source.Hit, digest: *digest}
+	if err := checks.run(e, w, &res); err != nil {
+		return err
 	}
-	if *verify && w.Source.Hit {
-		ok, bad := verifyAll(w)
-		res.Verified = &ok
-		if !ok {
-			defer func() { fmt.Fprintf(e.stderr, "tensor %s does not match its CRC-32C\n", bad) }()
-		}
+	// Listen for SIGUSR1 before the result is out: whoever reads it may
+	// signal at once, and SIGUSR1 would otherwise end the process.
+	wake, stopWake := rereadSignal(*reread)
+	defer stopWake()
+	if err := report(e, res, *asJSON); err != nil {
+		return err
 	}
-	if *digest {
-		res.Digest = make(map[string]string, len(w.Tensors))
-		for _, t := range w.Tensors {
-			sum := sha256.Sum256(t.Data)
-			res.Digest[t.Name] = hex.EncodeToString(sum[:])
-		}
-	}
-	if *asJSON {
-		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
-			return err
-		}
-	} else {
-		printAttach(e, res)
+	if *reread {
+		return rereadAfter(ctx, e, w, *hold, wake, checks, *asJSON)
 	}
 	if *hold > 0 {
 		select {
@@ -121,6 +111,18 @@ func runAttach(ctx context.Context, e env, args []string) error {
 		case <-ctx.Done():
 		}
 	}
+	return verifyErr(res)
+}
+
+func report(e env, res attachResult, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(e.stdout).Encode(res)
+	}
+	printAttach(e, res)
+	return nil
+}
+
+func verifyErr(res attachResult) error {
 	if res.Verified != nil && !*res.Verified {
 		return errors.New("verification failed")
 	}
@@ -162,11 +164,15 @@ func printAttach(e env, r attachResult) {
 // touchSink keeps the compiler from dropping touchAll's reads.
 var touchSink uint64
 
-// touchAll reads every byte, the way an engine's first forward pass would.
-func touchAll(w *client.Weights) {
+// touchAll reads every byte, the way an engine's first forward pass would;
+// GPU tensors are copied to the host first.
+func touchAll(w *client.Weights) error {
 	var x uint64
 	for _, t := range w.Tensors {
-		d := t.Data
+		d, err := w.Read(t)
+		if err != nil {
+			return err
+		}
 		for ; len(d) >= 8; d = d[8:] {
 			x ^= binary.LittleEndian.Uint64(d)
 		}
@@ -175,14 +181,19 @@ func touchAll(w *client.Weights) {
 		}
 	}
 	touchSink = x
+	return nil
 }
 
-func verifyAll(w *client.Weights) (bool, string) {
+func verifyAll(w *client.Weights) (bool, string, error) {
 	table := crc32.MakeTable(crc32.Castagnoli)
 	for _, t := range w.Tensors {
-		if crc32.Checksum(t.Data, table) != t.CRC32C {
-			return false, t.Name
+		d, err := w.Read(t)
+		if err != nil {
+			return false, t.Name, err
+		}
+		if crc32.Checksum(d, table) != t.CRC32C {
+			return false, t.Name, nil
 		}
 	}
-	return true, ""
+	return true, "", nil
 }

@@ -121,7 +121,7 @@ func startPreload(ctx context.Context, model, sockets string) (stop func() error
 	if err != nil {
 		return nil, nil, err
 	}
-	cmd := exec.Command(self, "preload", "--model", model, "--socket-dir", sockets)
+	cmd := exec.Command(self, "preload", "--model", model, "--socket-dir", sockets, "--devices", "host")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()

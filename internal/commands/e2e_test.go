@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("WEIGHTCACHE_TEST_MAIN") == "1" {
 		os.Exit(Main(os.Args[1:]))
 	}
+	// preload --devices defaults to every visible GPU: hide real GPUs so
+	// that daemons serve host memory unless a test names a (fake) GPU.
+	os.Setenv("CUDA_VISIBLE_DEVICES", "")
 	os.Exit(m.Run())
 }
 

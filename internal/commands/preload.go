@@ -30,11 +30,12 @@ type preloadFlags struct {
 	workers                                    int
 	readLimit                                  int64
 	publishOnly                                bool
+	gpu                                        gpuFlags
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
-	fs.StringVar(&p.devices, "devices", "host", "devices to serve, one rank each: host, or host:0,host:1,... (default with several ranks: host:0..host:N-1)")
+	fs.StringVar(&p.devices, "devices", "", "devices to serve, one rank each: host, host:N, GPU-<uuid>, cuda:N or N, comma-separated (default: the first visible GPUs the ranks need, else host devices)")
 	fs.StringVar(&p.socketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
 	fs.StringVar(&p.dtype, "dtype", "auto", "dtype to serve floating tensors in: auto, bfloat16, float16, float32")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
@@ -42,6 +43,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")
 	fs.Int64Var(&p.readLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
 	fs.BoolVar(&p.publishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
+	p.gpu.register(fs)
 }
 
 func runPreload(ctx context.Context, e env, args []string) error {

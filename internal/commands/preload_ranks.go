@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
@@ -58,12 +59,27 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 		return cfg, err
 	}
 	devices := p.devices
-	if !flagSet(fs, "devices") {
-		devices = launcher.DefaultDevices(r.tp * max(r.dpLocal, r.dp-r.dpStart) / max(r.nnodes, 1))
-	}
 	var err error
-	if cfg.Devices, err = launcher.ParseDevices(devices); err != nil {
+	if !flagSet(fs, "devices") {
+		if devices, err = defaultDevices(r.tp * max(r.dpLocal, r.dp-r.dpStart) / max(r.nnodes, 1)); err != nil {
+			return cfg, usageErrorf("%v", err)
+		}
+	}
+	keys, err := resolveDevices(devices)
+	if err != nil {
+		return cfg, usageErrorf("--devices: %v", err)
+	}
+	if cfg.Devices, err = launcher.ParseDevices(strings.Join(keys, ",")); err != nil {
 		return cfg, usageErrorf("%v", err)
+	}
+	if cfg.GPU, err = p.gpu.options(fs, p.workers); err != nil {
+		return cfg, usageErrorf("%v", err)
+	}
+	if launcher.OnGPU(cfg.Devices) && r.tp > 1 {
+		return cfg, usageErrorf("--tensor-parallel-size %d on GPUs: the sharded loader fills host segments only in this version; serve TP ranks on host devices, or TP 1 per GPU", r.tp)
+	}
+	if !flagSet(fs, "load-workers") && launcher.OnGPU(cfg.Devices) {
+		cfg.Workers = gpuLoadWorkers
 	}
 	if _, err := launcher.Map(cfg.Devices, cfg.Layout); err != nil {
 		return cfg, usageErrorf("%v", err)

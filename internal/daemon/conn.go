@@ -196,17 +196,10 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 		d.count(protocol.ResultMismatch, diff)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
-	files := make([]*os.File, 0, len(l.segments))
-	for i, seg := range l.segments {
-		f, err := seg.Export()
-		if err != nil {
-			for _, f := range files {
-				_ = f.Close()
-			}
-			d.count(protocol.ResultError, nil)
-			return protocol.Errorf(protocol.CodeInternal, "export segment %d: %v", i, err), nil, false
-		}
-		files = append(files, f)
+	files, err := exportFiles(l.segments, l.descs)
+	if err != nil {
+		d.count(protocol.ResultError, nil)
+		return protocol.Errorf(protocol.CodeInternal, "%v", err), nil, false
 	}
 	if !s.leased {
 		s.leased = true

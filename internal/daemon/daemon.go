@@ -78,17 +78,18 @@ type layout struct {
 	segments []backend.Segment
 	tensors  []protocol.Tensor
 	bytes    int64
-	manifest json.RawMessage // the encoded manifest frame
+	descs    []protocol.Segment // how clients import each segment
+	manifest json.RawMessage    // the encoded manifest frame
 }
 
 // encode prepares the manifest frame once: every engine gets the same one,
 // so it is not re-encoded per attach.
 func (l *layout) encode(device string) error {
-	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Tensors: l.tensors}
-	for i, s := range l.segments {
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
-	}
 	var err error
+	if l.descs, err = describeSegments(l.segments); err != nil {
+		return err
+	}
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs, Tensors: l.tensors}
 	l.manifest, err = json.Marshal(m)
 	return err
 }
@@ -204,7 +205,7 @@ func (d *Daemon) shutdown(ctx context.Context) int {
 	d.state = protocol.StateDraining
 	d.mu.Unlock()
 	close(d.stopCh)
-	timer := time.NewTimer(d.cfg.DrainTimeout)
+	timer := time.NewTimer(d.drainTimeout())
 	defer timer.Stop()
 	left := d.Leases()
 	for left > 0 {

@@ -56,6 +56,9 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := d.plan(segSizes); err != nil {
+		return nil, err
+	}
 	l := &layout{tensors: make([]protocol.Tensor, len(served))}
 	ok := false
 	defer func() {
@@ -83,14 +86,24 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 	progress := d.throttle(ctx, time.Now())
 	jobs := make(chan int)
 	var wg sync.WaitGroup
-	for range min(d.cfg.Workers, max(len(served), 1)) {
+	workers := min(d.cfg.Workers, max(len(served), 1))
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := checkpoint.NewReader(files, d.cfg.ChunkBytes)
+			cp, err := d.newCopier(files, workers)
+			if err != nil {
+				cancel(err)
+				return
+			}
+			defer func() {
+				if err := cp.close(); err != nil {
+					cancel(err)
+				}
+			}()
 			for i := range jobs {
 				s, p := served[i], places[i]
-				crc, err := r.Copy(s, l.segments[p.Segment], p.Offset, progress)
+				crc, err := cp.copy(s, l.segments[p.Segment], p.Offset, progress)
 				if err != nil {
 					cancel(err)
 					continue

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -33,6 +34,13 @@ type RankSpec struct {
 	// PublishOnly ranks load nothing: they start empty, ready for the
 	// first engine to publish its own weights.
 	PublishOnly bool `json:"publish_only,omitempty"`
+	// SelfLoad ranks read the checkpoint themselves through their
+	// backend's staged path (GPUs: pinned buffers and async copies), since
+	// the launcher's scatter fills host segments only.
+	SelfLoad  bool         `json:"self_load,omitempty"`
+	GPU       cuda.Options `json:"gpu"`
+	Workers   int          `json:"workers"`
+	ReadLimit int64        `json:"read_limit"`
 }
 
 type listening struct {
@@ -54,4 +62,6 @@ type segments struct {
 type ready struct {
 	protocol.Head
 	Bytes int64 `json:"bytes"`
+	// LoadSeconds is the rank's own load, for ranks that load themselves.
+	LoadSeconds float64 `json:"load_seconds,omitempty"`
 }

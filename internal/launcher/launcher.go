@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/plan"
@@ -40,6 +41,7 @@ type Config struct {
 	Workers           int
 	ReadLimit         int64
 	PublishOnly       bool          // ranks start empty; engines publish (see daemon/publish.go)
+	GPU               cuda.Options  // for GPU devices
 	MasterAddr        string        // multi-node rendezvous host
 	RendezvousTimeout time.Duration // bound on every wait for other nodes
 	HealthAddr        string        // "" serves no /health and /metrics
@@ -202,7 +204,8 @@ func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
 	return RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
-		PublishOnly: l.cfg.PublishOnly, Head: headOf(typeSpec),
+		PublishOnly: l.cfg.PublishOnly, SelfLoad: isGPU(r.Device), GPU: l.cfg.GPU,
+		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Head: headOf(typeSpec),
 	}, nil
 }
 

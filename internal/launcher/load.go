@@ -25,8 +25,9 @@ func (l *launcher) loadAll(ctx context.Context) error {
 func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 	g := l.cfg.Groups[gi]
 	procs := l.groupProcs(g.Name)
-	if l.cfg.PublishOnly {
-		// Nothing to read: each rank starts empty and says when it serves.
+	if l.cfg.PublishOnly || OnGPU(l.cfg.Devices) {
+		// Nothing for the launcher to read: each rank starts empty or
+		// loads itself, and says when it serves.
 		if err := awaitListening(ctx, procs); err != nil {
 			return err
 		}
@@ -41,7 +42,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return err
 	}
 	for _, p := range procs {
-		be, err := NewBackend(p.Device)
+		be, err := NewBackend(p.Device, l.cfg.GPU)
 		if err != nil {
 			return err
 		}
@@ -85,6 +86,9 @@ func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 		p.mu.Lock()
 		p.bytes = r.Bytes
 		p.mu.Unlock()
+		// Ranks that load themselves time their own load: the launcher's
+		// clock would add process and driver start-up to it.
+		l.report.rankLoadSeconds = max(l.report.rankLoadSeconds, r.LoadSeconds)
 		p.setState(StateReady)
 		l.log.Info("rank ready", "rank", p.String(), "socket", p.socket, "bytes", r.Bytes)
 	}

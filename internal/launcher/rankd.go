@@ -46,10 +46,16 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 			frames <- fr
 		}
 	}()
-	if spec.PublishOnly {
+	switch {
+	case spec.PublishOnly:
 		// Nothing to wait for: the daemon starts empty and engines fill it.
 		err = ctl.Send(ready{Head: protocol.NewHead(typeReady)})
-	} else {
+	case spec.SelfLoad:
+		if err = d.Load(ctx); err == nil {
+			st := d.Stats()
+			err = ctl.Send(ready{Head: protocol.NewHead(typeReady), Bytes: st.Bytes, LoadSeconds: st.LoadSeconds})
+		}
+	default:
 		select {
 		case fr := <-frames:
 			err = adopt(d, spec, fr)
@@ -86,11 +92,12 @@ func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	be, err := NewBackend(spec.Device)
+	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
 		return nil, err
 	}
 	return daemon.Start(daemon.Config{
+		Workers: spec.Workers, ReadLimit: spec.ReadLimit,
 		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
 		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
 		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
@@ -114,7 +121,7 @@ func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
 		fr.CloseFiles()
 		return fmt.Errorf("rank %s: %d segments named, %d descriptors sent", spec.Device, len(m.Segments), len(fr.Files))
 	}
-	be, err := NewBackend(spec.Device)
+	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
 		fr.CloseFiles()
 		return err

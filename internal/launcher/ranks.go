@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 )
 
@@ -24,8 +25,8 @@ func ParseDevices(list string) ([]string, error) {
 		if d == "" {
 			return nil, fmt.Errorf("--devices %q: empty device key", list)
 		}
-		if !host.IsDevice(d) {
-			return nil, fmt.Errorf("--devices %q: device %q is not a known device key (want host or host:N)", list, d)
+		if !host.IsDevice(d) && !isGPU(d) {
+			return nil, fmt.Errorf("--devices %q: device %q is not a known device key (want host, host:N or GPU-<uuid>)", list, d)
 		}
 		if seen[d] {
 			return nil, fmt.Errorf("--devices %q: device %s listed twice", list, d)
@@ -33,13 +34,25 @@ func ParseDevices(list string) ([]string, error) {
 		seen[d] = true
 		out = append(out, d)
 	}
+	if mixed(out) {
+		return nil, fmt.Errorf("--devices %q: GPUs and host devices in one launch; start one preload for each", list)
+	}
 	return out, nil
 }
 
-// NewBackend returns the backend for one device key.
-func NewBackend(device string) (backend.Backend, error) {
+// NewBackend returns the backend for one device key; gpu configures a GPU's.
+func NewBackend(device string, gpu cuda.Options) (backend.Backend, error) {
+	if isGPU(device) {
+		return cuda.New(device, gpu)
+	}
 	return host.New(device)
 }
+
+func isGPU(device string) bool { return strings.HasPrefix(device, "GPU-") }
+
+// OnGPU reports whether the devices are GPUs. A launch serves GPUs or host
+// devices, not both (ParseDevices checks).
+func OnGPU(devices []string) bool { return len(devices) > 0 && isGPU(devices[0]) }
 
 // Layout is the parallel configuration of one launch.
 type Layout struct {
@@ -122,4 +135,13 @@ func DefaultDevices(n int) string {
 		keys[i] = fmt.Sprintf("host:%d", i)
 	}
 	return strings.Join(keys, ",")
+}
+
+func mixed(devices []string) bool {
+	for _, d := range devices {
+		if isGPU(d) != isGPU(devices[0]) {
+			return true
+		}
+	}
+	return false
 }

@@ -18,6 +18,8 @@ type report struct {
 	fileBytes    int64 // the files' sizes, headers included
 	loadSeconds  float64
 	localSeconds float64 // start-up of this node, before waiting for others
+	// rankLoadSeconds is the slowest self-loading rank's own load time.
+	rankLoadSeconds float64
 }
 
 func (r *report) add(g Group, res *scatter.Result) {
@@ -88,6 +90,9 @@ func (l *launcher) printReady() error {
 	}
 	if l.cfg.PublishOnly {
 		line.Tensors = 0 // served once an engine publishes
+	}
+	if r.rankLoadSeconds > 0 {
+		line.LoadSeconds = r.rankLoadSeconds
 	}
 	line.Bytes = l.residentBytes()
 	if err := json.NewEncoder(l.cfg.Stdout).Encode(line); err != nil {

@@ -76,12 +76,28 @@ type Ready struct {
 	State string `json:"state"`
 }
 
-// Segment describes one allocation; its descriptor rides on the manifest
-// frame at position Index.
+// Segment describes one allocation. Its descriptor rides on the manifest
+// frame: the descriptors come in Segments order, one for every segment
+// whose Handle is not HandleCUDAIPC (those carry IPC instead).
 type Segment struct {
 	Index int   `json:"index"`
 	Size  int64 `json:"size"`
+	// Handle says what the descriptor is: empty for a host memfd (mmap it),
+	// "cuda_fd" for a CUDA shareable handle (cuMemImportFromShareableHandle),
+	// "cuda_ipc" for a legacy handle in IPC (cuIpcOpenMemHandle).
+	Handle string `json:"handle,omitempty"`
+	// Align is the address alignment to reserve a cuda_fd mapping with;
+	// Size is already a multiple of it.
+	Align int64 `json:"align,omitempty"`
+	// IPC is the 64-byte CUipcMemHandle of a cuda_ipc segment.
+	IPC []byte `json:"ipc,omitempty"`
 }
+
+// Segment handle types.
+const (
+	HandleCUDAFD  = "cuda_fd"
+	HandleCUDAIPC = "cuda_ipc"
+)
 
 // Tensor places one tensor inside a segment. CRC32C is the Castagnoli
 // checksum of the tensor's bytes as served.

@@ -1,0 +1,197 @@
+package commands
+
+import (
+	"bufio"
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend/cuda/cudatest"
+)
+
+// These tests run preload and attach as separate processes on the fake CUDA
+// driver (a memfd-backed libcuda built from testdata), so descriptors really
+// cross processes and memory really outlives a killed daemon.
+
+// fakeGPU points this test's processes at the fake driver with physical
+// devices, under CUDA_VISIBLE_DEVICES=visible, plus faults in env.
+func fakeGPU(t *testing.T, devices, visible string, env ...string) {
+	t.Helper()
+	cudatest.Use(t)
+	t.Setenv("FAKECUDA_DEVICES", devices)
+	t.Setenv("CUDA_VISIBLE_DEVICES", visible)
+	for i := 0; i+1 < len(env); i += 2 {
+		t.Setenv(env[i], env[i+1])
+	}
+}
+
+func TestGPUPreloadAttachOnFakeDriver(t *testing.T) {
+	fakeGPU(t, "2", "1,0")
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	// Without --devices the ranks take the first visible GPUs they need.
+	_, stderr, code := runWC(t, "preload", "--model", model, "--socket-dir", dir, "--data-parallel-size", "3")
+	if code != exitUsage || !strings.Contains(stderr, "need 3 devices and 2 GPUs are visible") {
+		t.Fatalf("preload of 3 ranks on two visible GPUs: exit %d, %s", code, stderr)
+	}
+	_, stderr, code = runWC(t, "preload", "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2")
+	if code != exitUsage || !strings.Contains(stderr, "on GPUs") {
+		t.Fatalf("tensor parallelism on GPUs: exit %d, %s", code, stderr)
+	}
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "cuda:0", "--staging-bytes", "4194304")
+	uuid, _ := p.ready["device"].(string)
+	if !strings.HasPrefix(uuid, "GPU-face2731") {
+		t.Fatalf("cuda:0 under CUDA_VISIBLE_DEVICES=1,0 should be physical GPU 1; ready line: %v", p.ready)
+	}
+	// The engine sees only physical GPU 1, as its cuda:0.
+	t.Setenv("CUDA_VISIBLE_DEVICES", "1")
+	hit, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", "cuda:0", "--verify", "--digest")
+	if code != 0 || hit.Source != "hit" || hit.Device != uuid || !hit.ReadOnly || hit.Verified == nil || !*hit.Verified {
+		t.Fatalf("zero_copy attach: exit %d, %+v", code, hit)
+	}
+	disk, _ := attachJSON(t, "--model", model, "--socket-dir", sockDir(t), "--digest")
+	if len(disk.Digest) != len(hit.Digest) || len(hit.Digest) == 0 {
+		t.Fatalf("%d digests from the GPU, %d from disk", len(hit.Digest), len(disk.Digest))
+	}
+	for name, d := range disk.Digest {
+		if hit.Digest[name] != d {
+			t.Fatalf("tensor %s differs between the GPU daemon and disk", name)
+		}
+	}
+	cp, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", uuid, "--mode", "copy", "--verify")
+	if code != 0 || cp.Source != "hit" || cp.ReadOnly || !*cp.Verified {
+		t.Fatalf("copy attach: exit %d, %+v", code, cp)
+	}
+	if st := stats(t, dir); st.Leases != 0 || st.Releases != 1 {
+		t.Fatalf("after copy: %+v", st)
+	}
+	p.stop(t, syscall.SIGTERM)
+	noSockets(t, dir)
+}
+
+func TestGPUWrongUUIDIsDeviceMismatch(t *testing.T) {
+	fakeGPU(t, "1", "0")
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	uuid, _ := p.ready["device"].(string)
+	// This engine's driver reports other UUIDs: the daemon's GPU is not its.
+	t.Setenv("FAKECUDA_UUID_SALT", "5")
+	r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", uuid, "--fallback=false")
+	if code != exitMiss || r.Reason != "device_mismatch" || !strings.Contains(r.Detail, uuid) {
+		t.Fatalf("attach from a process that cannot see %s: exit %d, %+v", uuid, code, r)
+	}
+	p.stop(t, syscall.SIGTERM)
+}
+
+func TestGPUZeroCopySurvivesDaemonDeath(t *testing.T) {
+	fakeGPU(t, "1", "0")
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	engine := wc("attach", "--model", model, "--socket-dir", dir, "--device", "cuda:0", "--json", "--digest", "--verify", "--fallback=false", "--reread", "--hold", "60s")
+	out, err := engine.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = engine.Process.Kill(); _ = engine.Wait() })
+	lines := bufio.NewScanner(out)
+	var first, second attachResult
+	if !lines.Scan() || json.Unmarshal(lines.Bytes(), &first) != nil || first.Source != "hit" {
+		t.Fatalf("first result: %q", lines.Text())
+	}
+	p.stop(t, syscall.SIGKILL)
+	if err := engine.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	if !lines.Scan() || json.Unmarshal(lines.Bytes(), &second) != nil {
+		t.Fatalf("second result: %q", lines.Text())
+	}
+	if err := engine.Wait(); err != nil {
+		t.Fatalf("engine after the daemon died: %v", err)
+	}
+	if !second.Reread || second.Verified == nil || !*second.Verified || len(second.Digest) != len(first.Digest) {
+		t.Fatalf("reread after daemon death: %+v", second)
+	}
+	for name, d := range first.Digest {
+		if second.Digest[name] != d {
+			t.Fatalf("tensor %s changed after the daemon died", name)
+		}
+	}
+}
+
+func TestGPURefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		want []string
+	}{
+		{"no room", []string{"FAKECUDA_FREE_BYTES", "3000000"}, []string{"--reserve-bytes", "1000000"},
+			[]string{"(3000000 bytes) free", "(2097152 bytes) for its segments", "(1000000 bytes) of --reserve-bytes", "GPU-face2730"}},
+		{"out of memory", []string{"FAKECUDA_OOM_BYTES", "1"}, nil,
+			[]string{"cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY", "GPU-face2730"}},
+		{"no fd handles", []string{"FAKECUDA_NO_FD", "1"}, nil,
+			[]string{"HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0", "--ipc legacy"}},
+		{"missing driver", []string{"WEIGHTCACHE_LIBCUDA", "/nonexistent/libcuda.so.1"}, []string{"--devices", "cuda:0"},
+			[]string{"/nonexistent/libcuda.so.1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fakeGPU(t, "1", "0", tt.env...)
+			model, dir := synthModel(t, "tiny"), sockDir(t)
+			_, stderr, code := runWC(t, append([]string{"preload", "--model", model, "--socket-dir", dir}, tt.args...)...)
+			if code == 0 {
+				t.Fatal("preload started")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr lacks %q: %s", w, stderr)
+				}
+			}
+			noSockets(t, dir)
+		})
+	}
+}
+
+func TestGPULegacyIPCKeepsMemoryWhileLeased(t *testing.T) {
+	fakeGPU(t, "1", "0", "FAKECUDA_NO_FD", "1")
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--ipc", "legacy", "--drain-timeout", "10ms")
+	r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", "cuda:0", "--verify")
+	if code != 0 || r.Source != "hit" || !*r.Verified || r.ReadOnly {
+		t.Fatalf("legacy attach: exit %d, %+v", code, r)
+	}
+	holder := wc("attach", "--model", model, "--socket-dir", dir, "--device", "cuda:0", "--hold", "1500ms", "--fallback=false")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lease taken", func() bool { return stats(t, dir).Leases == 1 })
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan time.Time, 1)
+	go func() {
+		if err := p.cmd.Wait(); err != nil {
+			t.Errorf("preload: %v: %s", err, p.stderr)
+		}
+		stopped <- time.Now()
+	}()
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	released := time.Now()
+	// The drain timeout is 10ms, but legacy memory is the daemon's own: it
+	// must have waited for the holder (about 1.5s), however long that took.
+	// The daemon sees the lease end before the holder is reaped, hence the
+	// slack.
+	if at := <-stopped; at.Before(released.Add(-300*time.Millisecond)) || at.Sub(released) > 5*time.Second {
+		t.Fatalf("preload stopped %v after the legacy lease ended: %s", at.Sub(released), p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "legacy IPC") {
+		t.Fatalf("preload did not say why it waited: %s", p.stderr)
+	}
+	noSockets(t, dir)
+}

@@ -1,0 +1,65 @@
+package commands
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestGPUCheckScriptOnFakeDriver runs scripts/gpu-check.sh end to end on the
+// fake driver, with this test binary as the weightcache binary, so that the
+// script a GPU machine runs once has run here first.
+func TestGPUCheckScriptOnFakeDriver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole GPU check")
+	}
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("bash not found")
+	}
+	if _, err := exec.LookPath("timeout"); err != nil {
+		t.Skip("coreutils timeout not found")
+	}
+	fakeGPU(t, "1", "0")
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "gpu-check.sh")
+	cmd := exec.Command(bash, script)
+	cmd.Env = append(os.Environ(), "WEIGHTCACHE_TEST_MAIN=1", "WEIGHTCACHE_BIN="+os.Args[0], "GPU_CHECK_PRESET=tiny")
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	// 3: every check passed, but the fake driver is no yardstick for the
+	// performance targets.
+	if code != 0 && code != 3 {
+		t.Fatalf("gpu-check.sh exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{
+		"check   every tensor matches the daemon's CRC-32C: ok",
+		"check   GPU bytes equal the files' bytes (SHA-256 of 21 tensors): ok",
+		"check   zero_copy memory survives daemon death",
+		"host-to-device, plain copy of the bytes:",
+		"host-to-device, pinned ceiling:",
+		"preload from page cache:",
+		"attach (Go, zero_copy, median of 5):",
+		"attach (Python, ctypes on libcuda):",
+		"read-only mappings:                        true",
+		"target  attach of 21 tensors < 50 ms",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(string(out), "FAILED") {
+		t.Errorf("a check failed:\n%s", out)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
+}

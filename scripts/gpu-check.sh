@@ -1,0 +1,325 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the CUDA backend's check on a real GPU (issue 5).
+#
+# Builds weightcache, writes `synth --preset medium` (219 tensors, 1.4 GB),
+# measures plain host-to-device copies of those bytes, preloads them on one
+# GPU from the page cache, attaches from Go (and from Python through ctypes
+# on libcuda when python3 is there; through torch too when it has CUDA),
+# checks every byte against the files, kills the daemon while a zero_copy
+# engine holds the memory and reads it again, and prints every figure.
+#
+# Needs: the Go toolchain (or WEIGHTCACHE_BIN=prebuilt binary), the machine's
+# NVIDIA driver, coreutils; optionally python3 and PyTorch.
+# Environment:
+#   GPU_CHECK_DEVICE     GPU to use (default cuda:0: the first visible GPU)
+#   GPU_CHECK_PRESET     synth preset (default medium)
+#   WEIGHTCACHE_BIN      use this binary instead of building one
+#   GPU_CHECK_CGO=1      build with cgo (default: CGO_ENABLED=0, as shipped), to
+#                        tell a purego problem from a driver one
+#   WEIGHTCACHE_LIBCUDA  driver library to load (a fake one, for dry runs)
+# Exit status: 0 all checks and targets pass; 1 a check failed; 3 every
+# check passed but a performance target was missed.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEVICE=${GPU_CHECK_DEVICE:-cuda:0}
+PRESET=${GPU_CHECK_PRESET:-medium}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+SOCK=$WORK/sock
+mkdir -m 700 "$SOCK"
+PIDS=()
+FAILED=0
+MISSED=0
+
+cleanup() {
+	local pid
+	for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+		kill -TERM "$pid" 2>/dev/null || true
+	done
+	sleep 0.5
+	for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+		kill -KILL "$pid" 2>/dev/null || true
+	done
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'echo "gpu-check: interrupted" >&2; exit 130' INT TERM
+
+say() { printf '%s\n' "$*"; }
+die() {
+	printf 'gpu-check: FAIL: %s\n' "$*" >&2
+	exit 1
+}
+check() { # check NAME OK(0|1) DETAIL
+	if [[ $2 == 1 ]]; then
+		say "  check   $1: ok${3:+ ($3)}"
+	else
+		say "  check   $1: FAILED${3:+ ($3)}"
+		FAILED=1
+	fi
+}
+target() { # target NAME MET(0|1) DETAIL
+	if [[ $2 == 1 ]]; then
+		say "  target  $1: met ($3)"
+	else
+		say "  target  $1: MISSED ($3)"
+		MISSED=1
+	fi
+}
+# step SECONDS NAME CMD...: run CMD with a time limit, saying what timed out.
+step() {
+	local limit=$1 name=$2
+	shift 2
+	local rc=0
+	timeout --kill-after=5 "$limit" "$@" || rc=$?
+	if [[ $rc == 124 || $rc == 137 ]]; then
+		die "$name did not finish within ${limit}s"
+	fi
+	return "$rc"
+}
+# field JSON KEY: a scalar field of a one-line JSON object (no jq needed).
+field() {
+	sed -n "s/.*\"$2\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" <<<"$1" | tr -d '"' | head -n1
+}
+calc() { awk "BEGIN { printf \"%.${2:-2}f\", $1 }"; }
+ge() { awk "BEGIN { exit !($1 >= $2) }" && echo 1 || echo 0; }
+
+say "gpu-check: work directory $WORK"
+
+# 1. Build.
+if [[ -n ${WEIGHTCACHE_BIN:-} ]]; then
+	BIN=$WEIGHTCACHE_BIN
+elif ! command -v go >/dev/null && [[ -x $ROOT/bin/weightcache ]]; then
+	BIN=$ROOT/bin/weightcache
+	say "go not found: using the prebuilt $BIN"
+else
+	command -v go >/dev/null || die "go not found (build bin/weightcache elsewhere with make build, or set WEIGHTCACHE_BIN)"
+	BIN=$WORK/weightcache
+	(cd "$ROOT" && export CGO_ENABLED=${GPU_CHECK_CGO:-0} && step 180 "go build" go build -o "$BIN" ./cmd/weightcache) || die "go build failed"
+fi
+[[ -x $BIN ]] || die "$BIN is not an executable"
+say "binary:   $BIN"
+
+# 2. Checkpoint, read once so that the preload reads from the page cache.
+MODEL=$WORK/model
+step 120 "synth" "$BIN" synth --preset "$PRESET" --out "$MODEL" >/dev/null || die "synth failed"
+cat "$MODEL"/*.safetensors >/dev/null
+FILE_BYTES=$(cat "$MODEL"/*.safetensors | wc -c)
+
+# 3. Baselines: plain copies of the same bytes through the same binding.
+BENCH=$(step 120 "cuda-bench" "$BIN" cuda-bench --model "$MODEL" --device "$DEVICE") || die "cuda-bench failed on $DEVICE"
+UUID=$(field "$BENCH" device)
+say "device:   $UUID ($(field "$BENCH" name))"
+PAGEABLE=$(field "$BENCH" pageable_gbps)
+PINNED=$(field "$BENCH" pinned_gbps)
+
+# 4. Preload on the GPU. load_seconds is the load itself; the wall time from
+# process start also counts driver and context start-up and staging pinning.
+T0=$(date +%s.%N)
+"$BIN" preload --model "$MODEL" --socket-dir "$SOCK" --devices "$UUID" >"$WORK/preload.out" 2>"$WORK/preload.err" &
+DAEMON=$!
+PIDS+=("$DAEMON")
+for _ in $(seq 6000); do
+	[[ -s $WORK/preload.out ]] && break
+	kill -0 "$DAEMON" 2>/dev/null || die "preload exited: $(tail -n 3 "$WORK/preload.err")"
+	sleep 0.02
+done
+WALL_S=$(calc "$(date +%s.%N) - $T0" 3)
+READY=$(head -n1 "$WORK/preload.out")
+[[ $(field "$READY" event) == ready ]] || die "preload not ready within 120s: $(tail -n 3 "$WORK/preload.err")"
+LOAD_S=$(field "$READY" load_seconds)
+TENSORS=$(field "$READY" tensors)
+PRELOAD=$(calc "$FILE_BYTES / $LOAD_S / 1e9")
+
+# 5. Attach from Go: five timed attaches, then one that reads every byte.
+ATTACH_MS=()
+for _ in 1 2 3 4 5; do
+	A=$(step 60 "attach" "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json) || die "attach failed: $A"
+	ATTACH_MS+=("$(calc "$(field "$A" attach_seconds) * 1000")")
+done
+MEDIAN_MS=$(printf '%s\n' "${ATTACH_MS[@]}" | sort -n | sed -n 3p)
+INIT_MS=$(calc "$(field "$A" driver_init_seconds) * 1000")
+A=$(step 120 "attach --verify" "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify) || die "attach --verify failed: $A"
+READ_ONLY=$(field "$A" read_only)
+check "every tensor matches the daemon's CRC-32C" "$([[ $(field "$A" verified) == true ]] && echo 1 || echo 0)"
+step 120 "attach --digest" "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --digest |
+	grep -E '^[0-9a-f]{64}  ' >"$WORK/gpu.digest" || die "attach --digest failed"
+mkdir -m 700 "$WORK/nosock"
+step 120 "fallback attach" "$BIN" attach --model "$MODEL" --socket-dir "$WORK/nosock" --digest |
+	grep -E '^[0-9a-f]{64}  ' >"$WORK/disk.digest" || die "fallback attach failed"
+N_DIGESTS=$(wc -l <"$WORK/disk.digest")
+check "GPU bytes equal the files' bytes (SHA-256 of $N_DIGESTS tensors)" "$(cmp -s "$WORK/gpu.digest" "$WORK/disk.digest" && echo 1 || echo 0)"
+
+# 6. Attach from Python through ctypes on libcuda (torch where it has CUDA).
+PY_LINE="skipped (no python3)"
+if command -v python3 >/dev/null; then
+	"$BIN" status --socket-dir "$SOCK" --json >"$WORK/status.json"
+	if PY_OUT=$(step 120 "python attach" python3 - "$SOCK" "$WORK/status.json" "$WORK/gpu.digest" <<'PY'
+import ctypes, hashlib, json, os, socket, struct, sys, time
+
+sock_dir, status_file, digest_file = sys.argv[1:4]
+st = json.load(open(status_file))[0]
+want = dict(reversed(l.split()) for l in open(digest_file))
+cu = ctypes.CDLL(os.environ.get("WEIGHTCACHE_LIBCUDA") or "libcuda.so.1")
+
+def ck(r, call):
+    if r != 0:
+        name = ctypes.c_char_p()
+        cu.cuGetErrorName(r, ctypes.byref(name))
+        raise SystemExit(f"{call}: {name.value.decode() if name.value else r}")
+
+class Loc(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+class Access(ctypes.Structure):
+    _fields_ = [("location", Loc), ("flags", ctypes.c_int)]
+
+u64, size_t = ctypes.c_uint64, ctypes.c_size_t
+cu.cuMemAddressReserve.argtypes = [ctypes.POINTER(u64), size_t, size_t, u64, ctypes.c_ulonglong]
+cu.cuMemMap.argtypes = [u64, size_t, size_t, ctypes.c_ulonglong, ctypes.c_ulonglong]
+cu.cuMemSetAccess.argtypes = [u64, size_t, ctypes.POINTER(Access), size_t]
+cu.cuMemImportFromShareableHandle.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_void_p, ctypes.c_int]
+cu.cuMemRelease.argtypes = [ctypes.c_ulonglong]
+cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, u64, size_t]
+ck(cu.cuInit(0), "cuInit")
+n = ctypes.c_int()
+ck(cu.cuDeviceGetCount(ctypes.byref(n)), "cuDeviceGetCount")
+ordinal = None
+for i in range(n.value):
+    d, raw = ctypes.c_int(), (ctypes.c_ubyte * 16)()
+    ck(cu.cuDeviceGet(ctypes.byref(d), i), "cuDeviceGet")
+    ck(cu.cuDeviceGetUuid_v2(raw, d), "cuDeviceGetUuid_v2")
+    h = bytes(raw).hex()
+    if "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:]) == st["device"]:
+        ordinal, dev = i, d
+if ordinal is None:
+    raise SystemExit(f"daemon's GPU {st['device']} is not visible to python")
+ctx = ctypes.c_void_p()
+ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+ck(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+def send(s, msg):
+    body = json.dumps(msg).encode()
+    s.sendall(struct.pack(">I", len(body)) + body)
+
+def recv(s):
+    data, fds = b"", []
+    while len(data) < 4 or len(data) < 4 + struct.unpack(">I", data[:4])[0]:
+        chunk, anc, _, _ = s.recvmsg(1 << 20, socket.CMSG_SPACE(253 * 4))
+        if not chunk:
+            raise SystemExit("daemon closed the connection")
+        data += chunk
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += list(struct.unpack("%di" % (len(payload) // 4), payload[: len(payload) // 4 * 4]))
+    msg = json.loads(data[4:])
+    if msg["type"] == "error":
+        raise SystemExit(f"daemon: {msg}")
+    return msg, fds
+
+t0 = time.perf_counter()
+s = socket.socket(socket.AF_UNIX)
+s.connect(st["socket"])
+send(s, {"type": "hello", "version": 1, "fingerprint": st["fingerprint"], "device": st["device"], "mode": "zero_copy", "client": "gpu-check python"})
+ok, _ = recv(s)
+assert ok["type"] == "ok" and ok["state"] == "ready", ok
+send(s, {"type": "manifest", "version": 1})
+man, fds = recv(s)
+bases, read_only = [], True
+for seg, fd in zip(man["segments"], fds):
+    assert seg["handle"] == "cuda_fd", seg
+    h, ptr = ctypes.c_ulonglong(), u64()
+    ck(cu.cuMemImportFromShareableHandle(ctypes.byref(h), ctypes.c_void_p(fd), 1), "cuMemImportFromShareableHandle")
+    ck(cu.cuMemAddressReserve(ctypes.byref(ptr), seg["size"], seg.get("align", 0), 0, 0), "cuMemAddressReserve")
+    ck(cu.cuMemMap(ptr, seg["size"], 0, h, 0), "cuMemMap")
+    if cu.cuMemSetAccess(ptr, seg["size"], ctypes.byref(Access(Loc(1, ordinal), 1)), 1) != 0:
+        read_only = False
+        ck(cu.cuMemSetAccess(ptr, seg["size"], ctypes.byref(Access(Loc(1, ordinal), 3)), 1), "cuMemSetAccess")
+    ck(cu.cuMemRelease(h), "cuMemRelease")
+    os.close(fd)
+    bases.append(ptr.value)
+attach_ms = (time.perf_counter() - t0) * 1000
+bad = 0
+for t in man["tensors"]:
+    buf = ctypes.create_string_buffer(max(t["nbytes"], 1))
+    ck(cu.cuMemcpyDtoH_v2(buf, bases[t["segment"]] + t["offset"], t["nbytes"]), "cuMemcpyDtoH_v2")
+    bad += hashlib.sha256(buf.raw[: t["nbytes"]]).hexdigest() != want[t["name"]]
+torch_note = "no torch with CUDA"
+try:
+    import torch
+    if torch.cuda.is_available():
+        t = max(man["tensors"], key=lambda t: t["nbytes"])
+        class View:
+            __cuda_array_interface__ = {"shape": (t["nbytes"],), "typestr": "|u1", "version": 3,
+                                        "data": (bases[t["segment"]] + t["offset"], True)}
+        # The runtime may number GPUs differently from the driver: match UUIDs.
+        tdev = ordinal
+        for i in range(torch.cuda.device_count()):
+            if str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) == st["device"][4:]:
+                tdev = i
+        torch.cuda.set_device(tdev)
+        x = torch.as_tensor(View(), device=f"cuda:{tdev}")
+        same = hashlib.sha256(x.cpu().numpy().tobytes()).hexdigest() == want[t["name"]]
+        torch_note = f"torch {torch.__version__} reads {t['name']} in place: {'ok' if same else 'MISMATCH'}"
+        bad += not same
+except ImportError:
+    pass
+print(json.dumps({"attach_ms": attach_ms, "tensors": len(man["tensors"]), "segments": len(bases), "mismatches": bad, "read_only": read_only, "torch": torch_note}, separators=(",", ":")))
+PY
+	); then
+		PY_MS=$(calc "$(field "$PY_OUT" attach_ms)")
+		PY_BAD=$(field "$PY_OUT" mismatches)
+		PY_LINE="$PY_MS ms, $(field "$PY_OUT" tensors) tensors, read_only=$(field "$PY_OUT" read_only); $(field "$PY_OUT" torch)"
+		check "python ctypes attach reads the files' bytes" "$([[ $PY_BAD == 0 ]] && echo 1 || echo 0)" "$PY_BAD mismatches"
+	else
+		PY_LINE="FAILED: $PY_OUT"
+		check "python ctypes attach" 0 "$PY_OUT"
+	fi
+fi
+
+# 7. A zero_copy engine keeps its memory when the daemon dies.
+"$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify --reread --hold 120s >"$WORK/engine.out" 2>"$WORK/engine.err" &
+ENGINE=$!
+PIDS+=("$ENGINE")
+for _ in $(seq 600); do
+	[[ -s $WORK/engine.out ]] && break
+	kill -0 "$ENGINE" 2>/dev/null || die "zero_copy engine exited: $(tail -n 3 "$WORK/engine.err")"
+	sleep 0.1
+done
+[[ $(field "$(head -n1 "$WORK/engine.out")" verified) == true ]] || die "zero_copy engine did not verify: $(cat "$WORK/engine.out" "$WORK/engine.err")"
+# Braces keep bash's "Killed" job notice out of the report.
+{
+	kill -KILL "$DAEMON"
+	wait "$DAEMON" || true
+} 2>/dev/null
+kill -USR1 "$ENGINE"
+ENGINE_RC=0
+step 120 "engine reread" bash -c "while kill -0 $ENGINE 2>/dev/null; do sleep 0.1; done" || true
+wait "$ENGINE" || ENGINE_RC=$?
+SECOND=$(sed -n 2p "$WORK/engine.out")
+check "zero_copy memory survives daemon death (SIGKILL, then every tensor re-verified)" \
+	"$([[ $ENGINE_RC == 0 && $(field "$SECOND" reread) == true && $(field "$SECOND" verified) == true ]] && echo 1 || echo 0)" \
+	"engine exit $ENGINE_RC${SECOND:+, $SECOND}"
+
+# 8. Figures.
+RATIO_PAGEABLE=$(calc "100 * $PRELOAD / $PAGEABLE" 0)
+RATIO_PINNED=$(calc "100 * $PRELOAD / $PINNED" 0)
+say ""
+say "figures ($PRESET: $TENSORS tensors, $(calc "$FILE_BYTES / 1e9") GB)"
+say "  host-to-device, plain copy of the bytes:   $(calc "$PAGEABLE") GB/s (pageable memory)"
+say "  host-to-device, pinned ceiling:            $(calc "$PINNED") GB/s"
+say "  preload from page cache:                   $PRELOAD GB/s in $(calc "$LOAD_S" 3) s ($RATIO_PAGEABLE% of plain copy, $RATIO_PINNED% of pinned)"
+say "  preload wall time, process start to ready: $WALL_S s ($(calc "$FILE_BYTES / $WALL_S / 1e9") GB/s; includes driver start-up)"
+say "  attach (Go, zero_copy, median of 5):       $MEDIAN_MS ms ($(printf '%s ' "${ATTACH_MS[@]}")ms; driver start-up before it: $INIT_MS ms)"
+say "  attach (Python, ctypes on libcuda):        $PY_LINE"
+say "  read-only mappings:                        ${READ_ONLY:-false}"
+target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
+target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"
+if [[ $FAILED == 1 ]]; then
+	say "gpu-check: FAILED"
+	exit 1
+fi
+if [[ $MISSED == 1 ]]; then
+	say "gpu-check: checks passed, a target was missed"
+	exit 3
+fi
+say "gpu-check: all checks and targets passed"
