@@ -276,6 +276,33 @@ PY
 	fi
 fi
 
+# 6b. Attach through the weightcache Python package, as an engine would.
+PKG_LINE="skipped (no python3 with torch and CUDA)"
+if command -v python3 >/dev/null && python3 -c 'import torch,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+	if PKG_OUT=$(PYTHONPATH=$ROOT/python step 120 "python package attach" python3 - "$MODEL" "$SOCK" "$WORK/gpu.digest" <<'PY'
+import hashlib, json, sys, time
+import torch
+from weightcache import attach
+
+model, sock, digest_file = sys.argv[1:4]
+want = dict(reversed(l.split()) for l in open(digest_file))
+t0 = time.perf_counter()
+weights, info = attach(model, device="cuda:0", socket_dir=sock, fallback=False)
+ms = (time.perf_counter() - t0) * 1000
+bad = sum(hashlib.sha256(t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest() != want[n]
+          for n, t in weights.items())
+devs = sorted({str(t.device) for t in weights.values()})
+print(json.dumps({"source": info.source, "attach_ms": ms, "tensors": len(weights), "mismatches": bad, "devices": ",".join(devs)}, separators=(",", ":")))
+PY
+	); then
+		PKG_LINE="$(calc "$(field "$PKG_OUT" attach_ms)") ms, $(field "$PKG_OUT" tensors) tensors on $(field "$PKG_OUT" devices), source $(field "$PKG_OUT" source)"
+		check "python package attach(device=cuda:0) reads the files' bytes" "$([[ $(field "$PKG_OUT" mismatches) == 0 && $(field "$PKG_OUT" source) == hit ]] && echo 1 || echo 0)" "$PKG_LINE"
+	else
+		PKG_LINE="FAILED: $PKG_OUT"
+		check "python package attach" 0 "$PKG_OUT"
+	fi
+fi
+
 # 7. A zero_copy engine keeps its memory when the daemon dies.
 "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify --reread --hold 120s >"$WORK/engine.out" 2>"$WORK/engine.err" &
 ENGINE=$!
@@ -311,6 +338,7 @@ say "  preload from page cache:                   $PRELOAD GB/s in $(calc "$LOAD
 say "  preload wall time, process start to ready: $WALL_S s ($(calc "$FILE_BYTES / $WALL_S / 1e9") GB/s; includes driver start-up)"
 say "  attach (Go, zero_copy, median of 5):       $MEDIAN_MS ms ($(printf '%s ' "${ATTACH_MS[@]}")ms; driver start-up before it: $INIT_MS ms)"
 say "  attach (Python, ctypes on libcuda):        $PY_LINE"
+say "  attach (weightcache Python package):       $PKG_LINE"
 say "  read-only mappings:                        ${READ_ONLY:-false}"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"
