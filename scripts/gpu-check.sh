@@ -248,9 +248,11 @@ try:
     import torch
     if torch.cuda.is_available():
         t = max(man["tensors"], key=lambda t: t["nbytes"])
+        # torch refuses a read-only flag here; the mapping's access flags
+        # are what keep the memory read-only.
         class View:
             __cuda_array_interface__ = {"shape": (t["nbytes"],), "typestr": "|u1", "version": 3,
-                                        "data": (bases[t["segment"]] + t["offset"], True)}
+                                        "data": (bases[t["segment"]] + t["offset"], False)}
         # The runtime may number GPUs differently from the driver: match UUIDs.
         tdev = ordinal
         for i in range(torch.cuda.device_count()):
