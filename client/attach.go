@@ -170,16 +170,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 		return nil, protocolMiss(err)
 	}
 	if fr.Type == protocol.TypeMismatch {
-		var m protocol.Mismatch
-		if err := fr.Decode(&m); err != nil {
-			return nil, miss(ReasonProtocolError, "", err)
-		}
-		for _, f := range m.Fields {
-			if f.Field == "device" {
-				return nil, miss(ReasonDeviceMismatch, "", nil, m.Fields...)
-			}
-		}
-		return nil, miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
+		return nil, mismatchMiss(fr)
 	}
 	var ok protocol.OK
 	if err := fr.Decode(&ok); err != nil {
@@ -209,11 +200,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 	if fr.Type == protocol.TypeMismatch {
 		// A publish-only daemon accepted our hello while empty; the layout
 		// committed since is another engine's.
-		var m protocol.Mismatch
-		if err := fr.Decode(&m); err != nil {
-			return nil, miss(ReasonProtocolError, "", err)
-		}
-		return nil, miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
+		return nil, mismatchMiss(fr)
 	}
 	w, err := mapManifest(fr, o.mode == ZeroCopy)
 	if errors.Is(err, errDeviceMismatch) {
@@ -234,6 +221,21 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 		w.conn = conn
 	}
 	return w, Source{Hit: true}
+}
+
+// mismatchMiss turns a mismatch frame into the miss it names: the device
+// when that differs, else the fingerprint fields.
+func mismatchMiss(fr *protocol.Frame) Source {
+	var m protocol.Mismatch
+	if err := fr.Decode(&m); err != nil {
+		return miss(ReasonProtocolError, "", err)
+	}
+	for _, f := range m.Fields {
+		if f.Field == "device" {
+			return miss(ReasonDeviceMismatch, "", nil, m.Fields...)
+		}
+	}
+	return miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
 }
 
 // protocolMiss classifies an error from an exchange with the daemon.
