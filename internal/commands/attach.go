@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -185,13 +186,12 @@ func touchAll(w *client.Weights) error {
 }
 
 func verifyAll(w *client.Weights) (bool, string, error) {
-	table := crc32.MakeTable(crc32.Castagnoli)
 	for _, t := range w.Tensors {
 		d, err := w.Read(t)
 		if err != nil {
 			return false, t.Name, err
 		}
-		if crc32.Checksum(d, table) != t.CRC32C {
+		if crc32.Checksum(d, checkpoint.Castagnoli) != t.CRC32C {
 			return false, t.Name, nil
 		}
 	}

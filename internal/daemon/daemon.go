@@ -153,9 +153,6 @@ func (d *Daemon) Socket() string { return d.ln.path }
 // Progress reports checkpoint bytes read so far and in all.
 func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total }
 
-// Ready is closed once the daemon serves tensors.
-func (d *Daemon) Ready() <-chan struct{} { return d.readyCh }
-
 // Leases is the number of live leases.
 func (d *Daemon) Leases() int {
 	d.mu.Lock()

@@ -83,7 +83,16 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	progress := d.throttle(ctx, time.Now())
+	// Shutdown during the load ends it as a cancellation would.
+	go func() {
+		select {
+		case <-d.stopCh:
+			cancel(errors.New("daemon stopped while loading"))
+		case <-ctx.Done():
+		}
+	}()
+	pacer := checkpoint.Pacer{Rate: d.cfg.ReadLimit, Start: time.Now(), Read: &d.loaded}
+	progress := func(n int64) { pacer.Add(ctx, n) }
 	jobs := make(chan int)
 	var wg sync.WaitGroup
 	workers := min(d.cfg.Workers, max(len(served), 1))
@@ -121,9 +130,6 @@ feed:
 		case jobs <- i:
 		case <-ctx.Done():
 			break feed
-		case <-d.stopCh:
-			cancel(errors.New("daemon stopped while loading"))
-			break feed
 		}
 	}
 	close(jobs)
@@ -142,25 +148,4 @@ feed:
 	}
 	ok = true
 	return l, nil
-}
-
-// throttle returns the progress callback for the readers. With a read limit
-// it sleeps whoever got ahead of the allowed rate, so that a preload on a
-// shared host does not starve other tenants' I/O.
-func (d *Daemon) throttle(ctx context.Context, start time.Time) func(int64) {
-	rate := d.cfg.ReadLimit
-	return func(n int64) {
-		done := d.loaded.Add(n)
-		if rate <= 0 {
-			return
-		}
-		due := start.Add(time.Duration(float64(done) / float64(rate) * float64(time.Second)))
-		if wait := time.Until(due); wait > 0 {
-			select {
-			case <-time.After(wait):
-			case <-d.stopCh:
-			case <-ctx.Done():
-			}
-		}
-	}
 }

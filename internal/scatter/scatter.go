@@ -161,14 +161,17 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var read atomic.Int64
-	th := throttle{rate: cfg.ReadLimit, start: time.Now(), read: &read, progress: cfg.Read}
+	pacer := checkpoint.Pacer{Rate: cfg.ReadLimit, Start: time.Now(), Read: &read}
 	feed := make(chan *job)
 	var wg sync.WaitGroup
 	for range min(cfg.Workers, max(len(jobs), 1)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := newWorker(files, cfg.ChunkBytes, func(n int64) { th.add(ctx, n) })
+			w := newWorker(files, cfg.ChunkBytes, func(n int64) {
+				cfg.Read.Add(n)
+				pacer.Add(ctx, n)
+			})
 			for j := range feed {
 				if err := w.copy(j); err != nil {
 					cancel(err)
@@ -188,28 +191,4 @@ loop:
 	wg.Wait()
 	// The cause is the first worker's error, or the caller's cancellation.
 	return read.Load(), context.Cause(ctx)
-}
-
-// throttle counts bytes read and, with a rate, sleeps whoever got ahead of
-// it, so that a preload on a shared host does not starve other tenants.
-type throttle struct {
-	rate     int64
-	start    time.Time
-	read     *atomic.Int64
-	progress *atomic.Int64
-}
-
-func (t *throttle) add(ctx context.Context, n int64) {
-	done := t.read.Add(n)
-	t.progress.Add(n)
-	if t.rate <= 0 {
-		return
-	}
-	due := t.start.Add(time.Duration(float64(done) / float64(t.rate) * float64(time.Second)))
-	if wait := time.Until(due); wait > 0 {
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-		}
-	}
 }
