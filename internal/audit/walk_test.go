@@ -42,9 +42,6 @@ func TestMalformedIsReportedAndSkipped(t *testing.T) {
 	}{
 		{"yaml", "k.yaml", "args: [--tokenizer-mode, slow\nenv:\n  - a\n", 1, "malformed YAML"},
 		{"yaml tab", "k.yaml", "args:\n\t- --tokenizer-mode=slow\n", 2, "malformed YAML"},
-		{"unit section", "v.service", "[Service\nExecStart=vllm serve --tokenizer-mode slow\n", 1, "section header"},
-		{"unit no equals", "v.service", "[Service]\nExecStart vllm serve --tokenizer-mode slow\n", 2, "Key=Value"},
-		{"unit outside section", "v.service", "ExecStart=vllm serve --tokenizer-mode slow\n", 1, "outside"},
 		{"json", "r.json", "{\"mm_processor_kwargs\": {\n", 2, "malformed JSON"},
 	}
 	rs := builtin(t)
@@ -56,6 +53,19 @@ func TestMalformedIsReportedAndSkipped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMalformedUnitLines: systemd logs a malformed line and ignores it, so
+// the line is a note and the rest of the unit is audited.
+func TestMalformedUnitLines(t *testing.T) {
+	runSpellings(t, []spelling{
+		{"no equals", "v.service", "[Service]\nExecStart vllm serve --tokenizer-mode slow\nExecStart=vllm serve m --quantization fp8\n",
+			[]string{"2:1 ignored-line", "3:24 quantization-fp8-redirect"}},
+		{"outside a section", "v.service", "ExecStart=vllm serve --tokenizer-mode slow\n[Service]\nExecStart=vllm serve m --quantization fp8\n",
+			[]string{"1:1 ignored-line", "3:24 quantization-fp8-redirect"}},
+		{"section header", "v.service", "[Service\nExecStart=vllm serve m --tokenizer-mode slow\n",
+			[]string{"1:1 ignored-line", "2:24 tokenizer-mode-slow"}},
+	})
 }
 
 // TestTruncatedFilesDoNotPanic feeds prefixes of every fixture file to its

@@ -30,7 +30,7 @@ func parseYAML(src []byte, f *facts) error {
 		}
 	}
 	for _, d := range docs {
-		w.node(d)
+		w.document(d)
 	}
 	w.comments()
 	return nil
@@ -92,14 +92,60 @@ func blankTemplates(src []byte) []byte {
 
 var nodeSlabs slabPool[yaml.Node]
 
+// docKind is what a YAML document is, from its top-level keys: that
+// decides whether a key: value pair is an engine setting.
+type docKind uint8
+
+const (
+	docConfig  docKind = iota // a vLLM config file, Helm values: keys are settings
+	docKube                   // a Kubernetes object: containers hold the settings
+	docCompose                // a compose file: services hold the settings
+)
+
 type yamlWalker struct {
-	f   *facts
-	src []byte
+	f    *facts
+	src  []byte
+	kind docKind
 	// lines is src split, made when a block scalar first needs it.
 	lines [][]byte
 }
 
 func pos(n *yaml.Node) Pos { return Pos{n.Line, n.Column} }
+
+func (w *yamlWalker) document(d *yaml.Node) {
+	w.kind = docConfig
+	if len(d.Content) == 1 && d.Content[0].Kind == yaml.MappingNode {
+		root := d.Content[0]
+		if mapValue(root, "apiVersion") != nil && mapValue(root, "kind") != nil {
+			w.kind = docKube
+		} else if s := mapValue(root, "services"); s != nil && s.Kind == yaml.MappingNode {
+			w.kind = docCompose
+			for i := 0; i+1 < len(root.Content); i += 2 {
+				if root.Content[i].Value != "services" {
+					w.node(root.Content[i+1])
+					continue
+				}
+				for j := 0; j+1 < len(s.Content); j += 2 {
+					if svc := s.Content[j+1]; svc.Kind == yaml.MappingNode {
+						w.container(svc)
+					}
+				}
+			}
+			return
+		}
+	}
+	w.node(d)
+}
+
+// mapValue is the value of key in mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
 
 func (w *yamlWalker) node(n *yaml.Node) {
 	switch n.Kind {
@@ -108,6 +154,10 @@ func (w *yamlWalker) node(n *yaml.Node) {
 			w.node(c)
 		}
 	case yaml.MappingNode:
+		if w.kind == docKube && (mapValue(n, "image") != nil || mapValue(n, "args") != nil || mapValue(n, "command") != nil) {
+			w.container(n)
+			return
+		}
 		w.mapping(n)
 	case yaml.SequenceNode:
 		w.sequence(n)
@@ -116,45 +166,160 @@ func (w *yamlWalker) node(n *yaml.Node) {
 	}
 }
 
-// mapping: keys with scalar values become one --key=value command (a vLLM
-// config file), upper-case keys are environment (compose), name/value pairs
-// are environment (Kubernetes), and env_file names a file read at run time.
+// container reads a Kubernetes container or a compose service as one
+// scope: its command line (command or entrypoint, then args; or the
+// image's own entrypoint when that is vLLM or not known) and its env.
+func (w *yamlWalker) container(n *yaml.Node) {
+	prev := w.f.newScope()
+	defer func() { w.f.scope = prev }()
+	var entry, args []Word
+	image, hasEntry, hasArgs := "", false, false
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		switch key := k.Value; {
+		case key == "image":
+			image = v.Value
+			if r := mapValue(v, "repository"); r != nil {
+				image = r.Value
+			}
+		case key == "entrypoint" || (key == "command" && w.kind != docCompose):
+			entry, hasEntry = w.argList(v), true
+		case key == "args" || key == "command":
+			args, hasArgs = w.argList(v), true
+		case key == "env" || key == "environment":
+			w.env(v)
+		case key == "env_file":
+			w.envFiles(v)
+		default:
+			w.node(v)
+		}
+	}
+	switch image = strings.TrimSpace(image); {
+	case hasEntry:
+		w.f.command(append(entry, args...), false, 0)
+	case !hasArgs:
+	case recognise(args).prog != progNone || recognise(args).script >= 0 || recognise(args).module >= 0:
+		w.f.command(args, false, 0)
+	case strings.Trim(image, ":@") == "" || strings.Contains(image, "  ") || isVLLMImage(image):
+		// Not known (empty, or a Helm template blanked out) or vLLM's.
+		w.f.Commands = append(w.f.Commands, Command{Words: args, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: w.f.scope})
+	}
+}
+
+// argList reads a command or args value: a list, or a string split as a
+// shell would (compose).
+func (w *yamlWalker) argList(v *yaml.Node) []Word {
+	switch v.Kind {
+	case yaml.SequenceNode:
+		ws := make([]Word, 0, len(v.Content))
+		for _, c := range v.Content {
+			ws = append(ws, w.word(c))
+		}
+		return ws
+	case yaml.ScalarNode:
+		text, at := w.scalarText(v)
+		res := lexShell(text, at, v.Style == yaml.FoldedStyle)
+		var ws []Word
+		for _, cmd := range res.cmds {
+			for j := range cmd {
+				ws = append(ws, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
+			}
+		}
+		wordSlabs.put(res.words)
+		return ws
+	}
+	return nil
+}
+
+// word is a list element as an argument; a block scalar keeps its text as
+// written, indentation included, so that a script in it keeps its columns.
+func (w *yamlWalker) word(c *yaml.Node) Word {
+	if c.Kind != yaml.ScalarNode {
+		return Word{Pos: pos(c), Opaque: true}
+	}
+	if c.Style == yaml.LiteralStyle || c.Style == yaml.FoldedStyle {
+		text, start := w.blockText(c)
+		return Word{Text: text, Pos: Pos{start, 1}}
+	}
+	quoted := c.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0
+	if text, at := w.scalarText(c); text != c.Value {
+		// Over several lines: a script in it keeps its lines.
+		return Word{Text: text, Pos: at}
+	}
+	return Word{Text: c.Value, Pos: pos(c), Quoted: quoted}
+}
+
+// env reads a Kubernetes env list (name/value entries), a compose
+// environment list (NAME=value, or NAME passed on) or map: every name
+// there is set, whatever its value.
+func (w *yamlWalker) env(v *yaml.Node) {
+	switch v.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			k, val := v.Content[i], v.Content[i+1]
+			w.f.setEnv(k.Value, val.Value, val.Kind == yaml.ScalarNode, pos(k), false, -1)
+		}
+	case yaml.SequenceNode:
+		for _, c := range v.Content {
+			switch c.Kind {
+			case yaml.ScalarNode:
+				if name, value, ok := splitAssign(c.Value); ok {
+					w.f.setEnv(name, value, true, pos(c), false, -1)
+				} else if isIdent(c.Value) {
+					w.f.setEnv(c.Value, "", false, pos(c), false, -1)
+				}
+			case yaml.MappingNode:
+				if name := mapValue(c, "name"); name != nil && name.Kind == yaml.ScalarNode {
+					val := mapValue(c, "value")
+					hasVal := val != nil && val.Kind == yaml.ScalarNode
+					value := ""
+					if hasVal {
+						value = val.Value
+					}
+					w.f.setEnv(name.Value, value, hasVal, pos(name), false, -1)
+				}
+			}
+		}
+	}
+}
+
+// mapping: in a config document, keys with scalar values become one
+// --key=value command (a vLLM config file, Helm values). Anywhere, an
+// upper-case key with a scalar value sets a variable (a ConfigMap read as
+// the environment), env and environment are read as such, and env_file
+// names a file read at run time.
 func (w *yamlWalker) mapping(n *yaml.Node) {
 	var cmd Command
-	var envName, envValue *yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
-		if key == "env_file" {
+		switch key {
+		case "env_file":
 			w.envFiles(v)
+		case "env", "environment":
+			if v.Kind != yaml.ScalarNode {
+				w.env(v)
+				continue
+			}
 		}
 		switch v.Kind {
 		case yaml.ScalarNode:
 			if isEnvName(key) {
-				w.f.env(key, v.Value, true, pos(k), false)
+				w.f.setEnv(key, v.Value, true, pos(k), false, -1)
 			}
-			cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + v.Value, Pos: pos(k)})
-			switch key {
-			case "name":
-				envName = v
-			case "value":
-				envValue = v
+			if w.kind == docConfig {
+				cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + v.Value, Pos: pos(k)})
 			}
 		case yaml.MappingNode, yaml.SequenceNode:
-			if dashify(key) == loaderConfigFlag[2:] {
+			if w.kind == docConfig && dashify(key) == loaderConfigFlag[2:] {
 				cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + nodeJSON(v), Pos: pos(k)})
 			}
 		}
 		w.node(v)
 	}
-	if envName != nil && isEnvName(envName.Value) {
-		if envValue != nil {
-			w.f.env(envName.Value, envValue.Value, true, pos(envName), false)
-		} else {
-			w.f.env(envName.Value, "", false, pos(envName), false)
-		}
-	}
 	if len(cmd.Words) > 0 {
+		cmd.recog = recog{prog: progVLLM, module: -1, script: -1}
+		cmd.Scope = w.f.scope
 		w.f.Commands = append(w.f.Commands, cmd)
 	}
 }
@@ -191,21 +356,19 @@ func (w *yamlWalker) envFiles(v *yaml.Node) {
 	}
 }
 
-// sequence: a list of scalars is an argument list (args, command,
-// entrypoint, a Helm extraArgs).
+// sequence: a list of scalars is an argument list when it runs vLLM, or,
+// in a config document, when it is a list of flags (Helm's extraArgs).
 func (w *yamlWalker) sequence(n *yaml.Node) {
-	var cmd Command
+	ws := make([]Word, 0, len(n.Content))
 	for _, c := range n.Content {
-		if c.Kind == yaml.ScalarNode {
-			cmd.Words = append(cmd.Words, Word{Text: c.Value, Pos: pos(c)})
-		} else {
-			cmd.Words = append(cmd.Words, Word{Pos: pos(c), Opaque: true})
-		}
+		ws = append(ws, w.word(c))
 		w.node(c)
 	}
-	if len(cmd.Words) > 0 {
-		w.f.Commands = append(w.f.Commands, cmd)
+	if w.kind == docConfig && startsWithFlag(ws) {
+		w.f.Commands = append(w.f.Commands, Command{Words: ws, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: w.f.scope})
+		return
 	}
+	w.f.command(ws, false, 1)
 }
 
 // scalar looks inside every scalar, numbers and booleans included: none of
@@ -219,11 +382,81 @@ func (w *yamlWalker) scalar(n *yaml.Node) {
 			return
 		}
 		w.f.addShell(lexShell(text, Pos{start, 1}, n.Style == yaml.FoldedStyle), false, 1)
-	case yaml.DoubleQuotedStyle, yaml.SingleQuotedStyle:
-		w.f.scanLiteral(n.Value, pos(n), Pos{n.Line, n.Column + 1}, false, 0)
 	default:
-		w.f.scanLiteral(n.Value, pos(n), pos(n), false, 0)
+		text, at := w.scalarText(n)
+		w.f.literal(text, pos(n), at, false, false, 0)
 	}
+}
+
+// scalarText is a flow scalar's text and where it starts. One written over
+// several lines is read from the source as written, so that a flag on its
+// third line is placed there; YAML folds its line breaks to spaces, which
+// a shell lexer treats alike.
+func (w *yamlWalker) scalarText(n *yaml.Node) (string, Pos) {
+	at := pos(n)
+	quoted := n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0
+	if quoted {
+		at.Col++
+	}
+	if !strings.ContainsAny(n.Value, " \t") || n.Style&(yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+		return n.Value, at
+	}
+	if w.lines == nil {
+		w.lines = bytes.Split(w.src, []byte("\n"))
+	}
+	if n.Line < 1 || n.Line > len(w.lines) {
+		return n.Value, at
+	}
+	first := string(w.lines[n.Line-1])
+	off := byteOffset(first, at.Col-1)
+	if off < 0 || n.Line == len(w.lines) {
+		return n.Value, at
+	}
+	rest := first[off:]
+	if quoted {
+		q := byte('"')
+		if n.Style&yaml.SingleQuotedStyle != 0 {
+			q = '\''
+		}
+		if end := quotedEnd(string(q)+rest, 0); end > 0 {
+			return n.Value, at // closes on its first line
+		}
+	} else if strings.HasPrefix(n.Value, strings.TrimRight(rest, " ")) && len(strings.TrimRight(rest, " ")) == len(n.Value) {
+		return n.Value, at
+	}
+	// Several lines: the source from the scalar to where its value ends.
+	var b strings.Builder
+	b.WriteString(rest)
+	for l := n.Line; l < len(w.lines) && !folded(b.String(), n); l++ {
+		b.WriteByte('\n')
+		b.Write(w.lines[l])
+	}
+	text := b.String()
+	if quoted {
+		if q := strings.LastIndexAny(text, `"'`); q >= 0 {
+			text = text[:q]
+		}
+	}
+	return text, at
+}
+
+// folded reports whether text, as written, already holds all of n's words.
+func folded(text string, n *yaml.Node) bool {
+	return len(strings.Fields(text)) >= len(strings.Fields(n.Value))
+}
+
+// byteOffset is the byte offset of the col-th code point of s, or -1.
+func byteOffset(s string, col int) int {
+	for i := range s {
+		if col == 0 {
+			return i
+		}
+		col--
+	}
+	if col == 0 {
+		return len(s)
+	}
+	return -1
 }
 
 // blockText is a block scalar's text as it stands in the file, indentation

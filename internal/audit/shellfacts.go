@@ -1,0 +1,438 @@
+package audit
+
+import "strings"
+
+// shellScan is one shell text being turned into facts: the literal values
+// of its variables, and those whose value is a list of flags that a
+// command line takes in with $NAME (VLLM_ARGS="--quantization fp8").
+type shellScan struct {
+	f       *facts
+	comment bool
+	depth   int
+	vars    map[string]string
+	argVars map[string]*argVar
+}
+
+type argVar struct {
+	words []Word
+	// used: $NAME stands unquoted on some command line; engine: on a vLLM one.
+	used, engine bool
+}
+
+// addShell turns lexed shell text into commands, environment settings and
+// mentions, and comment findings. It consumes res: its words go back for
+// reuse.
+func (f *facts) addShell(res shResult, comment bool, depth int) {
+	s := &shellScan{f: f, comment: comment, depth: depth, vars: shellVars(res.cmds)}
+	for _, ws := range res.cmds {
+		s.assignedArgs(ws)
+	}
+	for _, ws := range res.cmds {
+		s.command(ws)
+	}
+	for _, h := range res.heredocs {
+		s.heredoc(res.cmds, h)
+	}
+	// A list of flags no line of this text uses ends up on one elsewhere
+	// (an env file read by a unit or compose): it is the engine's.
+	for _, av := range s.argVars {
+		if !av.used {
+			f.Commands = append(f.Commands, Command{Words: av.words, Comment: comment, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: f.scope})
+		}
+	}
+	for _, c := range res.comments {
+		f.addComment(c.text[1:], advance(c.pos, "#"), depth)
+	}
+	wordSlabs.put(res.words)
+}
+
+// declarers set variables named as their operands.
+var declarers = map[string]bool{"export": true, "readonly": true, "declare": true, "typeset": true, "local": true}
+
+// assignments returns the operands of a command that only assigns: NAME=v
+// words, or export and friends with their options left out.
+func assignments(ws []shWord) ([]shWord, string) {
+	if len(ws) > 0 && declarers[ws[0].text] {
+		k := 1
+		for k < len(ws) && strings.HasPrefix(ws[k].text, "-") {
+			k++
+		}
+		return ws[k:], ws[0].text
+	}
+	for _, w := range ws {
+		if _, _, ok := splitAssign(w.text); !ok || w.lead == '"' || w.lead == '\'' {
+			return nil, ""
+		}
+	}
+	return ws, ""
+}
+
+// valueOf lexes the value of an assignment word in place: the first flag
+// of X="--quantization fp8 --port 1" stands where it is written.
+func valueOf(w *shWord, name string) (shResult, bool) {
+	raw := w.raw
+	if len(raw) <= len(name)+1 {
+		return shResult{}, false
+	}
+	at := advance(w.pos, raw[:len(name)+1])
+	value := w.text[len(name)+1:]
+	if q := raw[len(name)+1]; q == '"' || q == '\'' {
+		at.Col++
+	}
+	if !strings.ContainsAny(value, " \t\n") || strings.HasPrefix(strings.TrimSpace(value), "{") {
+		return shResult{}, false
+	}
+	return lexShell(value, at, false), true
+}
+
+// assignedArgs records variables whose value is a list of flags.
+func (s *shellScan) assignedArgs(ws []shWord) {
+	ops, _ := assignments(ws)
+	for k := range ops {
+		name, _, ok := splitAssign(ops[k].text)
+		if !ok {
+			continue
+		}
+		res, ok := valueOf(&ops[k], name)
+		if !ok || len(res.cmds) == 0 {
+			continue
+		}
+		var words []Word
+		for _, cmd := range res.cmds {
+			for j := range cmd {
+				words = append(words, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
+			}
+		}
+		if startsWithFlag(words) {
+			if s.argVars == nil {
+				s.argVars = map[string]*argVar{}
+			}
+			s.argVars[name] = &argVar{words: words}
+		}
+		wordSlabs.put(res.words)
+	}
+}
+
+func (s *shellScan) command(ws []shWord) {
+	f := s.f
+	for j := range ws {
+		for _, r := range ws[j].refs {
+			f.mentionEnv(r.name, r.pos, s.comment)
+		}
+	}
+	if ops, kw := assignments(ws); len(ops) > 0 || kw != "" {
+		s.assign(ops, kw)
+		return
+	}
+	if ws[0].text == "unset" {
+		for _, w := range ws[1:] {
+			if isEnvName(w.text) {
+				f.mentionEnv(w.text, w.pos, s.comment)
+			}
+		}
+		return
+	}
+	// The command's words as a window on the file's word array, with
+	// $ARGS lists spliced in where they stand unquoted.
+	start := len(f.words)
+	var spliced []*argVar
+	for j := range ws {
+		w := &ws[j]
+		if av := s.argVars[bareRef(w)]; av != nil {
+			av.used = true
+			spliced = append(spliced, av)
+			f.words = append(f.words, av.words...)
+			continue
+		}
+		text, unresolved := expand(w, s.vars)
+		f.words = append(f.words, Word{Text: text, Pos: w.pos, Opaque: unresolved, Quoted: w.quoted})
+		if w.quoted && strings.HasPrefix(strings.TrimSpace(text), "{") {
+			f.jsonKeys(text, contentPos(w), s.comment) // curl -d '{...}'
+		}
+	}
+	words := f.words[start:len(f.words):len(f.words)]
+	for _, av := range s.argVars {
+		// "$ARGS" or ${ARGS} inside another word uses it too, as one word.
+		if !av.used && quotedUse(ws, av, s.argVars) {
+			av.used = true
+		}
+	}
+	if f.command(words, s.comment, s.depth) == progVLLM {
+		for _, av := range spliced {
+			av.engine = true
+		}
+	}
+}
+
+// quotedUse reports whether a word other than a bare $NAME refers to av.
+func quotedUse(ws []shWord, av *argVar, all map[string]*argVar) bool {
+	for j := range ws {
+		for _, r := range ws[j].refs {
+			if all[r.name] == av {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// bareRef is NAME when the word is an unquoted $NAME or ${NAME}, which the
+// shell splits into words.
+func bareRef(w *shWord) string {
+	if w.quoted || len(w.refs) != 1 {
+		return ""
+	}
+	r := w.refs[0]
+	if r.start != 0 || r.end != len(w.text) || r.hasDef {
+		return ""
+	}
+	return r.name
+}
+
+// assign records NAME=value operands and exported names as set, and a
+// value that is itself a vLLM command line as a command.
+func (s *shellScan) assign(ops []shWord, kw string) {
+	f := s.f
+	for k := range ops {
+		w := &ops[k]
+		name, value, ok := splitAssign(w.text)
+		if !ok {
+			if kw != "local" && isEnvName(w.text) {
+				f.setEnv(w.text, "", false, w.pos, s.comment, -1)
+			}
+			continue
+		}
+		f.setEnv(name, value, true, w.pos, s.comment, -1)
+		if s.argVars[name] != nil || s.depth >= maxNesting {
+			continue
+		}
+		if res, ok := valueOf(w, name); ok {
+			// CMD="vllm serve m --quantization fp8": run later by $CMD or eval.
+			s.f.addShell(res, s.comment, s.depth+1)
+		}
+	}
+}
+
+// command records a recognised command line and the variables it passes,
+// and audits the script it runs (sh -c, eval). It returns the program.
+func (f *facts) command(ws []Word, comment bool, depth int) prog {
+	r := recognise(ws)
+	if comment && r.prog == progNone && startsWithFlag(ws) {
+		r.prog = progVLLM // a commented-out fragment: --quantization fp8
+	}
+	idx := len(f.Commands)
+	for _, k := range r.env {
+		if name, value, ok := splitAssign(strings.TrimPrefix(strings.TrimPrefix(ws[k].Text, "--env="), "-e=")); ok {
+			f.setEnv(name, value, true, ws[k].Pos, comment, idx)
+		} else if isEnvName(ws[k].Text) {
+			f.setEnv(ws[k].Text, "", false, ws[k].Pos, comment, idx) // docker -e NAME passes it on
+		}
+	}
+	if r.prog != progNone || r.module >= 0 {
+		f.Commands = append(f.Commands, Command{Words: ws, Comment: comment, recog: r, Scope: f.scope})
+	}
+	if r.script >= 0 && depth < maxNesting {
+		w := ws[r.script]
+		at := w.Pos
+		if w.Quoted {
+			at.Col++
+		}
+		f.addShell(lexShell(w.Text, at, false), comment, depth+1)
+	}
+	return r.prog
+}
+
+// heredoc audits a here-document by what reads it: a file it is written
+// to by its kind, a shell, Python or kubectl by theirs. Prose read by cat
+// or anything else is left alone.
+func (s *shellScan) heredoc(cmds [][]shWord, h shHeredoc) {
+	if h.cmd < 0 || h.cmd >= len(cmds) || s.depth >= maxNesting {
+		return
+	}
+	ws := cmds[h.cmd]
+	k := kindNone
+	for j := range ws {
+		t := ws[j].text
+		target := ""
+		if t == ">" || t == ">>" {
+			if j+1 < len(ws) {
+				target = ws[j+1].text
+			}
+		} else if strings.HasPrefix(t, ">") {
+			target = strings.TrimLeft(t, ">")
+		}
+		if target != "" {
+			k = kindOf(target)
+		}
+	}
+	if k == kindNone || k == kindSniff {
+		k = readerKind(ws)
+	}
+	if k == kindNone {
+		return
+	}
+	s.f.embed(k, h.body, h.pos, s.comment, s.depth+1)
+}
+
+// readerKind is the kind of text a command reads on its standard input.
+func readerKind(ws []shWord) kind {
+	i := 0
+	for i < len(ws) && (wrappers[ws[i].text] || strings.HasPrefix(ws[i].text, "-")) {
+		i++
+	}
+	if i >= len(ws) {
+		return kindNone
+	}
+	p := ws[i].text
+	if k := strings.LastIndexByte(p, '/'); k >= 0 {
+		p = p[k+1:]
+	}
+	switch {
+	case shells[p] || p == "ssh":
+		return kindShell
+	case isPython(p):
+		return kindPython
+	case p == "kubectl" || p == "oc" || p == "helm":
+		return kindYAML
+	case containerRunners[p]:
+		return kindShell // docker exec -i c sh <<EOF
+	}
+	return kindNone
+}
+
+// embed parses text of another kind found inside this one (a here-document
+// body) and moves what it found to where the text starts.
+func (f *facts) embed(k kind, text string, at Pos, comment bool, depth int) {
+	if k == kindShell || k == kindDotenv {
+		f.addShell(lexShell(text, at, false), comment, depth)
+		return
+	}
+	nc, ne, nk, nm := len(f.Commands), len(f.Env), len(f.Keys), len(f.Modules)
+	nf, nn := len(f.EnvFiles), len(f.Notes)
+	if parse(k, []byte(text), f) != nil {
+		return // not the kind its reader expects: nothing is read from it
+	}
+	shift := func(p *Pos) {
+		if p.Line == 1 {
+			p.Col += at.Col - 1
+		}
+		p.Line += at.Line - 1
+	}
+	for i := nc; i < len(f.Commands); i++ {
+		for j := range f.Commands[i].Words {
+			shift(&f.Commands[i].Words[j].Pos)
+		}
+	}
+	for i := ne; i < len(f.Env); i++ {
+		shift(&f.Env[i].Pos)
+	}
+	for i := nk; i < len(f.Keys); i++ {
+		shift(&f.Keys[i].Pos)
+	}
+	for i := nm; i < len(f.Modules); i++ {
+		shift(&f.Modules[i].Pos)
+	}
+	for i := nf; i < len(f.EnvFiles); i++ {
+		shift(&f.EnvFiles[i].Pos)
+	}
+	for i := nn; i < len(f.Notes); i++ {
+		shift(&f.Notes[i].Pos)
+	}
+}
+
+// contentPos is where a quoted word's content starts, when the quote leads.
+func contentPos(w *shWord) Pos {
+	if w.lead == '"' || w.lead == '\'' {
+		return Pos{w.pos.Line, w.pos.Col + 1}
+	}
+	return w.pos
+}
+
+// shellVars collects NAME=value assignments made as commands of their own
+// (or by export), so that "--master-port $PORT" can be compared. A name
+// assigned two different values is left unexpanded.
+func shellVars(cmds [][]shWord) map[string]string {
+	var vars map[string]string
+	for _, ws := range cmds {
+		ops, _ := assignments(ws)
+		for _, w := range ops {
+			name, value, ok := splitAssign(w.text)
+			if !ok {
+				continue
+			}
+			if len(w.refs) > 0 {
+				value = "" // self-referential or derived: not a literal
+			}
+			if vars == nil {
+				vars = map[string]string{}
+			}
+			if old, seen := vars[name]; seen && old != value {
+				value = ""
+			}
+			vars[name] = value
+		}
+	}
+	return vars
+}
+
+// expand replaces $NAME references whose value the file assigns, and
+// ${NAME:-def} defaults for names it does not; unresolved says a reference
+// is left, so the text is not the value the program will see.
+func expand(w *shWord, vars map[string]string) (text string, unresolved bool) {
+	if len(w.refs) == 0 {
+		return w.text, false
+	}
+	var b strings.Builder
+	last := 0
+	for _, r := range w.refs {
+		v, ok := vars[r.name]
+		if ok && v == "" {
+			ok = false
+		}
+		if !ok && r.hasDef {
+			v, ok = r.def, true
+		}
+		if !ok {
+			unresolved = true
+			continue
+		}
+		b.WriteString(w.text[last:r.start])
+		b.WriteString(v)
+		last = r.end
+	}
+	b.WriteString(w.text[last:])
+	return b.String(), unresolved
+}
+
+// trimPunct strips prose punctuation from a word in a comment.
+func trimPunct(s string) string { return strings.Trim(s, "`'\".,:;()[]{}<>*!?") }
+
+// addComment looks for the same things in a comment as in code, so that a
+// commented-out flag or a note about a variable is reported, as a note.
+func (f *facts) addComment(text string, p Pos, depth int) {
+	res := lexShell(text, p, false)
+	for _, ws := range res.cmds {
+		var kwargs []Word
+		for _, w := range ws {
+			t := trimPunct(w.text)
+			if name, value, ok := splitAssign(t); ok && !isEnvName(name) {
+				// A commented-out Python call: quantization="fp8",
+				kwargs = append(kwargs, Word{Text: "--" + dashify(name) + "=" + value, Pos: w.pos})
+			} else if ok {
+				f.mentionEnv(name, w.pos, true) // # ENV NAME=1
+			}
+			switch {
+			case isEnvName(t):
+				f.mentionEnv(t, w.pos, true)
+			case isDotted(t):
+				f.Modules = append(f.Modules, Mention{Name: t, Pos: w.pos, Comment: true})
+			case isIdent(t):
+				f.Keys = append(f.Keys, Mention{Name: t, Pos: w.pos, Comment: true})
+			}
+		}
+		if len(kwargs) > 0 {
+			f.Commands = append(f.Commands, Command{Words: kwargs, Comment: true, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: f.scope})
+		}
+	}
+	f.addShell(res, true, depth+1)
+}
