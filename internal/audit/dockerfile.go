@@ -233,6 +233,7 @@ func (f *facts) dockerHeredocs(inst, body string, delims []string, lines []strin
 	}
 	return i - 1
 }
+
 // execForm reads ["a", "b"] and the place of each element. Docker runs
 // anything that is not a valid JSON array of strings as a shell command,
 // and so does this.

@@ -103,4 +103,3 @@ func advance(p Pos, text string) Pos {
 	}
 	return p
 }
-
