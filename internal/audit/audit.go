@@ -75,6 +75,8 @@ var (
 // Report is the outcome of one audit.
 type Report struct {
 	Findings []Finding
+	// Skipped lists the files and folders not read, and why.
+	Skipped []Skip
 	// Files is how many deploy files were considered; Parsed how many of
 	// them mentioned something a rule looks for and were parsed.
 	Files, Parsed int

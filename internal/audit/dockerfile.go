@@ -207,8 +207,8 @@ func heredocNames(inst, body string) []string {
 // RUN body is a script (Python with a python #! line); a COPY body is read
 // as the kind of file it is copied to.
 func (f *facts) dockerHeredocs(inst, body string, delims []string, lines []string, from int) int {
-	first, _, _ := strings.Cut(body, "\n")
-	fields := strings.Fields(first)
+	line, _, _ := strings.Cut(body, "\n")
+	fields := strings.Fields(line)
 	target := ""
 	if len(fields) > 0 {
 		target = fields[len(fields)-1]
@@ -220,11 +220,12 @@ func (f *facts) dockerHeredocs(inst, body string, delims []string, lines []strin
 			i++
 		}
 		text := strings.Join(lines[start:min(i, len(lines))], "\n")
+		first, _, _ := strings.Cut(text, "\n")
 		k := kindShell
 		if inst != "RUN" {
 			k = kindOf(target)
-		} else if sk := sniff([]byte(text)); sk != kindNone {
-			k = sk
+		} else if strings.HasPrefix(text, "#!") && strings.Contains(first, "python") {
+			k = kindPython
 		}
 		if k != kindNone && k != kindSniff {
 			f.embed(k, text, Pos{start + 1, 1}, false, 1)

@@ -12,7 +12,7 @@ func scanSource(t *testing.T, rs *RuleSet, name, src string) []Finding {
 	t.Helper()
 	k := kindOf(name)
 	if k == kindSniff {
-		k = sniff([]byte(src))
+		k, _ = sniff([]byte(src))
 	}
 	active, any := rs.pre.active([]byte(src))
 	if !any {

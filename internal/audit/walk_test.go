@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -83,7 +84,7 @@ func TestTruncatedFilesDoNotPanic(t *testing.T) {
 		}
 		k := kindOf(path)
 		if k == kindSniff {
-			k = sniff(src)
+			k, _ = sniff(src)
 		}
 		for n := range len(src) + 1 {
 			if n == len(src) || strings.IndexByte("\"'`[]{}()\\\n:=#$", src[n]) >= 0 || (n > 0 && src[n-1] == '\\') {
@@ -101,34 +102,66 @@ func TestTruncatedFilesDoNotPanic(t *testing.T) {
 func TestWalk(t *testing.T) {
 	hit := "vllm serve m --tokenizer-mode slow\n"
 	dir := writeTree(t, map[string]string{
-		"run.sh":                    hit,
-		".git/hooks/run.sh":         hit,
-		"node_modules/x/run.sh":     hit,
-		"vendor/x/run.sh":           hit,
-		"sub/third_party/run.sh":    hit,
-		"sub/start":                 "#!/bin/sh\n" + hit,
-		"sub/README":                hit, // no #! line: not a deploy file
-		"sub/notes.txt":             hit,
-		"sub/Dockerfile.gpu":        "CMD " + hit,
-		"sub/app.service.d/10.conf": "[Service]\nExecStart=" + hit,
-		"sub/other.conf":            "ExecStart=" + hit,
-		"sub/clean.sh":              "vllm serve m\n",
+		"run.sh":                     hit,
+		".git/hooks/run.sh":          hit,
+		"node_modules/x/run.sh":      hit,
+		"vendor/x/run.sh":            hit,
+		"sub/third_party/run.sh":     hit,
+		"sub/start":                  "#!/bin/sh\n" + hit,
+		"sub/launch":                 "# no #! line, read by content\nexport HF_HOME=/m\n" + hit,
+		"sub/README":                 "Start the engine as the runbook says.\nThen wait.\n",
+		"sub/tool":                   "#!/usr/bin/env node\n" + hit,
+		"sub/blob":                   "\x00\x01" + hit,
+		"sub/notes.txt":              hit,
+		"sub/Dockerfile.gpu":         "CMD " + hit,
+		"sub/Dockerfile-cpu":         "CMD " + hit,
+		"sub/Dockerfile_rocm":        "CMD " + hit,
+		"sub/serve.Dockerfile":       "CMD " + hit,
+		"sub/Containerfile":          "CMD " + hit,
+		"sub/app.service.d/10.conf":  "[Service]\nExecStart=" + hit,
+		"sub/other.conf":             "ExecStart=" + hit,
+		"sub/clean.sh":               "vllm serve m\n",
+		"tpl/run.sh.j2":              "{% if gpu %}\n" + hit + "{% endif %}\n",
+		"tpl/deploy.yaml.gotmpl":     "args: [--tokenizer-mode, '{{ .Mode }}', --tokenizer_mode, slow]\nimage: vllm/vllm-openai\n",
+		"tpl/_helpers.tpl":           "{{- define \"args\" -}}\napiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - image: vllm/vllm-openai\n      args: [--tokenizer-mode, slow]\n{{- end }}\n",
+		"tpl/vllm.service.j2":        "[Service]\nExecStart=/usr/bin/" + hit,
+		"tpl/notes.tpl":              "Dear operator, {{ name }}\n",
 	})
 	rep, err := Run(context.Background(), []string{dir}, builtin(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Join(rulesOf(rep.Findings), " ")
-	want := "run.sh:tokenizer-mode-slow Dockerfile.gpu:tokenizer-mode-slow 10.conf:tokenizer-mode-slow start:tokenizer-mode-slow"
+	want := "run.sh:tokenizer-mode-slow Containerfile:tokenizer-mode-slow Dockerfile-cpu:tokenizer-mode-slow Dockerfile.gpu:tokenizer-mode-slow " +
+		"Dockerfile_rocm:tokenizer-mode-slow 10.conf:tokenizer-mode-slow launch:tokenizer-mode-slow serve.Dockerfile:tokenizer-mode-slow " +
+		"start:tokenizer-mode-slow _helpers.tpl:tokenizer-mode-slow deploy.yaml.gotmpl:tokenizer-mode-slow run.sh.j2:tokenizer-mode-slow vllm.service.j2:tokenizer-mode-slow"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	if rep.Files != 5 || rep.Parsed != 4 {
-		t.Errorf("files %d parsed %d, want 5 and 4", rep.Files, rep.Parsed)
+	var skipped []string
+	for _, sk := range rep.Skipped {
+		rel, _ := filepath.Rel(dir, sk.Path)
+		skipped = append(skipped, rel+": "+sk.Reason)
+	}
+	wantSkipped := []string{
+		".git: vendored, virtual-environment or version-control folder",
+		"node_modules: vendored, virtual-environment or version-control folder",
+		"sub/README: no #! line, and no line says it is a script, unit, Dockerfile or YAML",
+		"sub/blob: binary file",
+		"sub/third_party: vendored, virtual-environment or version-control folder",
+		"sub/tool: its #! line names another interpreter: /usr/bin/env node",
+		"tpl/notes.tpl: no #! line, and no line says it is a script, unit, Dockerfile or YAML",
+		"vendor: vendored, virtual-environment or version-control folder",
+	}
+	if !slices.Equal(skipped, wantSkipped) {
+		t.Errorf("skipped\ngot  %q\nwant %q", skipped, wantSkipped)
+	}
+	if rep.Files != 14 || rep.Parsed != 13 {
+		t.Errorf("files %d parsed %d, want 14 and 13", rep.Files, rep.Parsed)
 	}
 
 	// A file named on the command line is read whatever its name.
-	rep, err = Run(context.Background(), []string{filepath.Join(dir, "sub", "README")}, builtin(t))
+	rep, err = Run(context.Background(), []string{filepath.Join(dir, "sub", "notes.txt")}, builtin(t))
 	if err != nil || len(rep.Findings) != 1 {
 		t.Errorf("explicit file: %v %v", rep, err)
 	}

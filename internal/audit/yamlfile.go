@@ -16,7 +16,7 @@ import (
 // Kubernetes env name/value pairs, args and command lists and command
 // strings each have a shape the walker recognises wherever they are.
 func parseYAML(src []byte, f *facts) error {
-	if bytes.Contains(src, []byte("{{")) {
+	if bytes.Contains(src, []byte("{{")) || bytes.Contains(src, []byte("{%")) {
 		src = blankTemplates(src)
 	}
 	w := &yamlWalker{f: f, src: src}
@@ -68,15 +68,20 @@ func yamlProblem(err error) *problem {
 	return p
 }
 
-// blankTemplates replaces Helm template actions with spaces of the same
-// length, so that the rest parses as YAML and keeps its positions.
+// blankTemplates replaces template actions ({{ }} of Helm and Go, {% %}
+// and {# #} of Jinja) with spaces of the same length, so that the rest
+// parses and keeps its positions.
 func blankTemplates(src []byte) []byte {
 	out := bytes.Clone(src)
 	for i := 0; i+1 < len(out); i++ {
-		if out[i] != '{' || out[i+1] != '{' {
+		if out[i] != '{' || (out[i+1] != '{' && out[i+1] != '%' && out[i+1] != '#') {
 			continue
 		}
-		end := bytes.Index(out[i:], []byte("}}"))
+		closer := []byte{'}', '}'}
+		if out[i+1] != '{' {
+			closer[0] = out[i+1]
+		}
+		end := bytes.Index(out[i:], closer)
 		if end < 0 {
 			break
 		}
