@@ -81,6 +81,8 @@ type Report struct {
 	// them mentioned something a rule looks for and were parsed.
 	Files, Parsed int
 	Rules         *RuleSet
+	// Verbose lists the skipped files in text output too.
+	Verbose bool
 }
 
 // Count returns how many findings are at or above min.

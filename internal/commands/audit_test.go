@@ -78,6 +78,21 @@ func TestAuditFormats(t *testing.T) {
 	}
 }
 
+// TestAuditVerbose lists skipped files in text only with --verbose.
+func TestAuditVerbose(t *testing.T) {
+	dir := auditTree(t, map[string]string{"run.sh": "vllm serve m\n", "README": "Read me first.\n"})
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{[]string{dir}, false}, {[]string{"--verbose", dir}, true}, {[]string{"--format", "json", dir}, true}} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), env{stdout: &stdout, stderr: &stderr}, append([]string{"audit"}, c.args...))
+		if got := strings.Contains(stdout.String(), "README"); code != exitOK || got != c.want {
+			t.Errorf("%v: exit %d, README listed %v, want %v: %s", c.args, code, got, c.want, stdout.String())
+		}
+	}
+}
+
 // TestAuditDefaultPath audits the current directory when no path is given.
 func TestAuditDefaultPath(t *testing.T) {
 	t.Chdir(auditTree(t, map[string]string{"run.sh": "export VLLM_PLE_CPU_OFFLOAD=1\n"}))
