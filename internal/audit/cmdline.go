@@ -131,7 +131,8 @@ func recognise(ws []Word) recog {
 		r.prog, r.args = progVLLM, i+1
 	case p == "weightcache":
 		r.prog, r.args = progWeightcache, i+1
-	case isPython(p):
+	case isPython(p) || (ws[i].Opaque && i+1 < len(ws) && ws[i+1].Text == "-m"):
+		// python3 -m, or sys.executable -m in a Python argv.
 		for j := i + 1; j < len(ws); j++ {
 			t := ws[j].Text
 			if t == "-m" && j+1 < len(ws) {

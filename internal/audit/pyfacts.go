@@ -161,7 +161,7 @@ func (p *pyFile) str(i int) {
 		p.f.addComment(t.text, t.cpos, 0)
 		return
 	}
-	if i < p.prose || t.fexpr {
+	if i < p.prose {
 		return
 	}
 	if par := p.parent[i]; par >= 0 && (p.is(par, "[") || (p.is(par, "(") && p.callee(par) == "")) {

@@ -217,8 +217,15 @@ func (s *shellScan) assign(ops []shWord, kw string) {
 // and audits the script it runs (sh -c, eval). It returns the program.
 func (f *facts) command(ws []Word, comment bool, depth int) prog {
 	r := recognise(ws)
-	if comment && r.prog == progNone && startsWithFlag(ws) {
-		r.prog = progVLLM // a commented-out fragment: --quantization fp8
+	if comment && r.prog == progNone && r.module < 0 {
+		// Prose or a fragment in a comment ("removed: --flag"): its
+		// flags are reported as notes.
+		for j := range ws {
+			if strings.HasPrefix(ws[j].Text, "--") {
+				r.prog, r.args = progVLLM, j
+				break
+			}
+		}
 	}
 	idx := len(f.Commands)
 	for _, k := range r.env {

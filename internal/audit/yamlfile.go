@@ -68,9 +68,14 @@ func yamlProblem(err error) *problem {
 	return p
 }
 
+// templateFill stands for a template action inside a line's text: a value
+// the audit cannot know (image: repo:____ is not a known image).
+const templateFill = '_'
+
 // blankTemplates replaces template actions ({{ }} of Helm and Go, {% %}
-// and {# #} of Jinja) with spaces of the same length, so that the rest
-// parses and keeps its positions.
+// and {# #} of Jinja) so that the rest parses and keeps its positions: an
+// action alone on its line becomes spaces, one inside text becomes
+// templateFill bytes (image: repo:{{ .Tag }} must stay a plain scalar).
 func blankTemplates(src []byte) []byte {
 	out := bytes.Clone(src)
 	for i := 0; i+1 < len(out); i++ {
@@ -85,9 +90,13 @@ func blankTemplates(src []byte) []byte {
 		if end < 0 {
 			break
 		}
+		fill := byte(' ')
+		if ls := bytes.LastIndexByte(out[:i], '\n') + 1; len(bytes.TrimSpace(out[ls:i])) > 0 {
+			fill = templateFill
+		}
 		for j := i; j < i+end+2; j++ {
 			if out[j] != '\n' {
-				out[j] = ' '
+				out[j] = fill
 			}
 		}
 		i += end + 1
@@ -205,8 +214,8 @@ func (w *yamlWalker) container(n *yaml.Node) {
 	case !hasArgs:
 	case recognise(args).prog != progNone || recognise(args).script >= 0 || recognise(args).module >= 0:
 		w.f.command(args, false, 0)
-	case strings.Trim(image, ":@") == "" || strings.Contains(image, "  ") || isVLLMImage(image):
-		// Not known (empty, or a Helm template blanked out) or vLLM's.
+	case strings.Trim(image, ":@") == "" || strings.Contains(image, string([]byte{templateFill, templateFill})) || isVLLMImage(image):
+		// Not known (empty, or from a template) or vLLM's.
 		w.f.Commands = append(w.f.Commands, Command{Words: args, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: w.f.scope})
 	}
 }
@@ -223,6 +232,11 @@ func (w *yamlWalker) argList(v *yaml.Node) []Word {
 		return ws
 	case yaml.ScalarNode:
 		text, at := w.scalarText(v)
+		if v.Style&(yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+			var line int
+			text, line = w.blockText(v)
+			at = Pos{line, 1}
+		}
 		res := lexShell(text, at, v.Style == yaml.FoldedStyle)
 		var ws []Word
 		for _, cmd := range res.cmds {
@@ -294,6 +308,9 @@ func (w *yamlWalker) env(v *yaml.Node) {
 // the environment), env and environment are read as such, and env_file
 // names a file read at run time.
 func (w *yamlWalker) mapping(n *yaml.Node) {
+	if name := mapValue(n, "name"); name != nil && isEnvName(name.Value) && (mapValue(n, "value") != nil || mapValue(n, "valueFrom") != nil) {
+		w.env(&yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{n}}) // an env entry in a list of its own (Helm's extraEnv)
+	}
 	var cmd Command
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
