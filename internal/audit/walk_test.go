@@ -74,7 +74,14 @@ func TestMalformedUnitLines(t *testing.T) {
 // just before and after each byte that opens or closes something (quotes,
 // brackets, escapes, line ends), where parsers change state.
 func TestTruncatedFilesDoNotPanic(t *testing.T) {
-	err := filepath.WalkDir(fixture, func(path string, d fs.DirEntry, err error) error {
+	for _, root := range []string{fixture, "testdata/tricky", "testdata/realworld"} {
+		truncate(t, root)
+	}
+}
+
+func truncate(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
