@@ -156,7 +156,7 @@ var (
 	generated = vocab{flags: currentFlags, legacyFlags: legacyFlags, env: currentEnv, legacyEnv: legacyEnv}
 	// quiet's current words contain nothing a rule looks for, so that a
 	// file without a legacy setting mentions no rule term at all.
-	quiet = vocab{flags: quietFlags, legacyFlags: legacyFlags, env: quietEnv, legacyEnv: legacyEnv, others: true}
+	quiet      = vocab{flags: quietFlags, legacyFlags: legacyFlags, env: quietEnv, legacyEnv: legacyEnv, others: true}
 	quietFlags = []string{"--max-num-seqs 256", "--enable-prefix-caching", "--gpu-memory-utilization 0.9",
 		"--max-model-len 32768", "--served-model-name chat", "--disable-log-requests", "--swap-space 8"}
 	quietEnv = []string{"VLLM_LOGGING_LEVEL", "VLLM_WORKER_MULTIPROC_METHOD", "HF_HOME", "HF_HUB_OFFLINE", "NCCL_DEBUG"}

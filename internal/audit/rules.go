@@ -318,7 +318,6 @@ func ParseSeverity(s string) (Severity, error) {
 	return 0, fmt.Errorf("severity %q is not one of note, warning, error", s)
 }
 
-
 // version is a release such as 0.31 or 0.31.2.
 type version [3]int
 
