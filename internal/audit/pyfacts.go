@@ -161,26 +161,34 @@ func (p *pyFile) str(i int) {
 		p.f.addComment(t.text, t.cpos, 0)
 		return
 	}
-	if i < p.prose {
-		return
+	if i < p.prose || (i > 0 && p.toks[i-1].kind == pyStr) {
+		return // printed text, or the rest of a concatenation read with its first part
 	}
-	if par := p.parent[i]; par >= 0 && (p.is(par, "[") || (p.is(par, "(") && p.callee(par) == "")) {
+	end := i + 1
+	for end < len(p.toks) && p.toks[end].kind == pyStr {
+		end++
+	}
+	if par := p.parent[i]; par >= 0 && (p.is(par, "[") || (p.is(par, "(") && p.callee(par) == "" && end == i+1)) {
 		if strings.HasPrefix(strings.TrimSpace(t.text), "{") {
 			p.f.jsonKeys(t.text, t.cpos, false)
 		}
 		return
 	}
 	n := len(p.f.Commands)
-	if strings.HasPrefix(strings.TrimSpace(t.text), "-") {
-		// "--quantization fp8": a fragment, as a list is.
-		res := lexShell(t.text, t.cpos, false)
+	if end > i+1 || strings.HasPrefix(strings.TrimSpace(t.text), "-") {
+		// "vllm serve m " "--quantization fp8" over several lines, each
+		// part lexed where it is written; or "--quantization fp8", a
+		// fragment as a list of flags is.
 		var ws []Word
-		for _, c := range res.cmds {
-			for j := range c {
-				ws = append(ws, Word{Text: c[j].text, Pos: c[j].pos})
+		for k := i; k < end; k++ {
+			res := lexShell(p.toks[k].text, p.toks[k].cpos, true)
+			for _, c := range res.cmds {
+				for j := range c {
+					ws = append(ws, Word{Text: c[j].text, Pos: c[j].pos, Opaque: p.toks[k].fexpr && strings.Contains(c[j].text, "{")})
+				}
 			}
+			wordSlabs.put(res.words)
 		}
-		wordSlabs.put(res.words)
 		p.argv(ws, i)
 		return
 	}

@@ -208,11 +208,12 @@ func (w *yamlWalker) container(n *yaml.Node) {
 			w.node(v)
 		}
 	}
+	r := recognise(args)
 	switch image = strings.TrimSpace(image); {
 	case hasEntry:
 		w.f.command(append(entry, args...), false, 0)
 	case !hasArgs:
-	case recognise(args).prog != progNone || recognise(args).script >= 0 || recognise(args).module >= 0:
+	case r.prog != progNone || r.script >= 0 || r.module >= 0:
 		w.f.command(args, false, 0)
 	case strings.Trim(image, ":@") == "" || strings.Contains(image, string([]byte{templateFill, templateFill})) || isVLLMImage(image):
 		// Not known (empty, or from a template) or vLLM's.
