@@ -181,13 +181,11 @@ func (p *pyFile) str(i int) {
 		// fragment as a list of flags is.
 		var ws []Word
 		for k := i; k < end; k++ {
-			res := lexShell(p.toks[k].text, p.toks[k].cpos, true)
-			for _, c := range res.cmds {
-				for j := range c {
-					ws = append(ws, Word{Text: c[j].text, Pos: c[j].pos, Opaque: p.toks[k].fexpr && strings.Contains(c[j].text, "{")})
-				}
+			from := len(ws)
+			ws = flatWords(ws, lexShell(p.toks[k].text, p.toks[k].cpos, true))
+			for j := from; j < len(ws); j++ {
+				ws[j].Opaque = p.toks[k].fexpr && strings.Contains(ws[j].Text, "{") // an f-string's {expr}
 			}
-			wordSlabs.put(res.words)
 		}
 		p.argv(ws, i)
 		return

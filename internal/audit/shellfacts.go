@@ -46,6 +46,18 @@ func (f *facts) addShell(res shResult, comment bool, depth int) {
 	wordSlabs.put(res.words)
 }
 
+// flatWords appends the words of every command of res to ws, as one
+// argument list (the value of ARGS="--a 1 --b 2"), and consumes res.
+func flatWords(ws []Word, res shResult) []Word {
+	for _, cmd := range res.cmds {
+		for j := range cmd {
+			ws = append(ws, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
+		}
+	}
+	wordSlabs.put(res.words)
+	return ws
+}
+
 // declarers set variables named as their operands.
 var declarers = map[string]bool{"export": true, "readonly": true, "declare": true, "typeset": true, "local": true}
 
@@ -97,19 +109,12 @@ func (s *shellScan) assignedArgs(ws []shWord) {
 		if !ok || len(res.cmds) == 0 {
 			continue
 		}
-		var words []Word
-		for _, cmd := range res.cmds {
-			for j := range cmd {
-				words = append(words, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
-			}
-		}
-		if startsWithFlag(words) {
+		if words := flatWords(nil, res); startsWithFlag(words) {
 			if s.argVars == nil {
 				s.argVars = map[string]*argVar{}
 			}
 			s.argVars[name] = &argVar{words: words}
 		}
-		wordSlabs.put(res.words)
 	}
 }
 

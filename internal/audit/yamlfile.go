@@ -238,15 +238,7 @@ func (w *yamlWalker) argList(v *yaml.Node) []Word {
 			text, line = w.blockText(v)
 			at = Pos{line, 1}
 		}
-		res := lexShell(text, at, v.Style == yaml.FoldedStyle)
-		var ws []Word
-		for _, cmd := range res.cmds {
-			for j := range cmd {
-				ws = append(ws, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
-			}
-		}
-		wordSlabs.put(res.words)
-		return ws
+		return flatWords(nil, lexShell(text, at, v.Style == yaml.FoldedStyle))
 	}
 	return nil
 }
