@@ -1,9 +1,12 @@
 // Package audit finds settings in deploy files (shell scripts, systemd
 // units, Dockerfiles, compose, Kubernetes and Helm YAML, .env files and
 // Python launchers) that an inference engine upgrade removed, renamed or
-// gated. It parses each kind of file into argument lists, environment uses,
-// request keys and module names, and matches rules (rules.yaml, extendable)
-// against those, never against raw lines.
+// gated. It parses each kind of file into command lines, recognising first
+// which program each runs (cmdline.go), the environment each runs in,
+// request keys and module names, and matches rules (rules.yaml,
+// extendable) against those, never against raw lines: a flag is vLLM's
+// only on a vLLM command line, a variable is set only where it is given a
+// value.
 package audit
 
 import (

@@ -24,9 +24,8 @@ func (f *facts) mentionEnv(name string, p Pos, comment bool) {
 // be a module path, a JSON request body or a whole command line, which
 // counts only if recognise knows its program. Whole-string facts are placed
 // at the literal (at, its opening quote); what is inside it at its
-// content, which starts at content.
-// fold reads line breaks as blanks: the string is one argument list
-// (shlex.split), not a script.
+// content, which starts at content. fold reads line breaks as blanks: the
+// string is one argument list (shlex.split), not a script.
 func (f *facts) literal(s string, at, content Pos, comment, fold bool, depth int) {
 	if isDotted(s) {
 		f.Modules = append(f.Modules, Mention{Name: s, Pos: at, Comment: comment})
