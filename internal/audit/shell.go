@@ -39,7 +39,10 @@ type shResult struct {
 	cmds     [][]shWord
 	comments []shComment
 	heredocs []shHeredoc
-	words    []shWord // the array cmds are windows on, for reuse
+	// closes holds, for each ")", how many commands came before it: the
+	// end of an array assignment, NAME=( ... ).
+	closes []int
+	words  []shWord // the array cmds are windows on, for reuse
 }
 
 // shHeredoc is the body of a here-document (cmd <<EOF ... EOF), kept out
@@ -104,6 +107,9 @@ func lexShell(src string, base Pos, fold bool) shResult {
 		case ';', '&', '|', '(', ')':
 			lx.adv()
 			flush()
+			if c == ')' {
+				res.closes = append(res.closes, len(res.cmds))
+			}
 		case '#':
 			res.comments = append(res.comments, lx.comment())
 		default:

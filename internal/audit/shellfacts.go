@@ -27,8 +27,12 @@ func (f *facts) addShell(res shResult, comment bool, depth int) {
 	for _, ws := range res.cmds {
 		s.assignedArgs(ws)
 	}
-	for _, ws := range res.cmds {
-		s.command(ws)
+	for k := 0; k < len(res.cmds); k++ {
+		if end := s.array(res, k); end > k {
+			k = end
+			continue
+		}
+		s.command(res.cmds[k])
 	}
 	for _, h := range res.heredocs {
 		s.heredoc(res.cmds, h)
@@ -50,11 +54,16 @@ func (f *facts) addShell(res shResult, comment bool, depth int) {
 // argument list (the value of ARGS="--a 1 --b 2"), and consumes res.
 func flatWords(ws []Word, res shResult) []Word {
 	for _, cmd := range res.cmds {
-		for j := range cmd {
-			ws = append(ws, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
-		}
+		ws = appendWords(ws, cmd)
 	}
 	wordSlabs.put(res.words)
+	return ws
+}
+
+func appendWords(ws []Word, cmd []shWord) []Word {
+	for j := range cmd {
+		ws = append(ws, Word{Text: cmd[j].text, Pos: cmd[j].pos, Quoted: cmd[j].quoted})
+	}
 	return ws
 }
 
@@ -95,6 +104,47 @@ func valueOf(w *shWord, name string) (shResult, bool) {
 		return shResult{}, false
 	}
 	return lexShell(value, at, false), true
+}
+
+// array reads a bash array assignment, NAME=( words ) or NAME+=( words ),
+// which the lexer splits at its parentheses into NAME= and the commands up
+// to the next ")". A list of flags is recorded like ARGS="..."; the index
+// of the last command it took is returned, or k when cmds[k] is not one.
+func (s *shellScan) array(res shResult, k int) int {
+	ws := res.cmds[k]
+	if len(ws) != 1 || ws[0].quoted || !strings.HasSuffix(ws[0].raw, "=") {
+		return k
+	}
+	name := strings.TrimSuffix(strings.TrimSuffix(ws[0].raw, "="), "+")
+	if !isIdent(name) {
+		return k
+	}
+	end := k
+	for _, c := range res.closes {
+		if c > k+1 {
+			end = c - 1
+			break
+		}
+	}
+	if end == k {
+		return k
+	}
+	var words []Word
+	for _, cmd := range res.cmds[k+1 : end+1] {
+		words = appendWords(words, cmd)
+	}
+	s.f.setEnv(name, "", false, ws[0].pos, s.comment, -1)
+	if startsWithFlag(words) {
+		if s.argVars == nil {
+			s.argVars = map[string]*argVar{}
+		}
+		if av := s.argVars[name]; av != nil { // ARGS+=( ... )
+			av.words = append(av.words, words...)
+		} else {
+			s.argVars[name] = &argVar{words: words}
+		}
+	}
+	return end
 }
 
 // assignedArgs records variables whose value is a list of flags.
@@ -181,14 +231,20 @@ func quotedUse(ws []shWord, av *argVar, all map[string]*argVar) bool {
 	return false
 }
 
-// bareRef is NAME when the word is an unquoted $NAME or ${NAME}, which the
-// shell splits into words.
+// bareRef is NAME when the word is an unquoted $NAME or ${NAME}, which
+// the shell splits into words, or an array's "${NAME[@]}", quoted or not.
 func bareRef(w *shWord) string {
-	if w.quoted || len(w.refs) != 1 {
+	if len(w.refs) != 1 {
 		return ""
 	}
 	r := w.refs[0]
 	if r.start != 0 || r.end != len(w.text) || r.hasDef {
+		return ""
+	}
+	if t := w.text; strings.HasSuffix(t, "[@]}") || strings.HasSuffix(t, "[*]}") {
+		return r.name
+	}
+	if w.quoted {
 		return ""
 	}
 	return r.name
