@@ -74,7 +74,7 @@ type sarifLocation struct {
 
 type sarifPhysical struct {
 	ArtifactLocation sarifArtifact `json:"artifactLocation"`
-	Region           sarifRegion   `json:"region"`
+	Region           *sarifRegion  `json:"region,omitempty"`
 }
 
 type sarifArtifact struct {
@@ -82,8 +82,8 @@ type sarifArtifact struct {
 }
 
 type sarifRegion struct {
-	StartLine   int `json:"startLine,omitempty"`
-	StartColumn int `json:"startColumn,omitempty"`
+	StartLine   int `json:"startLine"`
+	StartColumn int `json:"startColumn"`
 }
 
 func (r *Report) writeSARIF(w io.Writer) error {
@@ -113,7 +113,7 @@ func (r *Report) writeSARIF(w io.Writer) error {
 			Message:   sarifText{f.Message + ". Fix: " + f.Fix},
 			Locations: []sarifLocation{{PhysicalLocation: sarifPhysical{
 				ArtifactLocation: sarifArtifact{URI: artifactURI(f.Path)},
-				Region:           sarifRegion{StartLine: f.Line, StartColumn: f.Column},
+				Region:           &sarifRegion{StartLine: f.Line, StartColumn: f.Column},
 			}}},
 		})
 	}
