@@ -41,10 +41,14 @@ var wrappers = map[string]bool{
 	"exec": true, "env": true, "nohup": true, "sudo": true, "time": true, "nice": true,
 	"setsid": true, "stdbuf": true, "taskset": true, "timeout": true, "numactl": true,
 	"chrt": true, "ionice": true, "command": true, "doas": true, "tini": true, "dumb-init": true,
-	"gosu": true, "su-exec": true,
+	"gosu": true, "su-exec": true, "srun": true, "mpirun": true,
 }
 
-var wrapperValueOpts = map[string]bool{"-u": true, "-g": true, "-n": true, "-s": true, "-k": true, "--signal": true, "-C": true}
+// runners run a command in an environment of theirs: uv run vllm serve.
+var runners = map[string]bool{"uv": true, "poetry": true, "pipenv": true, "pdm": true, "hatch": true, "conda": true, "micromamba": true, "mamba": true, "pixi": true}
+
+var wrapperValueOpts = map[string]bool{"-u": true, "-g": true, "-n": true, "-N": true, "-s": true, "-k": true, "--signal": true, "-C": true,
+	"-p": true, "--name": true, "--prefix": true, "--env": true, "-e": true}
 
 // shells run their -c argument as a script.
 var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "zsh": true, "ksh": true, "ash": true}
@@ -96,7 +100,9 @@ func recognise(ws []Word) recog {
 			continue
 		}
 		p := path.Base(t)
-		if !wrappers[p] {
+		if runners[p] && i+1 < len(ws) && ws[i+1].Text == "run" {
+			i++ // uv run, conda run -n env: then as a wrapper
+		} else if !wrappers[p] {
 			break
 		}
 		i++
