@@ -42,6 +42,8 @@ var wrappers = map[string]bool{
 	"setsid": true, "stdbuf": true, "taskset": true, "timeout": true, "numactl": true,
 	"chrt": true, "ionice": true, "command": true, "doas": true, "tini": true, "dumb-init": true,
 	"gosu": true, "su-exec": true, "srun": true, "mpirun": true,
+	// Shell words that a command follows on the same line.
+	"then": true, "do": true, "else": true, "!": true, "{": true,
 }
 
 // runners run a command in an environment of theirs: uv run vllm serve.

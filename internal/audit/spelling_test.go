@@ -66,6 +66,7 @@ func TestFlagSpellings(t *testing.T) {
 		{"short alias", "a.sh", "vllm serve m -q 'fp8'\n", []string{"1:14 quantization-fp8-redirect"}},
 		{"underscore flag", "a.sh", "vllm serve m --tokenizer_mode=slow\n", []string{"1:14 tokenizer-mode-slow"}},
 		{"continuations", "a.sh", "vllm serve m \\\n  --quantization \\\n  fp8\n", []string{"2:3 quantization-fp8-redirect"}},
+		{"after then", "a.sh", "if [ -n \"$Q\" ]; then vllm serve m --quantization fp8; else exec vllm serve m; fi\n", []string{"1:35 quantization-fp8-redirect"}},
 		{"uv run", "a.sh", "uv run --with vllm vllm serve m --quantization fp8\n", []string{"1:33 quantization-fp8-redirect"}},
 		{"conda run", "a.sh", "conda run -n serve vllm serve m --quantization fp8\n", []string{"1:33 quantization-fp8-redirect"}},
 		{"wrappers", "a.sh", "exec sudo -E -u vllm nohup timeout 3600 /opt/venv/bin/vllm serve m --quantization fp8\n", []string{"1:68 quantization-fp8-redirect"}},
