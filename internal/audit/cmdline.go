@@ -33,6 +33,8 @@ type recog struct {
 	// env are the indices of NAME=value (or NAME) words the command
 	// passes to the program: leading assignments, env, docker -e.
 	env []int
+	// envFiles are the indices of docker run --env-file values.
+	envFiles []int
 }
 
 // wrappers run the rest of the line as a command; their own options are
@@ -193,6 +195,9 @@ func dockerRun(ws []Word, i int, r recog) recog {
 		name, _, inline := strings.Cut(t, "=")
 		if name == "--entrypoint" {
 			entrypoint = true
+		}
+		if name == "--env-file" && !inline && i+1 < len(ws) {
+			r.envFiles = append(r.envFiles, i+1)
 		}
 		if name == "-e" || name == "--env" {
 			if inline {

@@ -296,6 +296,11 @@ func (f *facts) command(ws []Word, comment bool, depth int) prog {
 			f.setEnv(ws[k].Text, "", false, ws[k].Pos, comment, idx) // docker -e NAME passes it on
 		}
 	}
+	for _, k := range r.envFiles {
+		if !comment {
+			f.EnvFiles = append(f.EnvFiles, ref{Path: ws[k].Text, Pos: ws[k].Pos})
+		}
+	}
 	if r.prog != progNone || r.module >= 0 {
 		f.Commands = append(f.Commands, Command{Words: ws, Comment: comment, recog: r, Scope: f.scope})
 	}

@@ -201,13 +201,15 @@ func TestEnvironmentFiles(t *testing.T) {
 		"etc/vllm/engine":    "VLLM_PLE_CPU_OFFLOAD=1\n",
 		"compose.yaml":       "services:\n  e:\n    env_file:\n      - path: ./cfg/e.vars\n",
 		"cfg/e.vars":         "VLLM_MM_HASHER_ALGORITHM=x\n",
+		"run/start.sh":       "docker run --gpus all --env-file ../cfg/docker.env vllm/vllm-openai --model m\n",
+		"cfg/docker.env":     "VLLM_PLE_CPU_OFFLOAD=1\n",
 	})
 	rep, err := Run(context.Background(), []string{dir}, builtin(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Join(rulesOf(rep.Findings), " ")
-	want := "e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload vllm.service:environment-file vllm.service:environment-file"
+	want := "docker.env:env-ple-cpu-offload e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload start.sh:environment-file vllm.service:environment-file vllm.service:environment-file"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
