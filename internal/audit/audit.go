@@ -1,9 +1,12 @@
 // Package audit finds settings in deploy files (shell scripts, systemd
 // units, Dockerfiles, compose, Kubernetes and Helm YAML, .env files and
 // Python launchers) that an inference engine upgrade removed, renamed or
-// gated. It parses each kind of file into argument lists, environment uses,
-// request keys and module names, and matches rules (rules.yaml, extendable)
-// against those, never against raw lines.
+// gated. It parses each kind of file into command lines, recognising first
+// which program each runs (cmdline.go), the environment each runs in,
+// request keys and module names, and matches rules (rules.yaml,
+// extendable) against those, never against raw lines: a flag is vLLM's
+// only on a vLLM command line, a variable is set only where it is given a
+// value.
 package audit
 
 import (
@@ -35,12 +38,20 @@ func newFinding(path string, r *Rule, p Pos, comment bool, detail string) Findin
 		msg += ": " + detail
 	}
 	if comment {
-		sev, msg = sev.lower(), "in a comment: "+msg
+		sev, msg = Note, "in a comment: "+msg
 	}
 	if r.Release != "" {
 		msg += " (vLLM " + r.Release + ")"
 	}
 	return Finding{Path: path, Line: p.Line, Column: p.Col, Rule: r.ID, Severity: sev, Message: msg, Fix: r.Fix, InComment: comment}
+}
+
+// mentionFinding is an environment rule's match where the variable is only
+// read or named (unset, $NAME, getenv): worth knowing, never a failure.
+func mentionFinding(path string, r *Rule, p Pos) Finding {
+	f := newFinding(path, r, p, false, "")
+	f.Severity, f.Message = Note, "mentioned here, not set: "+f.Message
+	return f
 }
 
 // Diagnostics are findings about the audit itself rather than the engine.
@@ -57,16 +68,24 @@ var (
 		Message: "environment file read at run time",
 		Fix:     "audit the environment file where it is deployed if it is not in this tree",
 		Source:  "weightcache audit: EnvironmentFile= and env_file settings come from another file"}
-	diagnostics = []*Rule{ruleEnvFile, ruleUnparsed, ruleUnreadable}
+	ruleBadLine = &Rule{ID: "ignored-line", sev: Note,
+		Message: "line ignored by the program that reads the file",
+		Fix:     "correct or remove the line",
+		Source:  "weightcache audit: systemd logs a malformed unit line and ignores it; the rest of the unit is audited"}
+	diagnostics = []*Rule{ruleBadLine, ruleEnvFile, ruleUnparsed, ruleUnreadable}
 )
 
 // Report is the outcome of one audit.
 type Report struct {
 	Findings []Finding
+	// Skipped lists the files and folders not read, and why.
+	Skipped []Skip
 	// Files is how many deploy files were considered; Parsed how many of
 	// them mentioned something a rule looks for and were parsed.
 	Files, Parsed int
 	Rules         *RuleSet
+	// Verbose lists the skipped files in text output too.
+	Verbose bool
 }
 
 // Count returns how many findings are at or above min.

@@ -45,12 +45,29 @@ var grepArgs = []string{
 //
 //	go test -run '^$' -bench AuditVsGrep -benchtime 10x -cpu 2 ./internal/audit/
 func BenchmarkAuditVsGrep(b *testing.B) {
+	dir := b.TempDir()
+	makeDeployTree(b, dir, 10000, func(rng *rand.Rand) bool { return rng.IntN(3) == 0 }, &generated)
+	benchAuditVsGrep(b, dir)
+}
+
+// BenchmarkAuditVsGrepRealistic is the same comparison over a tree shaped
+// like a real repository's: about 5% of the deploy files mention something
+// a rule looks for (446 of 10,000 pass the prefilter), the rest name only
+// settings no rule knows, and each service folder also holds a README and
+// source the tools do not read.
+//
+//	go test -run '^$' -bench AuditVsGrepRealistic -benchtime 10x -cpu 2 ./internal/audit/
+func BenchmarkAuditVsGrepRealistic(b *testing.B) {
+	dir := b.TempDir()
+	makeDeployTree(b, dir, 10000, func(rng *rand.Rand) bool { return rng.IntN(20) == 0 }, &quiet)
+	benchAuditVsGrep(b, dir)
+}
+
+func benchAuditVsGrep(b *testing.B, dir string) {
 	grep, err := exec.LookPath("grep")
 	if err != nil {
 		b.Skip("no grep on PATH")
 	}
-	dir := b.TempDir()
-	makeDeployTree(b, dir, 10000)
 	rs := builtin(b)
 	defer debug.SetGCPercent(debug.SetGCPercent(GCPercent))
 	runGrep := func() {
@@ -99,14 +116,14 @@ func median(xs []float64) float64 {
 
 // makeDeployTree writes n deploy files in service folders: launch scripts,
 // units, compose files, manifests, Dockerfiles, .env files and Python
-// launchers. About a third carry something an upgrade changed; the rest
-// are current configurations, near misses included.
-func makeDeployTree(b *testing.B, dir string, n int) {
+// launchers. Those for which legacy says so carry something an upgrade
+// changed; the rest are current configurations in the words of v.
+func makeDeployTree(b testing.TB, dir string, n int, legacy func(*rand.Rand) bool, v *vocab) {
 	b.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	kinds := []struct {
 		name string
-		gen  func(*rand.Rand, int, bool) string
+		gen  func(*rand.Rand, int, bool, *vocab) string
 	}{
 		{"launch.sh", genShell}, {"engine.service", genUnit}, {"docker-compose.yml", genCompose},
 		{"deployment.yaml", genManifest}, {"Dockerfile", genDockerfile}, {"engine.env", genEnv}, {"launch.py", genPython},
@@ -118,8 +135,43 @@ func makeDeployTree(b *testing.B, dir string, n int) {
 			if err := os.MkdirAll(svc, 0o755); err != nil {
 				b.Fatal(err)
 			}
+			if v.others {
+				writeOthers(b, svc, i)
+			}
 		}
-		if err := os.WriteFile(filepath.Join(svc, k.name), []byte(k.gen(rng, i, rng.IntN(3) == 0)), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(svc, k.name), []byte(k.gen(rng, i, legacy(rng), v)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// vocab is the settings generated files are written with: current ones,
+// and legacy ones that a rule reports.
+type vocab struct {
+	flags, legacyFlags, env, legacyEnv []string
+	// others adds files neither tool reads to each service folder.
+	others bool
+}
+
+var (
+	generated = vocab{flags: currentFlags, legacyFlags: legacyFlags, env: currentEnv, legacyEnv: legacyEnv}
+	// quiet's current words contain nothing a rule looks for, so that a
+	// file without a legacy setting mentions no rule term at all.
+	quiet      = vocab{flags: quietFlags, legacyFlags: legacyFlags, env: quietEnv, legacyEnv: legacyEnv, others: true}
+	quietFlags = []string{"--max-num-seqs 256", "--enable-prefix-caching", "--gpu-memory-utilization 0.9",
+		"--max-model-len 32768", "--served-model-name chat", "--disable-log-requests", "--swap-space 8"}
+	quietEnv = []string{"VLLM_LOGGING_LEVEL", "VLLM_WORKER_MULTIPROC_METHOD", "HF_HOME", "HF_HUB_OFFLINE", "NCCL_DEBUG"}
+)
+
+// writeOthers adds a README and a source file, as a service folder in a
+// repository has.
+func writeOthers(b testing.TB, svc string, i int) {
+	b.Helper()
+	for name, text := range map[string]string{
+		"README.md": fmt.Sprintf("# Service %d\n\nStarted by launch.sh; see the runbook for the serving flags.\n", i),
+		"main.go":   fmt.Sprintf("package main\n\n// Service %d's sidecar.\nfunc main() {}\n", i),
+	} {
+		if err := os.WriteFile(filepath.Join(svc, name), []byte(text), 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -137,22 +189,22 @@ var (
 
 func pick(rng *rand.Rand, s []string) string { return s[rng.IntN(len(s))] }
 
-func flagsFor(rng *rand.Rand, legacy bool) string {
-	f := pick(rng, currentFlags) + " " + pick(rng, currentFlags)
+func flagsFor(rng *rand.Rand, legacy bool, v *vocab) string {
+	f := pick(rng, v.flags) + " " + pick(rng, v.flags)
 	if legacy {
-		f += " " + pick(rng, legacyFlags)
+		f += " " + pick(rng, v.legacyFlags)
 	}
 	return f
 }
 
-func envFor(rng *rand.Rand, legacy bool) string {
+func envFor(rng *rand.Rand, legacy bool, v *vocab) string {
 	if legacy && rng.IntN(2) == 0 {
-		return pick(rng, legacyEnv)
+		return pick(rng, v.legacyEnv)
 	}
-	return pick(rng, currentEnv)
+	return pick(rng, v.env)
 }
 
-func genShell(rng *rand.Rand, i int, legacy bool) string {
+func genShell(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	return fmt.Sprintf(`#!/usr/bin/env bash
 # Launch service %d. Owned by the serving team; see the runbook before editing.
 set -euo pipefail
@@ -171,10 +223,10 @@ exec vllm serve "$MODEL" \
   --gpu-memory-utilization 0.90 \
   --port "$PORT" \
   %s
-`, i, pick(rng, models), 8000+i%100, envFor(rng, legacy), 1<<rng.IntN(4), 4096<<rng.IntN(4), flagsFor(rng, legacy))
+`, i, pick(rng, models), 8000+i%100, envFor(rng, legacy, v), 1<<rng.IntN(4), 4096<<rng.IntN(4), flagsFor(rng, legacy, v))
 }
 
-func genUnit(rng *rand.Rand, i int, legacy bool) string {
+func genUnit(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	return fmt.Sprintf(`# Service %d.
 [Unit]
 Description=vLLM engine %d
@@ -194,10 +246,10 @@ LimitNOFILE=65536
 
 [Install]
 WantedBy=multi-user.target
-`, i, i, envFor(rng, legacy), pick(rng, models), 1<<rng.IntN(4), 8000+i%100, flagsFor(rng, legacy))
+`, i, i, envFor(rng, legacy, v), pick(rng, models), 1<<rng.IntN(4), 8000+i%100, flagsFor(rng, legacy, v))
 }
 
-func genCompose(rng *rand.Rand, i int, legacy bool) string {
+func genCompose(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	return fmt.Sprintf(`services:
   engine:
     image: vllm/vllm-openai:v0.31.0
@@ -219,11 +271,11 @@ func genCompose(rng *rand.Rand, i int, legacy bool) string {
     healthcheck:
       test: ["CMD", "curl", "-f", "http://localhost:8000/health"]
       interval: 30s
-`, pick(rng, models), 1<<rng.IntN(4), flagsFor(rng, legacy), 8000+i%100, envFor(rng, legacy))
+`, pick(rng, models), 1<<rng.IntN(4), flagsFor(rng, legacy, v), 8000+i%100, envFor(rng, legacy, v))
 }
 
-func genManifest(rng *rand.Rand, i int, legacy bool) string {
-	args := strings.Fields(flagsFor(rng, legacy))
+func genManifest(rng *rand.Rand, i int, legacy bool, v *vocab) string {
+	args := strings.Fields(flagsFor(rng, legacy, v))
 	var list strings.Builder
 	for _, a := range args {
 		fmt.Fprintf(&list, "            - %q\n", a)
@@ -256,10 +308,10 @@ spec:
           resources:
             limits:
               nvidia.com/gpu: %d
-`, i, i, i, pick(rng, models), list.String(), envFor(rng, legacy), 1<<rng.IntN(4))
+`, i, i, i, pick(rng, models), list.String(), envFor(rng, legacy, v), 1<<rng.IntN(4))
 }
 
-func genDockerfile(rng *rand.Rand, i int, legacy bool) string {
+func genDockerfile(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	entry := `ENTRYPOINT ["vllm", "serve"]`
 	if legacy && rng.IntN(3) == 0 {
 		entry = `ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]`
@@ -273,19 +325,19 @@ ENV %s=1 \
 COPY config/ /etc/vllm/
 %s
 CMD ["%s", "--port", "8000"]
-`, i, i%10, envFor(rng, legacy), entry, pick(rng, models))
+`, i, i%10, envFor(rng, legacy, v), entry, pick(rng, models))
 }
 
-func genEnv(rng *rand.Rand, i int, legacy bool) string {
+func genEnv(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	return fmt.Sprintf(`# Environment for service %d.
 HF_HOME=/models/cache
 %s=1
 CUDA_VISIBLE_DEVICES=0,1
 VLLM_LOGGING_LEVEL=INFO
-`, i, envFor(rng, legacy))
+`, i, envFor(rng, legacy, v))
 }
 
-func genPython(rng *rand.Rand, i int, legacy bool) string {
+func genPython(rng *rand.Rand, i int, legacy bool, v *vocab) string {
 	extra := `max_num_seqs=256`
 	if legacy {
 		extra = pick(rng, []string{`quantization="fp8"`, `tokenizer_mode="slow"`, `load_format="ipc_cache"`})
@@ -316,5 +368,5 @@ def serve():
 
 def request(client):
     return client.chat.completions.create(model=MODEL, messages=[], extra_body={%s})
-`, i, pick(rng, models), envFor(rng, legacy), 1<<rng.IntN(4), extra, 8000+i%100, req)
+`, i, pick(rng, models), envFor(rng, legacy, v), 1<<rng.IntN(4), extra, 8000+i%100, req)
 }

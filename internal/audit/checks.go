@@ -14,10 +14,10 @@ const (
 	loaderConfigFlag = "--model-loader-extra-config"
 )
 
-// checks runs the rules that look at settings together: within one
-// argument list for the loader, across the file for the rest, since a
-// script or manifest usually starts one engine from pieces in several
-// places (an env list and an args list). Comments never count here.
+// checks runs the rules that look at settings together: within one vLLM
+// command line (with the environment it runs in) for the runner and the
+// loader, within one scope (a script, unit, container, service, stage)
+// for the ports of two processes. Comments never count here.
 func (s *fileScan) checks() {
 	for _, r := range s.rs.Rules {
 		if !s.active[r.idx] {
@@ -25,49 +25,59 @@ func (s *fileScan) checks() {
 		}
 		switch r.Check {
 		case "combination":
-			s.combination(r)
+			for i := range s.facts.Commands {
+				s.combination(r, i)
+			}
 		case "differs":
 			s.differs(r)
 		}
 	}
 	for i, c := range s.facts.Commands {
-		if !c.Comment {
+		if !c.Comment && c.prog == progVLLM {
 			s.loader(s.flags[i])
 		}
 	}
 }
 
-// combination reports each conflict in a file that also has a trigger.
-func (s *fileScan) combination(r *Rule) {
-	trigger := s.firstTrigger(r.Triggers)
+// combination reports the conflicts on command i when it, or the
+// environment it runs in, has a trigger.
+func (s *fileScan) combination(r *Rule, i int) {
+	c := &s.facts.Commands[i]
+	if c.Comment || c.prog != progVLLM {
+		return
+	}
+	trigger := s.firstTrigger(r.Triggers, i)
 	if trigger == "" {
 		return
 	}
-	for _, flags := range s.flags {
-		for j := range flags {
-			fu := &flags[j]
-			for k := range r.Conflicts {
-				if !fu.comment && r.Conflicts[k].matchesFlag(fu) {
-					s.add(r, fu.pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", spell(fu), trigger))
-				}
+	flags := s.flags[i]
+	for j := range flags {
+		fu := &flags[j]
+		for k := range r.Conflicts {
+			if r.Conflicts[k].matchesFlag(fu) {
+				s.add(r, fu.pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", spell(fu), trigger))
 			}
 		}
 	}
 }
 
-func (s *fileScan) firstTrigger(ms []Match) string {
-	for _, flags := range s.flags {
-		for j := range flags {
-			for k := range ms {
-				if fu := &flags[j]; !fu.comment && ms[k].matchesFlag(fu) {
-					return fmt.Sprintf("%s at line %d", spell(fu), fu.pos.Line)
-				}
+func (s *fileScan) firstTrigger(ms []Match, i int) string {
+	flags := s.flags[i]
+	for j := range flags {
+		for k := range ms {
+			if fu := &flags[j]; ms[k].matchesFlag(fu) {
+				return fmt.Sprintf("%s at line %d", spell(fu), fu.pos.Line)
 			}
 		}
 	}
-	for i := range s.facts.Env {
-		for k := range ms {
-			if e := &s.facts.Env[i]; !e.Comment && ms[k].Env != "" && ms[k].matchesEnv(e) {
+	scope := s.facts.Commands[i].Scope
+	for k := range s.facts.Env {
+		e := &s.facts.Env[k]
+		if !e.Set || e.Comment || e.Scope != scope || (e.Cmd >= 0 && e.Cmd != i) {
+			continue
+		}
+		for m := range ms {
+			if ms[m].Env != "" && ms[m].matchesEnv(e) {
 				return fmt.Sprintf("%s=%s at line %d", e.Name, e.Value, e.Pos.Line)
 			}
 		}
@@ -86,25 +96,30 @@ func spell(fu *flagUse) string {
 	return fu.name
 }
 
-// differs reports a flag whose value equals another flag's anywhere in the
-// file: two processes must not rendezvous on one port.
+// differs reports a flag whose value equals another flag's in the same
+// scope: two processes of one node must not rendezvous on one port.
 func (s *fileScan) differs(r *Rule) {
-	other := normalizeFlag(r.DiffersFrom)
-	seen := map[string]Pos{}
-	for _, flags := range s.flags {
+	other, own := normalizeFlag(r.DiffersFrom), normalizeFlag(r.Flag)
+	type key struct {
+		scope int
+		value string
+	}
+	seen := map[key]Pos{}
+	for i, flags := range s.flags {
+		c := &s.facts.Commands[i]
 		for _, fu := range flags {
 			if fu.name == other && fu.hasVal && !fu.comment {
-				if _, dup := seen[fu.value]; !dup {
-					seen[fu.value] = fu.pos
+				if _, dup := seen[key{c.Scope, fu.value}]; !dup {
+					seen[key{c.Scope, fu.value}] = fu.pos
 				}
 			}
 		}
 	}
-	own := normalizeFlag(r.Flag)
-	for _, flags := range s.flags {
+	for i, flags := range s.flags {
+		c := &s.facts.Commands[i]
 		for j := range flags {
 			fu := &flags[j]
-			if p, eq := seen[fu.value]; fu.name == own && fu.hasVal && !fu.comment && eq {
+			if p, eq := seen[key{c.Scope, fu.value}]; fu.name == own && fu.hasVal && !fu.comment && eq {
 				s.add(r, fu.pos, false, fmt.Sprintf("both are %s (%s at line %d)", fu.value, other, p.Line))
 			}
 		}

@@ -44,7 +44,14 @@ func TestCombinationAndDiffers(t *testing.T) {
 		{"v1 in a comment only", "a.sh", "# --enable-dbo\nvllm serve m --async-scheduling\n", nil},
 		{"ports equal", "a.sh", "weightcache preload --weight-cache-master-port 29500 &\nvllm serve m --master-port=29500\n", []string{"1:21 weight-cache-master-port"}},
 		{"ports by variable", "a.sh", "P=29500\nweightcache preload --weight-cache-master-port $P --master-port \"$P\"\n", []string{"2:21 weight-cache-master-port"}},
-		{"ports in python", "a.py", "run(master_port=29500, weight_cache_master_port=29500)\n", []string{"1:24 weight-cache-master-port"}},
+		{"ports in python", "a.py", `subprocess.run(["weightcache", "preload", "--master-port", "29500", "--weight-cache-master-port", "29500"])` + "\n", []string{"1:69 weight-cache-master-port"}},
+		{"ports in two services", "c.yaml", "services:\n  a:\n    command: weightcache preload --weight-cache-master-port 29500\n  b:\n    command: vllm serve m --master-port 29500\n", nil},
+		{"ports in two containers", "k.yaml", "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - command: [weightcache, preload, --weight-cache-master-port, '29500']\n    - command: [vllm, serve, m, --master-port, '29500']\n", nil},
+		{"ports in one unit", "w.service", "[Service]\nExecStartPre=weightcache preload --weight-cache-master-port 29500\nExecStart=vllm serve m --master-port 29500\n", []string{"2:34 weight-cache-master-port"}},
+		{"v1 in two services", "c.yaml", "services:\n  a:\n    image: vllm/vllm-openai\n    environment: [VLLM_USE_V2_MODEL_RUNNER=0]\n  b:\n    image: vllm/vllm-openai\n    command: [--async-scheduling]\n", nil},
+		{"v1 in one service", "c.yaml", "services:\n  a:\n    image: vllm/vllm-openai\n    environment: [VLLM_USE_V2_MODEL_RUNNER=0]\n    command: [--async-scheduling]\n", []string{"5:15 runner-v1-refused"}},
+		{"v1 on two command lines", "a.sh", "vllm serve a --enable-dbo\nvllm serve b --async-scheduling\n", nil},
+		{"v1 by exported env", "a.sh", "export VLLM_USE_V2_MODEL_RUNNER=0\nvllm serve b --async-scheduling\n", []string{"2:14 runner-v1-refused"}},
 		{"ports differ", "a.sh", "weightcache preload --weight-cache-master-port 29600\nvllm serve m --master-port 29500\n", nil},
 	})
 }

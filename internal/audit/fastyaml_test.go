@@ -128,8 +128,8 @@ func TestFastYAMLOnFiles(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for i := range 40 {
-		files[fmt.Sprintf("compose%d", i)] = []byte(genCompose(rng, i, i%2 == 0))
-		files[fmt.Sprintf("manifest%d", i)] = []byte(genManifest(rng, i, i%2 == 0))
+		files[fmt.Sprintf("compose%d", i)] = []byte(genCompose(rng, i, i%2 == 0, &generated))
+		files[fmt.Sprintf("manifest%d", i)] = []byte(genManifest(rng, i, i%2 == 0, &generated))
 	}
 	accepted := 0
 	for name, src := range files {

@@ -17,11 +17,11 @@ type flagUse struct {
 	comment bool
 }
 
-// commandFlags appends to out the flags of c: "--flag value",
+// commandFlags appends to out the flags of c's program: "--flag value",
 // "--flag=value" and "-f value". A next word that starts with "-" is
 // another flag, not a value.
 func commandFlags(out []flagUse, c *Command) []flagUse {
-	for i := 0; i < len(c.Words); i++ {
+	for i := c.args; i < len(c.Words); i++ {
 		w := &c.Words[i]
 		t := w.Text
 		if len(t) < 2 || t[0] != '-' || t == "--" || !(t[1] == '-' || isIdentStart(t[1])) {
@@ -107,7 +107,9 @@ func (s *fileScan) add(r *Rule, p Pos, comment bool, detail string) {
 	s.out = append(s.out, newFinding(s.path, r, p, comment, detail))
 }
 
-// evaluate runs every active rule over the file's facts.
+// evaluate runs every active rule over the file's facts: flag rules on
+// vLLM's command lines, environment rules where a variable is set (a
+// mention is a note), module and key rules where they are named.
 func (s *fileScan) evaluate() []Finding {
 	f := s.facts
 	s.flags = make([][]flagUse, len(f.Commands))
@@ -123,27 +125,36 @@ func (s *fileScan) evaluate() []Finding {
 	for i := range f.Commands {
 		c := &f.Commands[i]
 		start := len(all)
-		all = commandFlags(all, c)
+		if c.prog != progNone {
+			all = commandFlags(all, c)
+		}
 		s.flags[i] = all[start:len(all):len(all)]
-		for j := range s.flags[i] {
-			fu := &s.flags[i][j]
-			for _, r := range s.rs.byFlag[fu.name] {
-				if s.active[r.idx] && r.matchesFlag(fu) {
-					s.add(r, fu.pos, c.Comment, "")
+		if c.prog == progVLLM {
+			for j := range s.flags[i] {
+				fu := &s.flags[i][j]
+				for _, r := range s.rs.byFlag[fu.name] {
+					if s.active[r.idx] && r.matchesFlag(fu) {
+						s.add(r, fu.pos, c.Comment, "")
+					}
 				}
 			}
 		}
-		for _, w := range c.Words {
-			if name, _, _ := strings.Cut(w.Text, ":"); strings.IndexByte(name, '.') > 0 {
-				s.module(name, w.Pos, c.Comment)
-			}
+		if c.module >= 0 {
+			w := &c.Words[c.module]
+			name, _, _ := strings.Cut(w.Text, ":")
+			s.module(name, w.Pos, c.Comment)
 		}
 	}
 	for i := range f.Env {
 		e := &f.Env[i]
 		for _, r := range s.rs.byEnv[e.Name] {
-			if s.active[r.idx] && r.matchesEnv(e) {
+			if !s.active[r.idx] || !r.matchesEnv(e) {
+				continue
+			}
+			if e.Set || e.Comment {
 				s.add(r, e.Pos, e.Comment, "")
+			} else {
+				s.out = append(s.out, mentionFinding(s.path, r, e.Pos))
 			}
 		}
 	}
@@ -156,6 +167,9 @@ func (s *fileScan) evaluate() []Finding {
 				s.add(r, k.Pos, k.Comment, "")
 			}
 		}
+	}
+	for _, p := range f.Notes {
+		s.add(ruleBadLine, p.Pos, false, p.Msg)
 	}
 	s.checks()
 	return s.out

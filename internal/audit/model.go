@@ -21,6 +21,9 @@ func (p Pos) step(c byte) Pos {
 type Word struct {
 	Text string
 	Pos  Pos
+	// Quoted marks a word written in quotes: its content starts one
+	// column after Pos.
+	Quoted bool
 	// Opaque marks a word whose value is not a literal (a Python expression),
 	// so value conditions must not match it.
 	Opaque bool
@@ -32,6 +35,10 @@ type Word struct {
 type Command struct {
 	Words   []Word
 	Comment bool
+	recog
+	// Scope is the script, unit, container, compose service or image
+	// stage the command runs in: checks pair settings only within one.
+	Scope int
 }
 
 // EnvUse is one place an environment variable is set, passed or read.
@@ -41,6 +48,14 @@ type EnvUse struct {
 	HasValue bool
 	Pos      Pos
 	Comment  bool
+	// Set is true where the variable is given a value or passed on
+	// (NAME=value, export, ENV, Environment=, an env entry); a read or
+	// any other mention is only a note.
+	Set bool
+	// Scope is as for Command; Cmd is the index of the one command the
+	// variable is given to (NAME=value cmd, docker -e), or -1 for every
+	// command of the scope.
+	Scope, Cmd int
 }
 
 // Mention is a name seen as a request key or a module path.
@@ -68,13 +83,29 @@ type facts struct {
 	Keys     []Mention
 	Modules  []Mention
 	EnvFiles []ref
+	// Notes are lines the file's own program ignores (a malformed unit
+	// line): reported as notes, the rest of the file is audited.
+	Notes []problem
+	// scope is the scope new commands and variables go to; scopes counts
+	// those handed out.
+	scope, scopes int
 	// words backs the Words of shell commands, reused from file to file.
 	words []Word
 }
 
 func (f *facts) reset() {
 	f.Commands, f.Env, f.Keys, f.Modules, f.EnvFiles = f.Commands[:0], f.Env[:0], f.Keys[:0], f.Modules[:0], f.EnvFiles[:0]
+	f.Notes, f.scope, f.scopes = f.Notes[:0], 0, 0
 	f.words = f.words[:0]
+}
+
+// newScope starts a scope (a container, a service, an image stage) and
+// returns the one to restore when it ends.
+func (f *facts) newScope() (prev int) {
+	prev = f.scope
+	f.scopes++
+	f.scope = f.scopes
+	return prev
 }
 
 // problem is a reason a file could not be parsed; the file is then skipped.

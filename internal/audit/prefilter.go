@@ -64,7 +64,7 @@ func newPrefilter(rs *RuleSet) *prefilter {
 		}
 		pf.reqs = append(pf.reqs, req)
 	}
-	pf.always = group([]string{"EnvironmentFile", "env_file"})
+	pf.always = group([]string{"EnvironmentFile", "env_file", "env-file"})
 	return pf
 }
 

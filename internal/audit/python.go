@@ -21,6 +21,9 @@ type pyTok struct {
 	text string // strings decoded; everything else as written
 	pos  Pos
 	cpos Pos // strings: where the content starts
+	// fexpr marks an f-string with a replacement field: its text holds
+	// {expr} as written, not a value.
+	fexpr bool
 	// start and end are byte offsets of the token in the source.
 	start, end int
 }
@@ -57,7 +60,7 @@ func lexPython(src string, toks []pyTok) ([]pyTok, []pyComment) {
 			sc := lx.comment()
 			lx.notes = append(lx.notes, pyComment{text: sc.text[1:], pos: Pos{sc.pos.Line, sc.pos.Col + 1}})
 		case c == '"' || c == '\'':
-			lx.str(lx.i, lx.pos(), false)
+			lx.str(lx.i, lx.pos(), false, false)
 		case isIdentStart(c) || c >= 0x80:
 			lx.nameOrPrefixedString()
 		case c >= '0' && c <= '9' || (c == '.' && lx.peek(1) >= '0' && lx.peek(1) <= '9'):
@@ -106,14 +109,14 @@ func (lx *pyLexer) nameOrPrefixedString() {
 	}
 	name := lx.src[start:lx.i]
 	if q := lx.peek(0); (q == '"' || q == '\'') && len(name) <= 2 && strings.Trim(strings.ToLower(name), "rbuf") == "" {
-		lx.str(start, p, strings.ContainsAny(name, "rR"))
+		lx.str(start, p, strings.ContainsAny(name, "rR"), strings.ContainsAny(name, "fF"))
 		return
 	}
 	lx.emit(pyName, name, p, start, lx.i)
 }
 
 // str reads a string literal whose prefix (if any) started at start.
-func (lx *pyLexer) str(start int, p Pos, raw bool) {
+func (lx *pyLexer) str(start int, p Pos, raw, fstr bool) {
 	q := lx.src[lx.i]
 	triple := lx.peek(1) == q && lx.peek(2) == q
 	n := 1
@@ -125,8 +128,20 @@ func (lx *pyLexer) str(start int, p Pos, raw bool) {
 	}
 	cpos := lx.pos()
 	var b strings.Builder
+	fexpr := false
 	for lx.i < len(lx.src) {
 		c := lx.src[lx.i]
+		if fstr && c == '{' {
+			if lx.peek(1) == '{' {
+				b.WriteByte('{')
+				lx.adv()
+				lx.adv()
+				continue
+			}
+			fexpr = true
+			lx.field(&b)
+			continue
+		}
 		if c == q && (!triple || (lx.peek(1) == q && lx.peek(2) == q)) {
 			for range n {
 				lx.adv()
@@ -144,7 +159,35 @@ func (lx *pyLexer) str(start int, p Pos, raw bool) {
 		b.WriteByte(c)
 		lx.adv()
 	}
-	lx.toks = append(lx.toks, pyTok{kind: pyStr, text: b.String(), pos: p, cpos: cpos, start: start, end: lx.i})
+	lx.toks = append(lx.toks, pyTok{kind: pyStr, text: b.String(), pos: p, cpos: cpos, start: start, end: lx.i, fexpr: fexpr})
+}
+
+// field copies an f-string replacement field {expr!r:fmt} as written.
+// Quotes inside it (f"{cfg["model"]}", Python 3.12) do not end the string.
+func (lx *pyLexer) field(b *strings.Builder) {
+	depth := 0
+	var quote byte
+	for lx.i < len(lx.src) {
+		c := lx.src[lx.i]
+		b.WriteByte(c)
+		lx.adv()
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'':
+			quote = c
+		case c == '{' || c == '[' || c == '(':
+			depth++
+		case c == '}' || c == ']' || c == ')':
+			if depth--; depth == 0 {
+				return
+			}
+		case c == '\n':
+			return // unterminated: let the string end where it can
+		}
+	}
 }
 
 // escape decodes the common escapes after a backslash; the rest are kept.

@@ -26,15 +26,21 @@ func (r *Report) Write(w io.Writer, format string) error {
 }
 
 // writeText writes one line per finding, file:line:column first so that
-// editors and terminals can jump to it, then a summary.
+// editors and terminals can jump to it, with Verbose one per skipped file,
+// then a summary.
 func (r *Report) writeText(w io.Writer) error {
 	var b strings.Builder
 	for _, f := range r.Findings {
 		b.WriteString(f.String())
 		b.WriteByte('\n')
 	}
-	fmt.Fprintf(&b, "%s in %d files (%d parsed), rules for vLLM <= %s\n",
-		r.summary(), r.Files, r.Parsed, r.Rules.Target)
+	if r.Verbose {
+		for _, s := range r.Skipped {
+			fmt.Fprintf(&b, "%s: skipped: %s\n", s.Path, s.Reason)
+		}
+	}
+	fmt.Fprintf(&b, "%s in %d files (%d parsed, %d skipped), rules for vLLM <= %s\n",
+		r.summary(), r.Files, r.Parsed, len(r.Skipped), r.Rules.Target)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -53,6 +59,7 @@ type jsonReport struct {
 	Parsed        int       `json:"parsed"`
 	Summary       jsonCount `json:"summary"`
 	Findings      []Finding `json:"findings"`
+	Skipped       []Skip    `json:"skipped"`
 }
 
 type jsonCount struct {
@@ -62,9 +69,12 @@ type jsonCount struct {
 }
 
 func (r *Report) writeJSON(w io.Writer) error {
-	out := jsonReport{TargetVersion: r.Rules.Target, Files: r.Files, Parsed: r.Parsed, Findings: r.Findings}
+	out := jsonReport{TargetVersion: r.Rules.Target, Files: r.Files, Parsed: r.Parsed, Findings: r.Findings, Skipped: r.Skipped}
 	if out.Findings == nil {
 		out.Findings = []Finding{}
+	}
+	if out.Skipped == nil {
+		out.Skipped = []Skip{}
 	}
 	for _, f := range r.Findings {
 		switch f.Severity {

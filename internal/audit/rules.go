@@ -318,9 +318,6 @@ func ParseSeverity(s string) (Severity, error) {
 	return 0, fmt.Errorf("severity %q is not one of note, warning, error", s)
 }
 
-// lower is the severity of the same match inside a comment.
-func (s Severity) lower() Severity { return max(s-1, Note) }
-
 // version is a release such as 0.31 or 0.31.2.
 type version [3]int
 

@@ -14,9 +14,23 @@ type sarifLog struct {
 }
 
 type sarifRun struct {
-	Tool       sarifTool     `json:"tool"`
-	ColumnKind string        `json:"columnKind"`
-	Results    []sarifResult `json:"results"`
+	Tool        sarifTool         `json:"tool"`
+	Invocations []sarifInvocation `json:"invocations"`
+	ColumnKind  string            `json:"columnKind"`
+	Results     []sarifResult     `json:"results"`
+}
+
+// sarifInvocation carries the skipped files as notifications, where
+// SARIF puts what a tool has to say about its own run.
+type sarifInvocation struct {
+	ExecutionSuccessful        bool                `json:"executionSuccessful"`
+	ToolExecutionNotifications []sarifNotification `json:"toolExecutionNotifications"`
+}
+
+type sarifNotification struct {
+	Level     string          `json:"level"`
+	Message   sarifText       `json:"message"`
+	Locations []sarifLocation `json:"locations"`
 }
 
 type sarifTool struct {
@@ -60,7 +74,7 @@ type sarifLocation struct {
 
 type sarifPhysical struct {
 	ArtifactLocation sarifArtifact `json:"artifactLocation"`
-	Region           sarifRegion   `json:"region"`
+	Region           *sarifRegion  `json:"region,omitempty"`
 }
 
 type sarifArtifact struct {
@@ -99,13 +113,22 @@ func (r *Report) writeSARIF(w io.Writer) error {
 			Message:   sarifText{f.Message + ". Fix: " + f.Fix},
 			Locations: []sarifLocation{{PhysicalLocation: sarifPhysical{
 				ArtifactLocation: sarifArtifact{URI: artifactURI(f.Path)},
-				Region:           sarifRegion{StartLine: f.Line, StartColumn: f.Column},
+				Region:           &sarifRegion{StartLine: f.Line, StartColumn: f.Column},
 			}}},
+		})
+	}
+	inv := sarifInvocation{ExecutionSuccessful: true, ToolExecutionNotifications: make([]sarifNotification, 0, len(r.Skipped))}
+	for _, s := range r.Skipped {
+		inv.ToolExecutionNotifications = append(inv.ToolExecutionNotifications, sarifNotification{
+			Level:     "note",
+			Message:   sarifText{"skipped: " + s.Reason},
+			Locations: []sarifLocation{{PhysicalLocation: sarifPhysical{ArtifactLocation: sarifArtifact{URI: artifactURI(s.Path)}}}},
 		})
 	}
 	return encode(w, sarifLog{
 		Schema:  sarifSchema,
 		Version: "2.1.0",
-		Runs:    []sarifRun{{Tool: sarifTool{Driver: driver}, ColumnKind: "unicodeCodePoints", Results: results}},
+		Runs: []sarifRun{{Tool: sarifTool{Driver: driver}, Invocations: []sarifInvocation{inv},
+			ColumnKind: "unicodeCodePoints", Results: results}},
 	})
 }

@@ -15,6 +15,8 @@ type shWord struct {
 	lead   byte // first byte as written: a quote means "not an assignment"
 	quoted bool
 	refs   []shRef
+	// raw is the word as written, quotes included.
+	raw string
 }
 
 // shRef is a $NAME or ${NAME...} reference outside single quotes; start and
@@ -36,7 +38,21 @@ type shComment struct {
 type shResult struct {
 	cmds     [][]shWord
 	comments []shComment
-	words    []shWord // the array cmds are windows on, for reuse
+	heredocs []shHeredoc
+	// closes holds, for each ")", how many commands came before it: the
+	// end of an array assignment, NAME=( ... ).
+	closes []int
+	words  []shWord // the array cmds are windows on, for reuse
+}
+
+// shHeredoc is the body of a here-document (cmd <<EOF ... EOF), kept out
+// of the command stream: what it is depends on the command that reads it.
+type shHeredoc struct {
+	// cmd indexes the last command on the operator's line, which is what
+	// reads the body: bash <<EOF, cat <<EOF | sh, cat > run.sh <<EOF.
+	cmd  int
+	body string
+	pos  Pos // of the body's first byte
 }
 
 var wordSlabs slabPool[shWord]
@@ -57,6 +73,9 @@ func lexShell(src string, base Pos, fold bool) shResult {
 	// allocation per command; a window keeps its words if the array moves.
 	words := wordSlabs.get(len(src)/8 + 1)
 	first := 0
+	// Here-documents whose bodies start after the current line.
+	var pending []string
+	var dash []bool
 	flush := func() {
 		if len(words) > first {
 			res.cmds = append(res.cmds, words[first:len(words):len(words)])
@@ -79,18 +98,78 @@ func lexShell(src string, base Pos, fold bool) shResult {
 			if !lx.fold {
 				flush()
 			}
+			for k, delim := range pending {
+				h := lx.heredoc(delim, dash[k])
+				h.cmd = len(res.cmds) - 1
+				res.heredocs = append(res.heredocs, h)
+			}
+			pending, dash = pending[:0], dash[:0]
 		case ';', '&', '|', '(', ')':
 			lx.adv()
 			flush()
+			if c == ')' {
+				res.closes = append(res.closes, len(res.cmds))
+			}
 		case '#':
 			res.comments = append(res.comments, lx.comment())
 		default:
-			words = append(words, lx.word())
+			w := lx.word()
+			words = append(words, w)
+			if d, ok := strings.CutPrefix(w.text, "<<"); ok && !strings.HasPrefix(d, "<") && !lx.fold {
+				strip := strings.HasPrefix(d, "-")
+				d = strings.TrimPrefix(d, "-")
+				if d == "" { // << EOF: the delimiter is the next word
+					lx.blanks()
+					if lx.i < len(src) && src[lx.i] != '\n' {
+						dw := lx.word()
+						words = append(words, dw)
+						d = dw.text
+					}
+				}
+				if d != "" {
+					pending, dash = append(pending, d), append(dash, strip)
+				}
+			}
 		}
 	}
 	flush()
 	res.words = words
 	return res
+}
+
+func (lx *shLexer) blanks() {
+	for lx.i < len(lx.src) && (lx.src[lx.i] == ' ' || lx.src[lx.i] == '\t') {
+		lx.adv()
+	}
+}
+
+// heredoc reads a body up to the line that is its delimiter (after tabs,
+// for <<-), and steps over that line.
+func (lx *shLexer) heredoc(delim string, stripTabs bool) shHeredoc {
+	h := shHeredoc{pos: lx.pos()}
+	start := lx.i
+	for lx.i < len(lx.src) {
+		end := strings.IndexByte(lx.src[lx.i:], '\n')
+		if end < 0 {
+			end = len(lx.src) - lx.i
+		}
+		line := strings.TrimRight(lx.src[lx.i:lx.i+end], "\r")
+		if stripTabs {
+			line = strings.TrimLeft(line, "\t")
+		}
+		if line == delim {
+			h.body = lx.src[start:lx.i]
+			for k := 0; k <= end && lx.i < len(lx.src); k++ {
+				lx.adv()
+			}
+			return h
+		}
+		for k := 0; k <= end && lx.i < len(lx.src); k++ {
+			lx.adv()
+		}
+	}
+	h.body = lx.src[start:]
+	return h
 }
 
 func (lx *shLexer) pos() Pos { return lx.at }
@@ -118,8 +197,8 @@ func (lx *shLexer) comment() shComment {
 	return c
 }
 
-func (lx *shLexer) word() shWord {
-	w := shWord{pos: lx.pos(), lead: lx.src[lx.i]}
+func (lx *shLexer) word() (w shWord) {
+	w = shWord{pos: lx.pos(), lead: lx.src[lx.i]}
 	// Most words have no quotes, escapes or expansions: they are a slice
 	// of the source, with no copy.
 	start := lx.i
@@ -128,8 +207,10 @@ func (lx *shLexer) word() shWord {
 	}
 	if lx.i == len(lx.src) || wordEnd[lx.src[lx.i]] {
 		w.text = lx.src[start:lx.i]
+		w.raw = w.text
 		return w
 	}
+	defer func() { w.raw = lx.src[start:lx.i] }()
 	var b strings.Builder
 	b.WriteString(lx.src[start:lx.i])
 	for lx.i < len(lx.src) {

@@ -12,7 +12,7 @@ func scanSource(t *testing.T, rs *RuleSet, name, src string) []Finding {
 	t.Helper()
 	k := kindOf(name)
 	if k == kindSniff {
-		k = sniff([]byte(src))
+		k, _ = sniff([]byte(src))
 	}
 	active, any := rs.pre.active([]byte(src))
 	if !any {
@@ -23,12 +23,12 @@ func scanSource(t *testing.T, rs *RuleSet, name, src string) []Finding {
 }
 
 // brief is "line:col rule" for each finding, with the severity when it is
-// not the rule's own (comments).
+// not the rule's own (comments, mentions).
 func brief(rs *RuleSet, fs []Finding) []string {
 	out := []string{}
 	for _, f := range fs {
 		s := fmt.Sprintf("%d:%d %s", f.Line, f.Column, f.Rule)
-		if f.InComment {
+		if i := slices.IndexFunc(rs.Rules, func(r *Rule) bool { return r.ID == f.Rule }); f.InComment || (i >= 0 && rs.Rules[i].sev != f.Severity) {
 			s += " " + f.Severity.String()
 		}
 		out = append(out, s)
@@ -66,12 +66,16 @@ func TestFlagSpellings(t *testing.T) {
 		{"short alias", "a.sh", "vllm serve m -q 'fp8'\n", []string{"1:14 quantization-fp8-redirect"}},
 		{"underscore flag", "a.sh", "vllm serve m --tokenizer_mode=slow\n", []string{"1:14 tokenizer-mode-slow"}},
 		{"continuations", "a.sh", "vllm serve m \\\n  --quantization \\\n  fp8\n", []string{"2:3 quantization-fp8-redirect"}},
+		{"after then", "a.sh", "if [ -n \"$Q\" ]; then vllm serve m --quantization fp8; else exec vllm serve m; fi\n", []string{"1:35 quantization-fp8-redirect"}},
+		{"uv run", "a.sh", "uv run --with vllm vllm serve m --quantization fp8\n", []string{"1:33 quantization-fp8-redirect"}},
+		{"conda run", "a.sh", "conda run -n serve vllm serve m --quantization fp8\n", []string{"1:33 quantization-fp8-redirect"}},
+		{"wrappers", "a.sh", "exec sudo -E -u vllm nohup timeout 3600 /opt/venv/bin/vllm serve m --quantization fp8\n", []string{"1:68 quantization-fp8-redirect"}},
 		{"sh -c string", "a.sh", `sh -c "exec vllm serve m --tokenizer-mode slow"` + "\n", []string{"1:26 tokenizer-mode-slow"}},
 		{"variable value", "a.sh", "Q=fp8\nvllm serve m --quantization \"$Q\"\n", []string{"2:14 quantization-fp8-redirect"}},
 		{"default value", "a.sh", "vllm serve m --quantization ${Q:-fp8}\n", []string{"1:14 quantization-fp8-redirect"}},
 		{"python list", "a.py", `subprocess.run(["vllm", "serve", "--quantization", "fp8"])` + "\n", []string{"1:34 quantization-fp8-redirect"}},
 		{"python kwarg", "a.py", `llm = LLM(model="m", tokenizer_mode="slow")` + "\n", []string{"1:22 tokenizer-mode-slow"}},
-		{"python dict", "a.py", `kw = {"quantization": "fp8"}` + "\n", []string{"1:7 quantization-fp8-redirect"}},
+		{"python dict as keywords", "a.py", `kw = {"quantization": "fp8"}` + "\nllm = LLM(model=\"m\", **kw)\n", []string{"1:7 quantization-fp8-redirect"}},
 		{"python command string", "a.py", `cmd = "vllm serve m --quantization fp8"` + "\n", []string{"1:21 quantization-fp8-redirect"}},
 		{"python shlex", "a.py", "args = shlex.split('''vllm serve m\n    --enable-mamba-fine-grained-prefix-cache''')\n", []string{"2:5 mamba-fine-grained-prefix-cache"}},
 		{"yaml args", "d.yaml", "args:\n  - --quantization\n  - fp8\n", []string{"2:5 quantization-fp8-redirect"}},
@@ -79,16 +83,16 @@ func TestFlagSpellings(t *testing.T) {
 		{"yaml command string", "docker-compose.yml", "services:\n  e:\n    command: vllm serve m --tokenizer-mode slow\n", []string{"3:27 tokenizer-mode-slow"}},
 		{"yaml config key", "c.yaml", "tokenizer_mode: slow\nquantization: fp8\n", []string{"1:1 tokenizer-mode-slow", "2:1 quantization-fp8-redirect"}},
 		{"yaml folded block", "d.yaml", "cmd: >\n  vllm serve m\n  --quantization fp8\n", []string{"3:3 quantization-fp8-redirect"}},
-		{"dockerfile exec", "Dockerfile", `CMD ["--model", "m", "--quantization", "fp8"]` + "\n", []string{"1:22 quantization-fp8-redirect"}},
+		{"dockerfile exec", "Dockerfile", "FROM vllm/vllm-openai:v0.31.0\n" + `CMD ["--model", "m", "--quantization", "fp8"]` + "\n", []string{"2:22 quantization-fp8-redirect"}},
 		{"dockerfile shell", "Dockerfile", "CMD vllm serve m \\\n  --tokenizer-mode=slow\n", []string{"2:3 tokenizer-mode-slow"}},
 		{"unit exec", "v.service", "[Service]\nExecStart=/usr/bin/vllm serve m \\\n  --enable-mamba-fine-grained-prefix-cache\n", []string{"3:3 mamba-fine-grained-prefix-cache"}},
 		{"bool kwarg true", "a.py", "EngineArgs(enable_mamba_fine_grained_prefix_cache=True)\n", []string{"1:12 mamba-fine-grained-prefix-cache"}},
 		{"traces equals quoted", "a.sh", `vllm serve m --collect-detailed-traces="model,worker"` + "\n", []string{"1:14 collect-detailed-traces-list"}},
 		{"mamba all", "a.py", `LLM(mamba_cache_mode="all")` + "\n", []string{"1:5 mamba-cache-mode-all"}},
-		{"shell comment", "a.sh", "#   vllm serve m --tokenizer-mode slow\n", []string{"1:18 tokenizer-mode-slow warning"}},
+		{"shell comment", "a.sh", "#   vllm serve m --tokenizer-mode slow\n", []string{"1:18 tokenizer-mode-slow note"}},
 		{"python comment", "a.py", `# LLM(model="m", quantization="fp8")` + "\n", []string{"1:18 quantization-fp8-redirect note"}},
 		{"yaml comment", "d.yaml", "a: 1 # --quantization fp8 was ours\n", []string{"1:8 quantization-fp8-redirect note"}},
-		{"unit comment", "v.service", "[Service]\n; ExecStart=vllm serve --tokenizer-mode slow\n", []string{"2:24 tokenizer-mode-slow warning"}},
+		{"unit comment", "v.service", "[Service]\n; ExecStart=vllm serve --tokenizer-mode slow\n", []string{"2:24 tokenizer-mode-slow note"}},
 	})
 }
 
@@ -116,12 +120,10 @@ func TestEnvSpellings(t *testing.T) {
 		{"export", "a.sh", "export " + x + "=1\n", hit("1:8")},
 		{"prefix assignment", "a.sh", x + "=1 vllm serve m\n", hit("1:1")},
 		{"env command", "a.sh", "env " + x + "=1 vllm serve m\n", hit("1:5")},
-		{"reference", "a.sh", `echo "${` + x + `:-0}"` + "\n", hit("1:7")},
-		{"unset", "a.sh", "unset " + x + "\n", hit("1:7")},
 		{"declare", "a.sh", "declare -x " + x + "\n", hit("1:12")},
 		{"docker -e", "a.sh", "docker run -e " + x + " --env=X img\n", hit("1:15")},
 		{"unit Environment", "v.service", "[Service]\nEnvironment=\"" + x + "=1\" B=2\n", hit("2:13")},
-		{"unit UnsetEnvironment", "v.service", "[Service]\nUnsetEnvironment=" + x + "\n", hit("2:18")},
+		{"unit UnsetEnvironment is a mention", "v.service", "[Service]\nUnsetEnvironment=" + x + "\n", []string{"2:18 env-ple-cpu-offload note"}},
 		{"dockerfile ENV", "Dockerfile", "ENV A=1 " + x + "=1\n", hit("1:9")},
 		{"dockerfile legacy ENV", "Dockerfile", "ENV " + x + " 1\n", hit("1:5")},
 		{"compose list", "compose.yml", "environment:\n  - " + x + "=1\n", hit("2:5")},
@@ -129,11 +131,22 @@ func TestEnvSpellings(t *testing.T) {
 		{"k8s name value", "k.yaml", "env:\n  - name: " + x + "\n    value: \"1\"\n", hit("2:11")},
 		{".env", ".env", x + "=1\n", hit("1:1")},
 		{"python environ set", "a.py", `os.environ["` + x + `"] = "1"` + "\n", hit("1:12")},
-		{"python environ get", "a.py", `os.environ.get("` + x + `")` + "\n", hit("1:16")},
-		{"python getenv", "a.py", `os.getenv("` + x + `", "0")` + "\n", hit("1:11")},
+		{"python environ get is a mention", "a.py", `os.environ.get("` + x + `")` + "\n", []string{"1:16 env-ple-cpu-offload note"}},
+		{"python getenv is a mention", "a.py", `os.getenv("` + x + `", "0")` + "\n", []string{"1:11 env-ple-cpu-offload note"}},
 		{"python env dict", "a.py", `subprocess.run(cmd, env={"` + x + `": "1"})` + "\n", hit("1:26")},
 		{"python dict kwarg", "a.py", "env = dict(os.environ, " + x + "=\"1\")\n", hit("1:24")},
 		{"comment", "a.sh", "# " + x + " is gone\n", []string{"1:3 env-ple-cpu-offload note"}},
+		{"reference is a mention", "a.sh", `echo "${` + x + `:-0}"` + "\n", []string{"1:7 env-ple-cpu-offload note"}},
+		{"unset is a mention", "a.sh", "unset " + x + "\n", []string{"1:7 env-ple-cpu-offload note"}},
+		{"test is a mention", "a.sh", `[ -n "$` + x + `" ] && echo on` + "\n", []string{"1:7 env-ple-cpu-offload note"}},
+		{"python read is a mention", "a.py", `v = os.environ["` + x + `"]` + "\n", []string{"1:16 env-ple-cpu-offload note"}},
+		{"python setdefault", "a.py", `os.environ.setdefault("` + x + `", "1")` + "\n", hit("1:23")},
+		{"k8s value is not a name", "k.yaml", "env:\n  - name: FEATURE\n    value: " + x + "\n", nil},
+		{"python string is not a setting", "a.py", `names = ["` + x + `"]` + "\n", nil},
+		{"echo text", "a.sh", "echo " + x + "=1 is gone\n", nil},
+		{"compose name only", "compose.yml", "services:\n  e:\n    environment:\n      - " + x + "\n", hit("4:9")},
+		{"unit PassEnvironment", "v.service", "[Service]\nPassEnvironment=" + x + "\n", hit("2:17")},
+		{"dockerfile ARG without default", "Dockerfile", "ARG " + x + "\n", []string{"1:5 env-ple-cpu-offload note"}},
 	})
 }
 

@@ -12,8 +12,8 @@ var execKeys = map[string]bool{
 
 // parseUnit reads a systemd unit: Exec* command lines (with backslash
 // continuations), Environment=, UnsetEnvironment=, PassEnvironment= and
-// EnvironmentFile= references. Lines systemd would reject are a problem and
-// the file is skipped.
+// EnvironmentFile= references. systemd logs a malformed line and ignores
+// it, and so does this: the line is a note and the rest is audited.
 func parseUnit(src string, f *facts) error {
 	lines := strings.Split(src, "\n")
 	section := ""
@@ -25,21 +25,30 @@ func parseUnit(src string, f *facts) error {
 		case trimmed == "":
 			continue
 		case trimmed[0] == '#' || trimmed[0] == ';':
-			f.addComment(trimmed[1:], Pos{i + 1, lead + 2}, 0)
+			// A commented-out ExecStart=: its command line, as a note.
+			text, col := trimmed[1:], lead+2
+			if k, v, ok := strings.Cut(text, "="); ok && execKeys[strings.TrimSpace(k)] {
+				text, col = v, col+len(k)+1
+			}
+			f.addComment(text, Pos{i + 1, col}, 0)
 			continue
 		case trimmed[0] == '[':
 			if !strings.HasSuffix(trimmed, "]") {
-				return &problem{Pos{i + 1, lead + 1}, "malformed unit: section header without ]"}
+				f.Notes = append(f.Notes, problem{Pos{i + 1, lead + 1}, "malformed unit line: section header without ]"})
+				section = strings.TrimPrefix(trimmed, "[")
+				continue
 			}
 			section = trimmed[1 : len(trimmed)-1]
 			continue
 		}
 		eq := strings.IndexByte(trimmed, '=')
 		if eq <= 0 {
-			return &problem{Pos{i + 1, lead + 1}, "malformed unit: expected Key=Value"}
+			f.Notes = append(f.Notes, problem{Pos{i + 1, lead + 1}, "malformed unit line: expected Key=Value; systemd ignores it"})
+			continue
 		}
 		if section == "" {
-			return &problem{Pos{i + 1, lead + 1}, "malformed unit: assignment outside a [section]"}
+			f.Notes = append(f.Notes, problem{Pos{i + 1, lead + 1}, "malformed unit line: assignment outside a [section]; systemd ignores it"})
+			continue
 		}
 		key := strings.TrimSpace(trimmed[:eq])
 		// The value runs on while lines end in a backslash.
@@ -58,20 +67,25 @@ func parseUnit(src string, f *facts) error {
 func unitValue(f *facts, key, value string, p Pos) {
 	switch {
 	case execKeys[key]:
-		res := lexShell(value, p, false)
-		for _, ws := range res.cmds {
-			// Prefixes such as - @ + ! : change how systemd runs the
-			// command, not what it runs.
-			if len(ws) > 0 {
-				ws[0].text = strings.TrimLeft(ws[0].text, "-@+!:|")
+		// systemd runs one command line, not a shell script: ; and
+		// quotes split it much as sh does, and prefixes such as - @ + !
+		// change how it runs, not what.
+		for _, ws := range lexShell(value, p, true).cmds {
+			words := make([]Word, 0, len(ws))
+			for j := range ws {
+				text := ws[j].text
+				if j == 0 {
+					text = strings.TrimLeft(text, "-@+!:|")
+				}
+				words = append(words, Word{Text: text, Pos: ws[j].pos, Quoted: ws[j].quoted})
 			}
+			f.command(words, false, 0)
 		}
-		f.addShell(res, false, 0)
 	case key == "Environment":
 		for _, ws := range lexShell(value, p, true).cmds {
 			for _, w := range ws {
 				if name, val, ok := splitAssign(w.text); ok {
-					f.env(name, val, true, w.pos, false)
+					f.setEnv(name, val, true, w.pos, false, -1)
 				}
 			}
 		}
@@ -82,8 +96,13 @@ func unitValue(f *facts, key, value string, p Pos) {
 				if !ok {
 					name = w.text
 				}
-				if isIdent(name) {
-					f.env(name, "", false, w.pos, false)
+				if !isIdent(name) {
+					continue
+				}
+				if key == "PassEnvironment" {
+					f.setEnv(name, "", false, w.pos, false, -1) // passed on from the manager
+				} else {
+					f.mentionEnv(name, w.pos, false)
 				}
 			}
 		}

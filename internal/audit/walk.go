@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,11 +50,29 @@ const (
 	kindSniff // no extension: decided by a #! line
 )
 
+// templateExts are template files: the name under the extension says the
+// kind (deployment.yaml.j2), else the content does (_helpers.tpl).
+var templateExts = map[string]bool{".tpl": true, ".j2": true, ".jinja": true, ".jinja2": true, ".gotmpl": true, ".tmpl": true}
+
+func isDockerfileName(base string) bool {
+	for _, stem := range []string{"Dockerfile", "Containerfile", "dockerfile", "containerfile"} {
+		if rest, ok := strings.CutPrefix(base, stem); ok && (rest == "" || strings.IndexByte(".-_", rest[0]) >= 0) {
+			return true
+		}
+	}
+	return strings.HasSuffix(base, ".dockerfile") || strings.HasSuffix(base, ".Dockerfile") || strings.HasSuffix(base, ".containerfile")
+}
+
 func kindOf(path string) kind {
 	base := filepath.Base(path)
+	if ext := filepath.Ext(base); templateExts[ext] {
+		if k := kindOf(strings.TrimSuffix(base, ext)); k != kindNone {
+			return k
+		}
+		return kindSniff
+	}
 	switch {
-	case base == "Dockerfile" || base == "Containerfile" || strings.HasPrefix(base, "Dockerfile.") ||
-		strings.HasSuffix(base, ".dockerfile") || strings.HasSuffix(base, ".Dockerfile"):
+	case isDockerfileName(base):
 		return kindDocker
 	case base == ".env" || strings.HasPrefix(base, ".env."):
 		return kindDotenv
@@ -81,24 +100,70 @@ func kindOf(path string) kind {
 	return kindNone
 }
 
-// sniff decides an extensionless file's kind by its #! line.
-func sniff(src []byte) kind {
-	if !bytes.HasPrefix(src, []byte("#!")) {
-		return kindNone
+// sniff decides a file's kind by its content: a #! line, or for a file
+// without one, the first line that says what it is. The reason says why
+// a file is skipped.
+func sniff(src []byte) (kind, string) {
+	if bytes.IndexByte(src[:min(len(src), 8192)], 0) >= 0 {
+		return kindNone, "binary file"
 	}
-	line, _, _ := bytes.Cut(src, []byte("\n"))
-	switch {
-	case bytes.Contains(line, []byte("python")):
-		return kindPython
-	case bytes.Contains(line, []byte("sh")):
-		return kindShell
+	if bytes.HasPrefix(src, []byte("#!")) {
+		line, _, _ := bytes.Cut(src, []byte("\n"))
+		switch {
+		case bytes.Contains(line, []byte("python")):
+			return kindPython, ""
+		case bytes.Contains(line, []byte("sh")):
+			return kindShell, ""
+		}
+		return kindNone, "its #! line names another interpreter: " + strings.TrimSpace(string(line[2:]))
 	}
-	return kindNone
+	rest := src
+	for n := 0; len(rest) > 0 && n < 200; n++ {
+		var line []byte
+		line, rest, _ = bytes.Cut(rest, []byte("\n"))
+		t := string(bytes.TrimSpace(line))
+		if t == "" || t[0] == '#' || strings.HasPrefix(t, "{{") || strings.HasPrefix(t, "{%") {
+			continue
+		}
+		first, _, _ := strings.Cut(t, " ")
+		switch {
+		case t == "[Unit]" || t == "[Service]" || t == "[Install]":
+			return kindUnit, ""
+		case strings.EqualFold(first, "FROM"):
+			return kindDocker, ""
+		case strings.HasPrefix(t, "apiVersion:") || strings.HasPrefix(t, "kind:") || strings.HasPrefix(t, "services:") || t == "---":
+			return kindYAML, ""
+		case first == "import" || first == "def" || first == "class" || (first == "from" && strings.Contains(t, " import ")):
+			return kindPython, ""
+		case shellStarts[first] || isPython(first) || strings.HasPrefix(first, "/") || strings.HasPrefix(first, "./"):
+			return kindShell, ""
+		}
+		if name, _, ok := splitAssign(first); ok && isEnvName(name) {
+			return kindShell, ""
+		}
+	}
+	return kindNone, "no #! line, and no line says it is a script, unit, Dockerfile or YAML"
+}
+
+// shellStarts are words a line of a shell script starts with.
+var shellStarts = map[string]bool{
+	"vllm": true, "weightcache": true, "exec": true, "export": true, "set": true, "cd": true,
+	"source": true, ".": true, "if": true, "for": true, "while": true, "echo": true, "docker": true,
+	"podman": true, "env": true, "nohup": true, "sudo": true, "uvicorn": true, "sh": true, "bash": true,
+	"unset": true, "trap": true, "wait": true, "kubectl": true, "case": true, "function": true,
 }
 
 type job struct {
-	path string
-	kind kind
+	path  string
+	kind  kind
+	tmpl  bool // a template: its {{ }} and {% %} are blanked first
+	named bool // named on the command line
+}
+
+// Skip is a file or folder the audit did not read, and why.
+type Skip struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
 }
 
 type auditor struct {
@@ -108,6 +173,14 @@ type auditor struct {
 	roots, absRoots []string
 	files           atomic.Int64
 	parsed          atomic.Int64
+	mu              sync.Mutex
+	skipped         []Skip
+}
+
+func (a *auditor) skip(path, reason string) {
+	a.mu.Lock()
+	a.skipped = append(a.skipped, Skip{path, reason})
+	a.mu.Unlock()
 }
 
 // Run audits paths (files or directories, walked recursively) with a
@@ -161,7 +234,8 @@ func Run(ctx context.Context, paths []string, rs *RuleSet) (*Report, error) {
 	for _, o := range out {
 		all = append(all, o...)
 	}
-	return &Report{Findings: sortFindings(all), Files: int(a.files.Load()), Parsed: int(a.parsed.Load()), Rules: rs}, nil
+	slices.SortFunc(a.skipped, func(x, y Skip) int { return strings.Compare(x.Path, y.Path) })
+	return &Report{Findings: sortFindings(all), Skipped: a.skipped, Files: int(a.files.Load()), Parsed: int(a.parsed.Load()), Rules: rs}, nil
 }
 
 // batcher hands files to the workers batchSize at a time: handing over
@@ -201,16 +275,22 @@ func (a *auditor) walk(ctx context.Context, root string, b *batcher, diag *[]Fin
 		}
 		if d.IsDir() {
 			if path != root && skipDirs[d.Name()] {
+				a.skip(path, "vendored, virtual-environment or version-control folder")
 				return filepath.SkipDir
 			}
 			return nil
 		}
 		k := kindOf(path)
-		if path == root && (k == kindNone || k == kindSniff) {
-			k = kindShell // named on the command line: read it as a script
+		named := path == root
+		if named && k == kindNone {
+			k = kindSniff // named on the command line: read it whatever its name
 		}
-		if k != kindNone && d.Type().IsRegular() {
-			b.add(job{path, k})
+		switch {
+		case k == kindNone:
+		case !d.Type().IsRegular():
+			a.skip(path, "not a regular file")
+		default:
+			b.add(job{path: path, kind: k, tmpl: templateExts[filepath.Ext(path)], named: named})
 		}
 		return nil
 	})
@@ -224,9 +304,17 @@ func (a *auditor) file(j job, buf []byte) ([]Finding, []byte) {
 		return []Finding{newFinding(j.path, ruleUnreadable, Pos{1, 1}, false, err.Error())}, src
 	}
 	if j.kind == kindSniff {
-		if j.kind = sniff(src); j.kind == kindNone {
+		var why string
+		if j.kind, why = sniff(src); j.kind == kindNone && j.named && why != "binary file" {
+			j.kind = kindShell // named on the command line: read as a script
+		}
+		if j.kind == kindNone {
+			a.skip(j.path, why)
 			return nil, src
 		}
+	}
+	if j.tmpl {
+		src = blankTemplates(src)
 	}
 	a.files.Add(1)
 	active, any := a.rs.pre.active(src)

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -42,9 +43,6 @@ func TestMalformedIsReportedAndSkipped(t *testing.T) {
 	}{
 		{"yaml", "k.yaml", "args: [--tokenizer-mode, slow\nenv:\n  - a\n", 1, "malformed YAML"},
 		{"yaml tab", "k.yaml", "args:\n\t- --tokenizer-mode=slow\n", 2, "malformed YAML"},
-		{"unit section", "v.service", "[Service\nExecStart=vllm serve --tokenizer-mode slow\n", 1, "section header"},
-		{"unit no equals", "v.service", "[Service]\nExecStart vllm serve --tokenizer-mode slow\n", 2, "Key=Value"},
-		{"unit outside section", "v.service", "ExecStart=vllm serve --tokenizer-mode slow\n", 1, "outside"},
 		{"json", "r.json", "{\"mm_processor_kwargs\": {\n", 2, "malformed JSON"},
 	}
 	rs := builtin(t)
@@ -58,12 +56,32 @@ func TestMalformedIsReportedAndSkipped(t *testing.T) {
 	}
 }
 
+// TestMalformedUnitLines: systemd logs a malformed line and ignores it, so
+// the line is a note and the rest of the unit is audited.
+func TestMalformedUnitLines(t *testing.T) {
+	runSpellings(t, []spelling{
+		{"no equals", "v.service", "[Service]\nExecStart vllm serve --tokenizer-mode slow\nExecStart=vllm serve m --quantization fp8\n",
+			[]string{"2:1 ignored-line", "3:24 quantization-fp8-redirect"}},
+		{"outside a section", "v.service", "ExecStart=vllm serve --tokenizer-mode slow\n[Service]\nExecStart=vllm serve m --quantization fp8\n",
+			[]string{"1:1 ignored-line", "3:24 quantization-fp8-redirect"}},
+		{"section header", "v.service", "[Service\nExecStart=vllm serve m --tokenizer-mode slow\n",
+			[]string{"1:1 ignored-line", "2:24 tokenizer-mode-slow"}},
+	})
+}
+
 // TestTruncatedFilesDoNotPanic feeds prefixes of every fixture file to its
 // parser without the audit's recover, so a panic fails the test. It cuts
 // just before and after each byte that opens or closes something (quotes,
 // brackets, escapes, line ends), where parsers change state.
 func TestTruncatedFilesDoNotPanic(t *testing.T) {
-	err := filepath.WalkDir(fixture, func(path string, d fs.DirEntry, err error) error {
+	for _, root := range []string{fixture, "testdata/tricky", "testdata/realworld"} {
+		truncate(t, root)
+	}
+}
+
+func truncate(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -73,7 +91,7 @@ func TestTruncatedFilesDoNotPanic(t *testing.T) {
 		}
 		k := kindOf(path)
 		if k == kindSniff {
-			k = sniff(src)
+			k, _ = sniff(src)
 		}
 		for n := range len(src) + 1 {
 			if n == len(src) || strings.IndexByte("\"'`[]{}()\\\n:=#$", src[n]) >= 0 || (n > 0 && src[n-1] == '\\') {
@@ -97,28 +115,60 @@ func TestWalk(t *testing.T) {
 		"vendor/x/run.sh":           hit,
 		"sub/third_party/run.sh":    hit,
 		"sub/start":                 "#!/bin/sh\n" + hit,
-		"sub/README":                hit, // no #! line: not a deploy file
+		"sub/launch":                "# no #! line, read by content\nexport HF_HOME=/m\n" + hit,
+		"sub/README":                "Start the engine as the runbook says.\nThen wait.\n",
+		"sub/tool":                  "#!/usr/bin/env node\n" + hit,
+		"sub/blob":                  "\x00\x01" + hit,
 		"sub/notes.txt":             hit,
 		"sub/Dockerfile.gpu":        "CMD " + hit,
+		"sub/Dockerfile-cpu":        "CMD " + hit,
+		"sub/Dockerfile_rocm":       "CMD " + hit,
+		"sub/serve.Dockerfile":      "CMD " + hit,
+		"sub/Containerfile":         "CMD " + hit,
 		"sub/app.service.d/10.conf": "[Service]\nExecStart=" + hit,
 		"sub/other.conf":            "ExecStart=" + hit,
 		"sub/clean.sh":              "vllm serve m\n",
+		"tpl/run.sh.j2":             "{% if gpu %}\n" + hit + "{% endif %}\n",
+		"tpl/deploy.yaml.gotmpl":    "args: [--tokenizer-mode, '{{ .Mode }}', --tokenizer_mode, slow]\nimage: vllm/vllm-openai\n",
+		"tpl/_helpers.tpl":          "{{- define \"args\" -}}\napiVersion: v1\nkind: Pod\nspec:\n  containers:\n    - image: vllm/vllm-openai\n      args: [--tokenizer-mode, slow]\n{{- end }}\n",
+		"tpl/vllm.service.j2":       "[Service]\nExecStart=/usr/bin/" + hit,
+		"tpl/notes.tpl":             "Dear operator, {{ name }}\n",
 	})
 	rep, err := Run(context.Background(), []string{dir}, builtin(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Join(rulesOf(rep.Findings), " ")
-	want := "run.sh:tokenizer-mode-slow Dockerfile.gpu:tokenizer-mode-slow 10.conf:tokenizer-mode-slow start:tokenizer-mode-slow"
+	want := "run.sh:tokenizer-mode-slow Containerfile:tokenizer-mode-slow Dockerfile-cpu:tokenizer-mode-slow Dockerfile.gpu:tokenizer-mode-slow " +
+		"Dockerfile_rocm:tokenizer-mode-slow 10.conf:tokenizer-mode-slow launch:tokenizer-mode-slow serve.Dockerfile:tokenizer-mode-slow " +
+		"start:tokenizer-mode-slow _helpers.tpl:tokenizer-mode-slow deploy.yaml.gotmpl:tokenizer-mode-slow run.sh.j2:tokenizer-mode-slow vllm.service.j2:tokenizer-mode-slow"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	if rep.Files != 5 || rep.Parsed != 4 {
-		t.Errorf("files %d parsed %d, want 5 and 4", rep.Files, rep.Parsed)
+	var skipped []string
+	for _, sk := range rep.Skipped {
+		rel, _ := filepath.Rel(dir, sk.Path)
+		skipped = append(skipped, rel+": "+sk.Reason)
+	}
+	wantSkipped := []string{
+		".git: vendored, virtual-environment or version-control folder",
+		"node_modules: vendored, virtual-environment or version-control folder",
+		"sub/README: no #! line, and no line says it is a script, unit, Dockerfile or YAML",
+		"sub/blob: binary file",
+		"sub/third_party: vendored, virtual-environment or version-control folder",
+		"sub/tool: its #! line names another interpreter: /usr/bin/env node",
+		"tpl/notes.tpl: no #! line, and no line says it is a script, unit, Dockerfile or YAML",
+		"vendor: vendored, virtual-environment or version-control folder",
+	}
+	if !slices.Equal(skipped, wantSkipped) {
+		t.Errorf("skipped\ngot  %q\nwant %q", skipped, wantSkipped)
+	}
+	if rep.Files != 14 || rep.Parsed != 13 {
+		t.Errorf("files %d parsed %d, want 14 and 13", rep.Files, rep.Parsed)
 	}
 
 	// A file named on the command line is read whatever its name.
-	rep, err = Run(context.Background(), []string{filepath.Join(dir, "sub", "README")}, builtin(t))
+	rep, err = Run(context.Background(), []string{filepath.Join(dir, "sub", "notes.txt")}, builtin(t))
 	if err != nil || len(rep.Findings) != 1 {
 		t.Errorf("explicit file: %v %v", rep, err)
 	}
@@ -151,13 +201,15 @@ func TestEnvironmentFiles(t *testing.T) {
 		"etc/vllm/engine":    "VLLM_PLE_CPU_OFFLOAD=1\n",
 		"compose.yaml":       "services:\n  e:\n    env_file:\n      - path: ./cfg/e.vars\n",
 		"cfg/e.vars":         "VLLM_MM_HASHER_ALGORITHM=x\n",
+		"run/start.sh":       "docker run --gpus all --env-file ../cfg/docker.env vllm/vllm-openai --model m\n",
+		"cfg/docker.env":     "VLLM_PLE_CPU_OFFLOAD=1\n",
 	})
 	rep, err := Run(context.Background(), []string{dir}, builtin(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Join(rulesOf(rep.Findings), " ")
-	want := "e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload vllm.service:environment-file vllm.service:environment-file"
+	want := "docker.env:env-ple-cpu-offload e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload start.sh:environment-file vllm.service:environment-file vllm.service:environment-file"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

@@ -16,7 +16,7 @@ import (
 // Kubernetes env name/value pairs, args and command lists and command
 // strings each have a shape the walker recognises wherever they are.
 func parseYAML(src []byte, f *facts) error {
-	if bytes.Contains(src, []byte("{{")) {
+	if bytes.Contains(src, []byte("{{")) || bytes.Contains(src, []byte("{%")) {
 		src = blankTemplates(src)
 	}
 	w := &yamlWalker{f: f, src: src}
@@ -30,7 +30,7 @@ func parseYAML(src []byte, f *facts) error {
 		}
 	}
 	for _, d := range docs {
-		w.node(d)
+		w.document(d)
 	}
 	w.comments()
 	return nil
@@ -68,21 +68,35 @@ func yamlProblem(err error) *problem {
 	return p
 }
 
-// blankTemplates replaces Helm template actions with spaces of the same
-// length, so that the rest parses as YAML and keeps its positions.
+// templateFill stands for a template action inside a line's text: a value
+// the audit cannot know (image: repo:____ is not a known image).
+const templateFill = '_'
+
+// blankTemplates replaces template actions ({{ }} of Helm and Go, {% %}
+// and {# #} of Jinja) so that the rest parses and keeps its positions: an
+// action alone on its line becomes spaces, one inside text becomes
+// templateFill bytes (image: repo:{{ .Tag }} must stay a plain scalar).
 func blankTemplates(src []byte) []byte {
 	out := bytes.Clone(src)
 	for i := 0; i+1 < len(out); i++ {
-		if out[i] != '{' || out[i+1] != '{' {
+		if out[i] != '{' || (out[i+1] != '{' && out[i+1] != '%' && out[i+1] != '#') {
 			continue
 		}
-		end := bytes.Index(out[i:], []byte("}}"))
+		closer := []byte{'}', '}'}
+		if out[i+1] != '{' {
+			closer[0] = out[i+1]
+		}
+		end := bytes.Index(out[i:], closer)
 		if end < 0 {
 			break
 		}
+		fill := byte(' ')
+		if ls := bytes.LastIndexByte(out[:i], '\n') + 1; len(bytes.TrimSpace(out[ls:i])) > 0 {
+			fill = templateFill
+		}
 		for j := i; j < i+end+2; j++ {
 			if out[j] != '\n' {
-				out[j] = ' '
+				out[j] = fill
 			}
 		}
 		i += end + 1
@@ -92,14 +106,60 @@ func blankTemplates(src []byte) []byte {
 
 var nodeSlabs slabPool[yaml.Node]
 
+// docKind is what a YAML document is, from its top-level keys: that
+// decides whether a key: value pair is an engine setting.
+type docKind uint8
+
+const (
+	docConfig  docKind = iota // a vLLM config file, Helm values: keys are settings
+	docKube                   // a Kubernetes object: containers hold the settings
+	docCompose                // a compose file: services hold the settings
+)
+
 type yamlWalker struct {
-	f   *facts
-	src []byte
+	f    *facts
+	src  []byte
+	kind docKind
 	// lines is src split, made when a block scalar first needs it.
 	lines [][]byte
 }
 
 func pos(n *yaml.Node) Pos { return Pos{n.Line, n.Column} }
+
+func (w *yamlWalker) document(d *yaml.Node) {
+	w.kind = docConfig
+	if len(d.Content) == 1 && d.Content[0].Kind == yaml.MappingNode {
+		root := d.Content[0]
+		if mapValue(root, "apiVersion") != nil && mapValue(root, "kind") != nil {
+			w.kind = docKube
+		} else if s := mapValue(root, "services"); s != nil && s.Kind == yaml.MappingNode {
+			w.kind = docCompose
+			for i := 0; i+1 < len(root.Content); i += 2 {
+				if root.Content[i].Value != "services" {
+					w.node(root.Content[i+1])
+					continue
+				}
+				for j := 0; j+1 < len(s.Content); j += 2 {
+					if svc := s.Content[j+1]; svc.Kind == yaml.MappingNode {
+						w.container(svc)
+					}
+				}
+			}
+			return
+		}
+	}
+	w.node(d)
+}
+
+// mapValue is the value of key in mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
 
 func (w *yamlWalker) node(n *yaml.Node) {
 	switch n.Kind {
@@ -108,6 +168,10 @@ func (w *yamlWalker) node(n *yaml.Node) {
 			w.node(c)
 		}
 	case yaml.MappingNode:
+		if w.kind == docKube && (mapValue(n, "image") != nil || mapValue(n, "args") != nil || mapValue(n, "command") != nil) {
+			w.container(n)
+			return
+		}
 		w.mapping(n)
 	case yaml.SequenceNode:
 		w.sequence(n)
@@ -116,45 +180,46 @@ func (w *yamlWalker) node(n *yaml.Node) {
 	}
 }
 
-// mapping: keys with scalar values become one --key=value command (a vLLM
-// config file), upper-case keys are environment (compose), name/value pairs
-// are environment (Kubernetes), and env_file names a file read at run time.
+// mapping: in a config document, keys with scalar values become one
+// --key=value command (a vLLM config file, Helm values). Anywhere, an
+// upper-case key with a scalar value sets a variable (a ConfigMap read as
+// the environment), env and environment are read as such, and env_file
+// names a file read at run time.
 func (w *yamlWalker) mapping(n *yaml.Node) {
+	if name := mapValue(n, "name"); name != nil && isEnvName(name.Value) && (mapValue(n, "value") != nil || mapValue(n, "valueFrom") != nil) {
+		w.env(&yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{n}}) // an env entry in a list of its own (Helm's extraEnv)
+	}
 	var cmd Command
-	var envName, envValue *yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
-		if key == "env_file" {
+		switch key {
+		case "env_file":
 			w.envFiles(v)
+		case "env", "environment":
+			if v.Kind != yaml.ScalarNode {
+				w.env(v)
+				continue
+			}
 		}
 		switch v.Kind {
 		case yaml.ScalarNode:
 			if isEnvName(key) {
-				w.f.env(key, v.Value, true, pos(k), false)
+				w.f.setEnv(key, v.Value, true, pos(k), false, -1)
 			}
-			cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + v.Value, Pos: pos(k)})
-			switch key {
-			case "name":
-				envName = v
-			case "value":
-				envValue = v
+			if w.kind == docConfig {
+				cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + v.Value, Pos: pos(k)})
 			}
 		case yaml.MappingNode, yaml.SequenceNode:
-			if dashify(key) == loaderConfigFlag[2:] {
+			if w.kind == docConfig && dashify(key) == loaderConfigFlag[2:] {
 				cmd.Words = append(cmd.Words, Word{Text: "--" + dashify(key) + "=" + nodeJSON(v), Pos: pos(k)})
 			}
 		}
 		w.node(v)
 	}
-	if envName != nil && isEnvName(envName.Value) {
-		if envValue != nil {
-			w.f.env(envName.Value, envValue.Value, true, pos(envName), false)
-		} else {
-			w.f.env(envName.Value, "", false, pos(envName), false)
-		}
-	}
 	if len(cmd.Words) > 0 {
+		cmd.recog = recog{prog: progVLLM, module: -1, script: -1}
+		cmd.Scope = w.f.scope
 		w.f.Commands = append(w.f.Commands, cmd)
 	}
 }
@@ -191,21 +256,19 @@ func (w *yamlWalker) envFiles(v *yaml.Node) {
 	}
 }
 
-// sequence: a list of scalars is an argument list (args, command,
-// entrypoint, a Helm extraArgs).
+// sequence: a list of scalars is an argument list when it runs vLLM, or,
+// in a config document, when it is a list of flags (Helm's extraArgs).
 func (w *yamlWalker) sequence(n *yaml.Node) {
-	var cmd Command
+	ws := make([]Word, 0, len(n.Content))
 	for _, c := range n.Content {
-		if c.Kind == yaml.ScalarNode {
-			cmd.Words = append(cmd.Words, Word{Text: c.Value, Pos: pos(c)})
-		} else {
-			cmd.Words = append(cmd.Words, Word{Pos: pos(c), Opaque: true})
-		}
+		ws = append(ws, w.word(c))
 		w.node(c)
 	}
-	if len(cmd.Words) > 0 {
-		w.f.Commands = append(w.f.Commands, cmd)
+	if w.kind == docConfig && startsWithFlag(ws) {
+		w.f.Commands = append(w.f.Commands, Command{Words: ws, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: w.f.scope})
+		return
 	}
+	w.f.command(ws, false, 1)
 }
 
 // scalar looks inside every scalar, numbers and booleans included: none of
@@ -219,42 +282,10 @@ func (w *yamlWalker) scalar(n *yaml.Node) {
 			return
 		}
 		w.f.addShell(lexShell(text, Pos{start, 1}, n.Style == yaml.FoldedStyle), false, 1)
-	case yaml.DoubleQuotedStyle, yaml.SingleQuotedStyle:
-		w.f.scanLiteral(n.Value, pos(n), Pos{n.Line, n.Column + 1}, false, 0)
 	default:
-		w.f.scanLiteral(n.Value, pos(n), pos(n), false, 0)
+		text, at := w.scalarText(n)
+		w.f.literal(text, pos(n), at, false, false, 0)
 	}
-}
-
-// blockText is a block scalar's text as it stands in the file, indentation
-// included, so that shell words keep their real columns.
-func (w *yamlWalker) blockText(n *yaml.Node) (string, int) {
-	if w.lines == nil {
-		w.lines = bytes.Split(w.src, []byte("\n"))
-	}
-	first := n.Line // 1-based line of the indicator; content starts below
-	indent := -1
-	end := first
-	for i := first; i < len(w.lines); i++ {
-		line := w.lines[i]
-		trimmed := bytes.TrimLeft(line, " ")
-		if len(bytes.TrimSpace(line)) == 0 {
-			end = i + 1
-			continue
-		}
-		ind := len(line) - len(trimmed)
-		if indent < 0 {
-			indent = ind
-		}
-		if ind < indent {
-			break
-		}
-		end = i + 1
-	}
-	if end <= first {
-		return "", first + 1
-	}
-	return string(bytes.Join(w.lines[first:end], []byte("\n"))), first + 1
 }
 
 // comments finds YAML comments line by line: a # at the start or after a

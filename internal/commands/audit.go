@@ -22,7 +22,8 @@ func init() {
 }
 
 // runAudit: weightcache audit [PATH...] [--format text|json|sarif]
-// [--fail-on warning|error] [--rules FILE] [--target-version 0.31].
+// [--fail-on warning|error] [--rules FILE] [--target-version 0.31]
+// [--verbose].
 // Exit 0 when nothing is at or above --fail-on, 1 when something is, 2 on a
 // usage error or a path that cannot be read.
 func runAudit(ctx context.Context, e env, args []string) error {
@@ -31,6 +32,7 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	failOn := fs.String("fail-on", "error", "exit 1 when a finding is at or above this severity: warning or error")
 	rulesFile := fs.String("rules", "", "YAML `file` of rules that add to or replace the built-in ones by id")
 	target := fs.String("target-version", "0.31", "vLLM `release` being upgraded to: rules from later releases are left out")
+	verbose := fs.Bool("verbose", false, "also list the files and folders skipped, and why (JSON and SARIF always do)")
 	fs.Usage = func() {
 		fmt.Fprintln(e.stderr, "usage: weightcache audit [PATH...] [flags]\n\nScans PATHs (default: the current directory) for deploy settings vLLM 0.29-0.31 removed, renamed or gated.")
 		fs.PrintDefaults()
@@ -61,6 +63,7 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	rep.Verbose = *verbose
 	if err := rep.Write(e.stdout, *format); err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ func TestAuditExitCodes(t *testing.T) {
 	clean := auditTree(t, map[string]string{"run.sh": "vllm serve m --quantization fp8_per_tensor\n"})
 	warn := auditTree(t, map[string]string{"run.sh": "vllm serve m --quantization fp8\n"})
 	fail := auditTree(t, map[string]string{"run.sh": "vllm serve m --tokenizer-mode slow\n"})
+	comment := auditTree(t, map[string]string{"run.sh": "# vllm serve m --tokenizer-mode slow was ours\nvllm serve m\n"})
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rules, []byte("rules:\n  - id: x\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -40,6 +41,7 @@ func TestAuditExitCodes(t *testing.T) {
 		{"warning below default", []string{warn}, exitOK, "quantization-fp8-redirect", ""},
 		{"warning at fail-on warning", []string{warn, "--fail-on", "warning"}, exitFail, "quantization-fp8-redirect", "1 findings at or above warning"},
 		{"error", []string{"--format=text", fail}, exitFail, "tokenizer-mode-slow", "1 findings at or above error"},
+		{"comment is a note", []string{comment, "--fail-on", "warning"}, exitOK, "1 notes", ""},
 		{"flags after paths", []string{fail, "--target-version", "0.28"}, exitOK, "0 errors", ""},
 		{"paths after --", []string{"--fail-on=error", "--", fail}, exitFail, "tokenizer-mode-slow", ""},
 		{"unreadable path", []string{clean, filepath.Join(clean, "missing")}, exitUsage, "", "missing"},
@@ -75,6 +77,21 @@ func TestAuditFormats(t *testing.T) {
 				t.Errorf("rule id missing: %s", stdout.String())
 			}
 		})
+	}
+}
+
+// TestAuditVerbose lists skipped files in text only with --verbose.
+func TestAuditVerbose(t *testing.T) {
+	dir := auditTree(t, map[string]string{"run.sh": "vllm serve m\n", "README": "Read me first.\n"})
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{[]string{dir}, false}, {[]string{"--verbose", dir}, true}, {[]string{"--format", "json", dir}, true}} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), env{stdout: &stdout, stderr: &stderr}, append([]string{"audit"}, c.args...))
+		if got := strings.Contains(stdout.String(), "README"); code != exitOK || got != c.want {
+			t.Errorf("%v: exit %d, README listed %v, want %v: %s", c.args, code, got, c.want, stdout.String())
+		}
 	}
 }
 
