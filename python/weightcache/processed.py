@@ -110,7 +110,9 @@ def _views(weights, index, device):
             bases[sname] = raw if raw.device == device else raw.to(device)
         try:
             typed = bases[sname].view(dtypes.to_torch(e["dtype"]))
-            out[name] = typed.as_strided(tuple(e["shape"]), tuple(e["stride"]), e["offset"])
+            # as_strided's offset counts from the start of the storage,
+            # which for a daemon view is the segment, not this tensor.
+            out[name] = typed.as_strided(tuple(e["shape"]), tuple(e["stride"]), typed.storage_offset() + e["offset"])
         except (KeyError, TypeError, ValueError, RuntimeError) as err:
             raise LayoutError(f"tensor {name}: cannot rebuild from {sname}: {err}") from None
     for name, e in index["tensors"].items():

@@ -23,6 +23,7 @@ vLLM is imported only inside register() and the loader: this module
 imports without vLLM.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -119,10 +120,10 @@ class Rank:
 
 
 def processed_key(r):
-    """The publish-only host daemon of this rank: one per rank as the
-    launcher lays them out (device i = dp_rank * tp + tp_rank)."""
-    n = r.tp_size * r.dp_size
-    return "host" if n == 1 else f"host:{r.dp_rank * r.tp_size + r.tp_rank}"
+    """The publish-only host daemon of this rank, as the launcher lays them
+    out (`--devices host:0,host:1,...`: device i = dp_rank * tp + tp_rank).
+    Always host:N, so that it is never the node's tier-1 daemon ("host")."""
+    return f"host:{r.dp_rank * r.tp_size + r.tp_rank}"
 
 
 def engine_config(vllm_config, model_config, r, device):
@@ -176,6 +177,17 @@ def _target_device(vllm_config):
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def _device_scope(dev):
+    """`with target_device:` as base_loader.py:57 builds; torch.device is a
+    context manager from torch 2.0, and before it only the CPU, the
+    default device already, can be a target."""
+    if hasattr(dev, "__enter__"):
+        return dev
+    if dev.type == "cpu":
+        return contextlib.nullcontext()
+    raise RuntimeError(f"torch {torch.__version__} cannot build a model on {dev}")
 
 
 class _BareOnMeta(torch.overrides.TorchFunctionMode):
@@ -342,7 +354,7 @@ def make_loader_class(api):
                 return self._load_checkpoint(vllm_config, model_config, prefix, dev)
             self.tier = "processed"
             with api.set_default_torch_dtype(model_config.dtype):
-                with dev, _BareOnMeta():
+                with _device_scope(dev), _BareOnMeta():
                     model = api.initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
             try:
                 n = processed.restore(model, w, dev)
