@@ -125,7 +125,8 @@ def _views(weights, index, device):
 
 def restore(model, weights, device):
     """Install a processed layout into model, built with its allocations on
-    the meta device. Every name the layout has replaces the model's tensor
+    the meta device. The layout must name every parameter and buffer the
+    model has (it may add some). Every name the layout has replaces the model's tensor
     (class and attributes kept, as vLLM's materialize_meta_tensor does,
     vllm/model_executor/model_loader/reload/meta.py:43-56); checked before
     anything changes, so on LayoutError the model is as it was. Returns the
@@ -133,9 +134,11 @@ def restore(model, weights, device):
     index = read_index(weights)
     entries = index["tensors"]
     slots = {name: (mod, attr, kind, t) for name, mod, attr, kind, t in _slots(model)}
-    missing = sorted(n for n, (_, _, _, t) in slots.items() if t.device.type == "meta" and n not in entries)
+    # Every tensor the model has, not only those on meta: a parameter made
+    # real in __init__ (torch.ones in RMSNorm) would keep its initial value.
+    missing = sorted(n for n in slots if n not in entries)
     if missing:
-        raise LayoutError(f"the layout lacks {len(missing)} tensors the model allocates, e.g. {', '.join(missing[:3])}")
+        raise LayoutError(f"the layout lacks {len(missing)} tensors the model has, e.g. {', '.join(missing[:3])}")
     owners = {}
     for name in entries:
         mod_name, _, attr = name.rpartition(".")
