@@ -207,7 +207,8 @@ def test_host_register_without_driver_skips(monkeypatch):
     import torch
     monkeypatch.setattr(cuda, "_lib", None)
     monkeypatch.setattr(cuda.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(f"{name}: not found")))
-    regs, skipped = cuda.register_host([torch.zeros(4096, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)], 0, min_bytes=1024)
+    a, b = torch.zeros(4096, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
+    regs, skipped = cuda.register_host([(a.data_ptr(), 4096), (b.data_ptr(), 16)], 0, min_bytes=1024)
     assert regs == [] and len(skipped) == 1 and "segment 0 (4096 bytes)" in skipped[0] and "libcuda.so.1" in skipped[0]
 
 
@@ -246,7 +247,7 @@ def test_host_register(capsys):
     copy()
     pageable = copy()
     t = time.perf_counter()
-    regs, skipped = cuda.register_host([host], 0)
+    regs, skipped = cuda.register_host([(host.data_ptr(), size)], 0)
     reg_s = time.perf_counter() - t
     if skipped:
         pytest.skip(f"read-only host registration refused: {skipped}")

@@ -265,19 +265,18 @@ class HostRegistration:
             pass
 
 
-def register_host(bases, ordinal, min_bytes=HOST_REGISTER_MIN_BYTES):
-    """Page-lock each host segment (a uint8 tensor over a whole mapping) of
-    at least min_bytes for copies to GPU ordinal. Returns (registrations,
-    skipped): a segment the driver refuses is skipped with its reason, and
-    copies from it run at pageable speed. Close the registrations once the
-    copies are done."""
+def register_host(regions, ordinal, min_bytes=HOST_REGISTER_MIN_BYTES):
+    """Page-lock each host region (address, bytes: a whole mapped segment)
+    of at least min_bytes for copies to GPU ordinal. Returns
+    (registrations, skipped): a region the driver refuses is skipped with
+    its reason, and copies from it run at pageable speed. Close the
+    registrations once the copies are done."""
     regs, skipped = [], []
-    for i, b in enumerate(bases):
-        n = b.numel()
+    for i, (ptr, n) in enumerate(regions):
         if n < min_bytes:
             continue
         try:
-            regs.append(HostRegistration(b.data_ptr(), n, ordinal))
+            regs.append(HostRegistration(ptr, n, ordinal))
         except CudaError as e:
             skipped.append(f"segment {i} ({n} bytes): {e}")
     return regs, skipped

@@ -205,15 +205,15 @@ class _BareOnMeta(torch.overrides.TorchFunctionMode):
 
 
 def _host_storages(weights):
-    """One uint8 tensor per distinct host storage behind weights: the
+    """(address, bytes) of each distinct host storage behind weights: the
     mapped segments, for cuda.register_host."""
-    seen, out = set(), []
+    out = {}
     for t in weights.values():
-        ptr, n = processed._storage(t)
-        if t.device.type == "cpu" and ptr not in seen and n:
-            seen.add(ptr)
-            out.append(types.SimpleNamespace(data_ptr=lambda p=ptr: p, numel=lambda n=n: n))
-    return out
+        if t.device.type == "cpu":
+            ptr, n = processed._storage(t)
+            if n:
+                out[ptr] = n
+    return list(out.items())
 
 
 def make_loader_class(api):
