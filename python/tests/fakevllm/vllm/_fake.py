@@ -10,6 +10,7 @@ the fake imports from here except to count.
   loader (gpu_model_runner.py:5409-5516 load_model under DeviceMemoryProfiler;
   execute_model for one prompt)."""
 
+import contextlib
 import os
 
 import torch
@@ -42,6 +43,22 @@ def prefill_logits(model, token_ids):
     input_ids = torch.tensor(token_ids, dtype=torch.long)
     positions = torch.arange(len(token_ids))
     return model.compute_logits(model(input_ids, positions))
+
+
+@contextlib.contextmanager
+def as_rank(rank, world_size):
+    """Within: this process is rank `rank` of a tensor-parallel group of
+    world_size, for building and loading a model (each layer reads its rank
+    then). No process group exists, so a forward pass with world_size > 1
+    fails in its first collective; use spawn_ranks for that."""
+    from vllm.distributed import parallel_state as ps
+    saved = ps._WORLD, ps._TP, ps._PP
+    ps._WORLD = ps._TP = ps.GroupCoordinator(range(world_size), rank)
+    ps._PP = ps.GroupCoordinator([rank], rank)
+    try:
+        yield
+    finally:
+        ps._WORLD, ps._TP, ps._PP = saved
 
 
 def init_from_env():

@@ -4,13 +4,20 @@ other factory (torch.ones in RMSNorm, torch.arange in the rotary cache) stays
 real (tensorizer.py:89 MetaTensorMode), and a tensor still on meta after
 loading is an error (tensorizer.py:486)."""
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# torch 2 dispatches torch.empty(n) without a device kwarg; torch 1.13 always
+# passes one, the default (cpu), so there a cpu device counts as not given.
+_OLD_TORCH = int(torch.__version__.split(".")[0]) < 2
 
 
 class MetaTensorMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.name == "aten::empty" and "device" not in kwargs:
+        given = kwargs.get("device")
+        if func._schema.name == "aten::empty" and (
+                "device" not in kwargs or (_OLD_TORCH and given == torch.device("cpu"))):
             kwargs["device"] = "meta"
         return func(*args, **kwargs)
 
