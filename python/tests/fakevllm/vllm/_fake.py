@@ -27,11 +27,14 @@ def hub_root():
 
 
 def load_model(vllm_config):
-    """Returns (model, model_memory_usage): vLLM's runner loads through
-    get_model inside a DeviceMemoryProfiler and keeps consumed_memory as the
-    weights' memory, which sizes the KV cache (gpu_worker.py:391)."""
+    """Returns (model, model_memory_usage), as a worker starts: general plugins
+    first (worker_base.py:247), then the runner loads through get_model inside
+    a DeviceMemoryProfiler and keeps consumed_memory as the weights' memory,
+    which sizes the KV cache (gpu_worker.py:391)."""
     from vllm.model_executor.model_loader import get_model
+    from vllm.plugins import load_general_plugins
     from vllm.utils.mem_utils import DeviceMemoryProfiler
+    load_general_plugins()
     with DeviceMemoryProfiler() as m:
         model = get_model(vllm_config=vllm_config)
     return model, m.consumed_memory

@@ -11,9 +11,7 @@ import types
 import torch
 
 from vllm.config.load import LoadConfig
-from vllm.logger import init_logger
 
-logger = init_logger(__name__)
 
 # vllm/config/model.py:1922
 _STR_DTYPE_TO_TORCH_DTYPE = {
@@ -209,10 +207,11 @@ def set_current_vllm_config(vllm_config, check_compile=False, prefix=None):
 
 
 def get_current_vllm_config():
-    """vllm/config/vllm.py:2202: outside a model build, a default VllmConfig."""
+    """vllm/config/vllm.py:2202: only inside set_current_vllm_config (which
+    initialize_model opens around the model's constructor)."""
     if _current_vllm_config is None:
-        logger.warning("Current vLLM config is not set.")
-        return VllmConfig()
+        raise AssertionError("Current vLLM config is not set. This typically means get_current_vllm_config() was "
+                             "called outside of a set_current_vllm_config() context.")
     return _current_vllm_config
 
 

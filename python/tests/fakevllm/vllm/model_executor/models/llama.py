@@ -4,7 +4,6 @@ stacked_params_mapping (llama.py:436-498)."""
 
 from itertools import islice
 
-import torch
 from torch import nn
 
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
