@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm"))
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
+sys.path.insert(0, FAKE)
 
 from vllm import _fake  # noqa: E402
 from vllm.config import CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig  # noqa: E402
@@ -58,6 +59,16 @@ def engine(model_dir, tp=1, **kw):
     load = kw.pop("load_config", LoadConfig())
     return VllmConfig(model_config=ModelConfig(model=model_dir, **kw), cache_config=cache, load_config=load,
                       parallel_config=ParallelConfig(tensor_parallel_size=tp))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def unload_fake():
+    """Other test files expect no vllm to be importable: take the fake away
+    once this file is done."""
+    yield
+    sys.path.remove(FAKE)
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)
