@@ -42,7 +42,10 @@ RANK = textwrap.dedent("""
         out[fmt] = [time.perf_counter() - t, _fake.disk["bytes"]]
         del m
         gc.collect()
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
 """)
 
 

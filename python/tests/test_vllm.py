@@ -86,7 +86,10 @@ def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_pa
             qkv = m.model.layers[0].self_attn.qkv_proj.weight
             out[fmt] = [hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, list(qkv.shape),
                         hashlib.sha256(qkv.float().numpy().tobytes()).hexdigest()]
-        print(json.dumps(out))
+        print(json.dumps(out), flush=True)
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
     """)
     res = fake_vllm.spawn_ranks(code, 2, str(tmp_path))
     outs = []
