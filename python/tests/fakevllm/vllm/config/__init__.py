@@ -105,6 +105,11 @@ class ModelConfig:
     def is_moe(self):
         return False
 
+    @property
+    def use_mla(self):
+        # model.py use_mla: DeepSeek-style latent attention; never for Llama
+        return False
+
 
 @dataclasses.dataclass
 class CacheConfig:
@@ -124,6 +129,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    data_parallel_rank: int = 0
     prefill_context_parallel_size: int = 1
     rank: int = 0
     enable_expert_parallel: bool = False
@@ -166,6 +172,7 @@ class VllmConfig:
     device_config: DeviceConfig = dataclasses.field(default_factory=DeviceConfig)
     compilation_config: CompilationConfig = dataclasses.field(default_factory=CompilationConfig)
     quant_config: object = None
+    lora_config: object = None
 
     def __post_init__(self):
         if self.model_config is not None and self.quant_config is None:

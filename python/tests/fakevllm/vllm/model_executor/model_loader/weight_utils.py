@@ -62,11 +62,12 @@ class safe_open:
         begin, end = info["data_offsets"]
         if end == begin:
             return torch.empty(info["shape"], dtype=dtype)
-        buf = bytearray(end - begin)
+        buf = torch.empty(end - begin, dtype=torch.uint8)
         self._f.seek(self._base + begin)
-        self._f.readinto(buf)
-        _fake.disk["bytes"] += len(buf)
-        return torch.frombuffer(buf, dtype=dtype).reshape(info["shape"])
+        if self._f.readinto(buf.numpy()) != end - begin:
+            raise ValueError(f"{self.filename}: tensor {name!r}: file ends inside its data")
+        _fake.disk["bytes"] += end - begin
+        return buf.view(dtype).reshape(info["shape"])
 
 
 def _natural_sort_key(filepath):

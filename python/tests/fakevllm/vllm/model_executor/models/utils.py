@@ -127,12 +127,22 @@ def make_layers(num_hidden_layers, layer_fn, prefix):
     return start_layer, end_layer, modules
 
 
+_model_to_pp_missing_layer_names = {}
+
+
+def get_pp_missing_layer_names(model):
+    # utils.py:652-671, cached per model as there
+    if id(model) not in _model_to_pp_missing_layer_names:
+        _model_to_pp_missing_layer_names[id(model)] = [
+            n + "." for n, m in model.named_modules() if isinstance(m, PPMissingLayer)]
+    return _model_to_pp_missing_layer_names[id(model)]
+
+
 def is_pp_missing_parameter(name, model):
     # utils.py:674
     if isinstance(model, PPMissingLayer):
         return True
-    missing = [n + "." for n, m in model.named_modules() if isinstance(m, PPMissingLayer)]
-    return any(name.startswith(m) for m in missing)
+    return any(name.startswith(m) for m in get_pp_missing_layer_names(model))
 
 
 def maybe_prefix(prefix, name):
