@@ -24,11 +24,15 @@ PROMPT = [1, 5, 9, 100, 7, 300, 2, 64]
 
 @pytest.fixture(autouse=True)
 def fake_vllm(monkeypatch):
+    """The fake vLLM with --load-format weightcache registered; afterwards
+    the registry is as vLLM ships it, for other test files."""
     monkeypatch.syspath_prepend(FAKE)
     import weightcache.vllm as plugin
     assert plugin.register()
     from vllm import _fake
-    return _fake
+    from vllm.model_executor import model_loader
+    yield _fake
+    model_loader._LOAD_FORMAT_TO_MODEL_LOADER.pop("weightcache", None)
 
 
 def engine(model, fmt="weightcache", model_kw=None, **extra):
