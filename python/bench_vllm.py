@@ -44,8 +44,9 @@ RANK = textwrap.dedent("""
         gc.collect()
     print(json.dumps(out), flush=True)
     import torch.distributed as dist
-    dist.barrier()
-    dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
 """)
 
 

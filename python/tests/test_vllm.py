@@ -92,8 +92,9 @@ def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_pa
                         hashlib.sha256(qkv.float().numpy().tobytes()).hexdigest()]
         print(json.dumps(out), flush=True)
         import torch.distributed as dist
-        dist.barrier()
-        dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
     """)
     res = fake_vllm.spawn_ranks(code, 2, str(tmp_path))
     outs = []
@@ -409,3 +410,30 @@ def test_processed_capture_keeps_strides_and_ties():
     assert dst.a.weight.stride() == (1, 3) and torch.equal(dst.a.weight, src.a.weight)
     assert dst.b.weight is dst.a.weight and torch.equal(dst.cache, src.cache)
     assert "cache" in dst._non_persistent_buffers_set and processed.meta_tensors(dst) == []
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({}, ""),
+    ({"cache_dtype": "fp8"}, "kv-cache dtype fp8"),
+    ({"calculate_kv_scales": True}, "calculate_kv_scales writes scales in place"),
+    ({"enable_eplb": True}, "EPLB rewrites expert weights"),
+    ({"pipeline_parallel_size": 2}, "pipeline parallel"),
+    ({"quantization": "awq"}, "quantization awq"),
+])
+def test_processed_is_decided_before_the_build(model, change, reason):
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, VllmConfig
+    from weightcache.vllm import unsafe_for_processed
+    mc = ModelConfig(model=model)
+    cache, par = CacheConfig(), ParallelConfig()
+    for k, v in change.items():
+        setattr(next(o for o in (cache, par, mc) if hasattr(o, k)), k, v)
+    cfg = VllmConfig(model_config=ModelConfig(model=model), cache_config=cache, parallel_config=par)
+    assert unsafe_for_processed(cfg, mc).startswith(reason) if reason else unsafe_for_processed(cfg, mc) == ""
+
+
+def test_mla_is_not_processed(model, monkeypatch):
+    from vllm.config import ModelConfig, VllmConfig
+    from weightcache.vllm import unsafe_for_processed
+    monkeypatch.setattr(ModelConfig, "use_mla", property(lambda self: True))
+    mc = ModelConfig(model=model)
+    assert unsafe_for_processed(VllmConfig(model_config=mc), mc) == "MLA attention"

@@ -319,10 +319,7 @@ def make_loader_class(api):
                     log.info("weightcache: hit: %d checkpoint tensors from %s", len(self._weights), self.info.socket)
                 except MissError as e:
                     self._miss(e.info)
-                if self._weights is not None and dev.type == "cuda" and self.options.mode == "zero_copy":
-                    regs, skipped = _register(self._weights, dev)
-                    for s in skipped:
-                        log.info("weightcache: copies at pageable speed: %s", s)
+                regs = _register(self._weights, dev, self.options.mode)
             try:
                 model = api.DefaultModelLoader.load_model(self, vllm_config=vllm_config, model_config=model_config, prefix=prefix)
             finally:
@@ -356,12 +353,16 @@ def make_loader_class(api):
             with api.set_default_torch_dtype(model_config.dtype):
                 with _device_scope(dev), _BareOnMeta():
                     model = api.initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+            regs = _register(w, dev, self.options.mode)
             try:
                 n = processed.restore(model, w, dev)
             except Exception as e:  # restore checks before it changes anything
                 w.close()
                 self._miss(source.miss("layout", e))
                 return self._rescue(model, model_config, dev)
+            finally:
+                for reg in regs:
+                    reg.close()
             if dev.type != "cpu" or self.options.mode == "copy":
                 w.close()  # copied to the engine's device: no lease needed
             else:
@@ -415,13 +416,20 @@ def make_loader_class(api):
     return WeightcacheModelLoader
 
 
-def _register(weights, dev):
-    """Page-lock the mapped segments for fast copies to dev, where that
-    pays off; (registrations, reasons for segments left pageable)."""
+def _register(weights, dev, mode):
+    """Page-lock the mapped segments for the copies to a CUDA device, where
+    that pays off (cuda.HOST_REGISTER_MIN_BYTES); returns the registrations
+    to close once the copies are done. Never raises: without it copies
+    still work, at pageable speed."""
+    if weights is None or dev.type != "cuda" or mode != "zero_copy":
+        return []
     try:
-        return cuda.register_host(_host_storages(weights), dev.index or 0)
-    except Exception as e:  # no driver, no symbol: copies still work
-        return [], [f"{type(e).__name__}: {e}"]
+        regs, skipped = cuda.register_host(_host_storages(weights), dev.index or 0)
+    except Exception as e:  # no driver, no symbol
+        regs, skipped = [], [f"{type(e).__name__}: {e}"]
+    for s in skipped:
+        log.info("weightcache: copies at pageable speed: %s", s)
+    return regs
 
 
 def register():
