@@ -270,6 +270,45 @@ def test_tier2_publishes_then_hits_zero_copy(model, daemon, sock_dir, wc_bin, ca
     assert any("post-processing skipped" in r.getMessage() for r in caplog.records)
 
 
+def test_tier2_two_ranks_publish_then_hit(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
+    """TP 2: each rank publishes into its own publish-only daemon (host:0,
+    host:1, as preload lays them out), then restarts from it."""
+    daemon(model, "--devices", "host")
+    daemon(model, "--publish-only", "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
+    code = textwrap.dedent(f"""
+        import hashlib, json, sys
+        sys.path.insert(0, {os.path.join(ROOT, "python")!r})
+        import weightcache.vllm as plugin
+        from weightcache.processed import meta_tensors
+        from vllm import _fake
+        from vllm.config import LoadConfig, ModelConfig, VllmConfig, ParallelConfig
+        rank, world = _fake.init_from_env()
+        assert plugin.register()
+        out = []
+        for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}}),
+                           ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}})):
+            cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
+                             load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
+            _fake.reset_disk()
+            m, _ = _fake.load_model(cfg)
+            read = _fake.disk["bytes"]
+            logits = _fake.prefill_logits(m, {PROMPT!r})
+            out.append([hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, meta_tensors(m)])
+        print(json.dumps(out), flush=True)
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    for rc, so, se in fake_vllm.spawn_ranks(code, 2, str(tmp_path)):
+        assert rc == 0, se
+        auto, first, second = json.loads(so.strip().splitlines()[-1])
+        assert auto[0] == first[0] == second[0] and auto[1] > 0 and first[1] == second[1] == 0 and second[2] == []
+    pub = {s["device"]: s for s in status(wc_bin, sock_dir)}
+    for key, rank in (("host:0", 0), ("host:1", 1)):
+        assert pub[key]["state"] == "ready" and pub[key]["fingerprint"]["tp_rank"] == rank
+        assert pub[key]["handshakes"].get("hit") == 1  # the restart
+
+
 def test_tier2_quantized_goes_to_tier1_with_the_reason(fp8_model, daemon, sock_dir, caplog):
     daemon(fp8_model, "--devices", "host")
     caplog.set_level(logging.INFO, "weightcache.vllm")
