@@ -184,6 +184,25 @@ def test_mismatch_logs_one_line_and_the_daemon_counts_it(model, daemon, sock_dir
     assert status(wc_bin, sock_dir)[0]["mismatches"] == {"revision": 1}
 
 
+def test_other_files_than_the_daemon_serves(synth, tmp_path, daemon, sock_dir, wc_bin, caplog):
+    """With a consolidated*.safetensors beside the shards, vLLM's auto format
+    reads only that file (default_loader.py:120-131); the daemon serves the
+    shards. Decided before the daemon is asked, so it counts nothing."""
+    d = tmp_path / "m"
+    shutil.copytree(synth("tiny", 1, "bf16"), d)
+    (shard,) = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    shutil.copy(d / shard, d / "consolidated.safetensors")
+    os.rename(d / shard, d / "model.safetensors")
+    daemon(str(d), "--devices", "host")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, want, _, _ = engine(str(d), "auto")
+    _, got, read, _ = engine(str(d), socket_dir=sock_dir)
+    assert torch.equal(got, want) and read > 0
+    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: vLLM reads ['{d}/consolidated.safetensors'], "
+                                      f"the daemon serves ['{d}/model.safetensors']"]
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {}
+
+
 def test_no_daemon_falls_back(model, sock_dir, caplog):
     caplog.set_level(logging.INFO, "weightcache.vllm")
     _, want, _, _ = engine(model, "auto")

@@ -250,17 +250,12 @@ def make_loader_class(api):
                 yield from self._get_weights_iterator(src)
 
         def _daemon_unfit(self, model):
-            """Why vLLM would read other bytes than the daemon serves."""
+            """Why vLLM would read other bytes than the daemon serves, known
+            only once the model is built (the files were checked before)."""
             if getattr(model, "allow_patterns_overrides", None) is not None:
                 return "the model overrides the weight file patterns"
             if getattr(self.load_config, "safetensors_load_strategy", None) == "torchao":
                 return "torchao checkpoints load through vLLM's torchao strategy"
-            _, files, use_st = self._prepare_weights(
-                self._ckpt.model_arg, None, self._ckpt.revision_arg,
-                getattr(model, "fall_back_to_pt_during_load", True), None)
-            mine = {os.path.realpath(s.path) for s in self._ckpt.shards}
-            if not use_st or {os.path.realpath(f) for f in files} != mine:
-                return f"vLLM reads {sorted(files)}, the daemon serves {sorted(mine)}"
             return ""
 
         # -- the entry point ---------------------------------------------
@@ -269,15 +264,23 @@ def make_loader_class(api):
             o = self.options
             dev = _target_device(vllm_config)
             r = _rank(api, vllm_config)
-            # vLLM never calls download_model on a loader: do it first, so
-            # that a hub id resolves from the cache as vLLM's would.
-            self.download_model(model_config)
+            # vLLM never calls download_model on a loader: run what it runs
+            # (default_loader.py:309-316) first, so that a hub id is
+            # downloaded and resolves from the cache as vLLM's load would;
+            # it also says which files that load reads.
+            _, files, use_st = self._prepare_weights(model_config.model, None, model_config.revision, True, None)
             try:
                 self._ckpt = resolve(model_config.model, model_config.revision)
             except (CheckpointError, OSError, ValueError) as e:
                 self._miss(source.miss("checkpoint", e))
                 return self._load_checkpoint(vllm_config, model_config, prefix, dev)
             self._ckpt.model_arg, self._ckpt.revision_arg = model_config.model, model_config.revision
+            why = _files_differ(files, use_st, self._ckpt)
+            if why:
+                # Decided before any daemon is asked, so none counts a hit.
+                self._ckpt = None
+                self._miss(source.miss("layout", why))
+                return self._load_checkpoint(vllm_config, model_config, prefix, dev)
             tier = o.tier
             if tier != "checkpoint":
                 why = unsafe_for_processed(vllm_config, model_config)
@@ -414,6 +417,15 @@ def make_loader_class(api):
                 log.warning("weightcache: not published (the engine runs on): %s: %s", type(e).__name__, e)
 
     return WeightcacheModelLoader
+
+
+def _files_differ(files, use_safetensors, ckpt):
+    """Why the daemon, serving ckpt, cannot stand in for the files vLLM
+    reads ("" when it can)."""
+    mine = {os.path.realpath(s.path) for s in ckpt.shards}
+    if not use_safetensors or {os.path.realpath(f) for f in files} != mine:
+        return f"vLLM reads {sorted(files)}, the daemon serves {sorted(mine)}"
+    return ""
 
 
 def _register(weights, dev, mode):
