@@ -239,12 +239,19 @@ def test_tp2_forward_across_two_processes(tiny, tmp_path):
     assert torch.allclose(r0, reference_logits(tiny, PROMPT), atol=1e-4, rtol=1e-4)
 
 
-def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0):
+@pytest.fixture
+def fresh_rope():
+    """get_rope's process-wide cache, emptied before and after."""
+    rotary_embedding._ROPE_DICT.clear()
+    yield
+    rotary_embedding._ROPE_DICT.clear()
+
+
+def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0, fresh_rope):
     """rotary_embedding/base.py:58-63: a non-persistent buffer computed in
     __init__; tensorizer.py:89's build sends bare torch.empty to meta only, so
     weights are meta and the cache is real. get_rope caches the module
     (__init__.py:83), so the next build reuses it."""
-    rotary_embedding._ROPE_DICT.clear()
     cfg = engine(tiny)
     with set_default_torch_dtype(torch.bfloat16), MetaTensorMode():
         model = initialize_model(vllm_config=cfg)
@@ -257,6 +264,30 @@ def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0):
     with set_default_torch_dtype(torch.bfloat16):  # the dtype is part of the key
         again = initialize_model(vllm_config=engine(tiny))
     assert again.model.layers[1].self_attn.rotary_emb is rope
+
+
+class AllOnMeta(torch.overrides.TorchFunctionMode):
+    """What `with torch.device("meta"):` does in torch 2: every factory to meta."""
+
+    FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.arange, torch.tensor, torch.full, torch.empty_strided}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def test_blanket_meta_build_poisons_the_rope_cache(tiny, rank0, fresh_rope):
+    """rotary_embedding/__init__.py:83,:379: the rope built on meta stays in
+    _ROPE_DICT, so even a later ordinary load gets a meta cos_sin_cache and
+    its first forward fails."""
+    with set_default_torch_dtype(torch.bfloat16), AllOnMeta():
+        initialize_model(vllm_config=engine(tiny))
+    model = get_model(vllm_config=engine(tiny))
+    assert model.model.layers[0].self_attn.rotary_emb.cos_sin_cache.device.type == "meta"
+    with pytest.raises(NotImplementedError, match="meta"):
+        _fake.prefill_logits(model, PROMPT)
 
 
 def test_duplicate_layer_name_on_second_build(tiny, rank0):
@@ -300,9 +331,10 @@ def test_missing_weight_is_an_error(tiny, tmp_path, rank0):
         get_model(vllm_config=engine(d))
 
 
-def fp8_checkpoint(tiny, out):
+def fp8_checkpoint(tiny, out, activation_scheme="dynamic"):
     """The tiny model with every projection per-tensor quantized: int8 (the
-    stand-in for e4m3) weight, float32 weight_scale, and kv scales."""
+    stand-in for e4m3) weight, float32 weight_scale (and input_scale for
+    static activations), and kv scales."""
     os.makedirs(out)
     named = {}
     for k, v in tensors(tiny).items():
@@ -310,6 +342,8 @@ def fp8_checkpoint(tiny, out):
             scale = v.float().abs().max() / 127
             named[k] = (v.float() / scale).round().clamp(-128, 127).to(torch.int8)
             named[k[:-len("weight")] + "weight_scale"] = scale.reshape(())
+            if activation_scheme == "static":
+                named[k[:-len("weight")] + "input_scale"] = torch.tensor(0.01 * (1 + len(named) % 7))
         else:
             named[k] = v
     for i in range(2):
@@ -317,18 +351,19 @@ def fp8_checkpoint(tiny, out):
         named[f"model.layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(0.25)
     write_safetensors(os.path.join(out, "model.safetensors"), named)
     c = json.load(open(os.path.join(tiny, "config.json")))
-    c["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    c["quantization_config"] = {"quant_method": "fp8", "activation_scheme": activation_scheme}
     json.dump(c, open(os.path.join(out, "config.json"), "w"))
     return named
 
 
-def test_fp8_post_processing(tiny, tmp_path, rank0):
+@pytest.mark.parametrize("activation_scheme", ["dynamic", "static"])
+def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
     """fp8.py:392-435 with w8a8_utils.py:76: fused shards requantized to the
     largest scale, weight replaced by its transpose (column-major, not
     contiguous), weight_scale 0-d; kv_cache.py:169-172 deletes the attention's
     scale parameters after copying them into its buffers."""
     d = str(tmp_path / "fp8")
-    named = fp8_checkpoint(tiny, d)
+    named = fp8_checkpoint(tiny, d, activation_scheme)
     cfg = engine(d, cache_config=CacheConfig(cache_dtype="fp8"))
     assert cfg.model_config.quantization == "fp8"
     model = get_model(vllm_config=cfg)
@@ -339,7 +374,12 @@ def test_fp8_post_processing(tiny, tmp_path, rank0):
     scales = [named[p + f"{s}_proj.weight_scale"] for s in "qkv"]
     smax = max(scales)
     assert attn.qkv_proj.weight_scale.dim() == 0 and attn.qkv_proj.weight_scale == smax
-    assert attn.qkv_proj.input_scale is None
+    if activation_scheme == "dynamic":
+        assert attn.qkv_proj.input_scale is None
+    else:  # fp8.py:421-423,430-431: the largest of the shards' input scales, 0-d
+        want = max(named[p + f"{s}_proj.input_scale"] for s in "qkv")
+        assert attn.qkv_proj.input_scale.dim() == 0 and attn.qkv_proj.input_scale == want
+        assert isinstance(attn.qkv_proj.input_scale, torch.nn.Parameter)
     for (lo, hi), s, scale in zip(((0, 128), (128, 192), (192, 256)), "qkv", scales):
         want = (named[p + f"{s}_proj.weight"].float() * scale / smax).round().clamp(-128, 127).to(torch.int8)
         assert torch.equal(w[:, lo:hi].t(), want), s
