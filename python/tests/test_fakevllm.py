@@ -19,7 +19,8 @@ FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
 sys.path.insert(0, FAKE)
 
 from vllm import _fake  # noqa: E402
-from vllm.config import CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig  # noqa: E402
+from vllm.config import (CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig,  # noqa: E402
+                         set_current_vllm_config)
 from vllm.model_executor.layers import rotary_embedding  # noqa: E402
 from vllm.model_executor.model_loader import DefaultModelLoader, get_model, get_model_loader  # noqa: E402
 from vllm.model_executor.model_loader.tensorizer import MetaTensorMode  # noqa: E402
@@ -91,9 +92,15 @@ def rank0():
         yield
 
 
+def load(cfg):
+    """A worker's model load (_fake.load_model: the config current, as
+    gpu_worker.py:339-346 sets it)."""
+    return _fake.load_model(cfg)[0]
+
+
 def load_as(model_dir, rank, world, **kw):
     with _fake.as_rank(rank, world):
-        return get_model(vllm_config=engine(model_dir, tp=world, **kw))
+        return load(engine(model_dir, tp=world, **kw))
 
 
 def test_qkv_shard_offsets_at_tp2(tiny):
@@ -284,7 +291,7 @@ def test_blanket_meta_build_poisons_the_rope_cache(tiny, rank0, fresh_rope):
     its first forward fails."""
     with set_default_torch_dtype(torch.bfloat16), AllOnMeta():
         initialize_model(vllm_config=engine(tiny))
-    model = get_model(vllm_config=engine(tiny))
+    model = load(engine(tiny))
     assert model.model.layers[0].self_attn.rotary_emb.cos_sin_cache.device.type == "meta"
     with pytest.raises(NotImplementedError, match="meta"):
         _fake.prefill_logits(model, PROMPT)
@@ -293,9 +300,16 @@ def test_blanket_meta_build_poisons_the_rope_cache(tiny, rank0, fresh_rope):
 def test_duplicate_layer_name_on_second_build(tiny, rank0):
     """attention.py:395-398: building the model twice in one VllmConfig."""
     cfg = engine(tiny)
-    get_model(vllm_config=cfg)
+    load(cfg)
     with pytest.raises(ValueError, match=r"^Duplicate layer name: model\.layers\.0\.self_attn\.attn$"):
-        get_model(vllm_config=cfg)
+        load(cfg)
+
+
+def test_weights_load_only_with_a_current_config(tiny, rank0):
+    """default_loader.py:325-328 reads get_current_vllm_config(), which raises
+    outside set_current_vllm_config (config/vllm.py:2202)."""
+    with pytest.raises(AssertionError, match="Current vLLM config is not set"):
+        get_model(vllm_config=engine(tiny))
 
 
 def test_set_default_torch_dtype_has_no_finally():
@@ -328,7 +342,7 @@ def test_missing_weight_is_an_error(tiny, tmp_path, rank0):
         os.remove(f)
     write_safetensors(os.path.join(d, "model.safetensors"), named)
     with pytest.raises(ValueError, match=r"Following weights were not initialized from checkpoint: {'model.norm.weight'}"):
-        get_model(vllm_config=engine(d))
+        load(engine(d))
 
 
 def fp8_checkpoint(tiny, out, activation_scheme="dynamic"):
@@ -366,7 +380,7 @@ def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
     named = fp8_checkpoint(tiny, d, activation_scheme)
     cfg = engine(d, cache_config=CacheConfig(cache_dtype="fp8"))
     assert cfg.model_config.quantization == "fp8"
-    model = get_model(vllm_config=cfg)
+    model = load(cfg)
     attn = model.model.layers[0].self_attn
     w = attn.qkv_proj.weight
     assert w.dtype == torch.int8 and w.shape == (128, 256) and w.stride() == (1, 128) and not w.is_contiguous()
@@ -390,7 +404,7 @@ def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
     # checkpoint has no q_scale (kv_cache.py:129-155).
     assert (attn.attn._k_scale.item(), attn.attn._v_scale.item(), attn.attn._q_scale.item()) == (0.5, 0.25, 1.0)
     a = _fake.prefill_logits(model, PROMPT)
-    b = _fake.prefill_logits(get_model(vllm_config=engine(d, cache_config=CacheConfig(cache_dtype="fp8"))), PROMPT)
+    b = _fake.prefill_logits(load(engine(d, cache_config=CacheConfig(cache_dtype="fp8"))), PROMPT)
     assert torch.equal(a, b) and torch.isfinite(a.float()).all()
 
 
@@ -398,7 +412,7 @@ def test_unquantized_attention_scales_refilled_in_place(tiny, rank0):
     """attention.py:549-561: without kv-scale weights the persistent scale
     buffers are filled with 1.0 in place after loading (a write to memory the
     loader may have provided)."""
-    model = get_model(vllm_config=engine(tiny))
+    model = load(engine(tiny))
     attn = model.model.layers[0].self_attn.attn
     assert "model.layers.0.self_attn.attn._k_scale" in model.state_dict()
     ptr = attn._k_scale.data_ptr()
@@ -485,7 +499,8 @@ def test_hub_id_needs_download(tiny, tmp_path, monkeypatch, rank0):
     loader.download_model(cfg.model_config)
     monkeypatch.delenv("FAKEVLLM_HUB")
     _fake.reset_disk()
-    model = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
+    with set_current_vllm_config(cfg):
+        model = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
     assert _fake.disk["files"] == 2
     assert torch.equal(_fake.prefill_logits(model, PROMPT),
-                       _fake.prefill_logits(get_model(vllm_config=engine(tiny)), PROMPT))
+                       _fake.prefill_logits(load(engine(tiny)), PROMPT))
