@@ -305,6 +305,34 @@ def test_duplicate_layer_name_on_second_build(tiny, rank0):
         load(cfg)
 
 
+def test_load_weights_returns_the_fused_names(tiny, rank0):
+    """llama.py:436-498 via AutoWeightsLoader (utils.py:270-282): q/k/v and
+    gate/up come back as the fused parameter's name, rotary inv_freq is
+    skipped, and the set is every parameter (what track_weights_loading
+    checks)."""
+    cfg = engine(tiny)
+    with set_current_vllm_config(cfg), set_default_torch_dtype(torch.bfloat16):
+        model = initialize_model(vllm_config=cfg)
+    ck = dict(tensors(tiny), **{"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)})
+    loaded = model.load_weights(iter(sorted(ck.items())))
+    assert loaded == {n for n, _ in model.named_parameters()}
+    assert "model.layers.0.self_attn.qkv_proj.weight" in loaded and "model.layers.0.mlp.gate_up_proj.weight" in loaded
+
+
+def test_tied_embeddings_skip_lm_head(tiny, tmp_path, rank0):
+    """llama.py:540-541 ties lm_head to embed_tokens; llama.py:587 skips the
+    checkpoint's lm_head.weight."""
+    d = str(tmp_path / "tied")
+    shutil.copytree(tiny, d)
+    c = json.load(open(os.path.join(d, "config.json")))
+    c["tie_word_embeddings"] = True
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    model = load(engine(d))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert "lm_head.weight" not in dict(model.named_parameters())
+    assert torch.equal(model.lm_head.weight, tensors(tiny)["model.embed_tokens.weight"])
+
+
 def test_weights_load_only_with_a_current_config(tiny, rank0):
     """default_loader.py:325-328 reads get_current_vllm_config(), which raises
     outside set_current_vllm_config (config/vllm.py:2202)."""
