@@ -449,6 +449,20 @@ def test_unquantized_attention_scales_refilled_in_place(tiny, rank0):
     assert attn._k_scale.item() == 1.0 and attn._k_scale.data_ptr() == ptr
 
 
+def test_calculate_kv_scales_writes_buffers_on_first_forward(tiny, rank0):
+    """attention.py:456-459, :531-539: scales from the first batch, written in
+    place into the persistent buffers, once."""
+    model = load(engine(tiny, cache_config=CacheConfig(calculate_kv_scales=True)))
+    attn = model.model.layers[0].self_attn.attn
+    assert attn._k_scale.item() == 1.0 and attn.calculate_kv_scales
+    ptr = attn._k_scale.data_ptr()
+    _fake.prefill_logits(model, PROMPT)
+    first = attn._k_scale.item()
+    assert first != 1.0 and attn._k_scale.data_ptr() == ptr and not attn.calculate_kv_scales
+    _fake.prefill_logits(model, PROMPT[:3])
+    assert attn._k_scale.item() == first
+
+
 def test_memory_profiler_counts_torch_allocations_only(tiny, tmp_path, rank0):
     """gpu_model_runner.py:5500 takes the allocator's growth over the load as
     the weights' memory. Bytes torch allocates count; bytes a tensor aliases
