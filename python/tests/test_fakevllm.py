@@ -41,16 +41,19 @@ def tensors(model_dir):
 
 
 def write_safetensors(path, named):
-    """safetensors: u64 LE header length, JSON header, then the data."""
+    """As safetensors writes a file (safetensors/src/tensor.rs prepare):
+    tensors by descending dtype, then name; the header padded to 8 bytes."""
     st = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int8: "I8", torch.float16: "F16"}
+    order = ["I8", "F16", "BF16", "F32"]  # the Dtype enum's order
     header, blobs, off = {}, [], 0
-    for name in sorted(named):
+    for name in sorted(named, key=lambda n: (-order.index(st[named[n].dtype]), n)):
         t = named[name].contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {"dtype": st[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 

@@ -33,7 +33,8 @@ class safe_open:
     copy-on-write (torch's ByteStorage.from_file(shared=False) before torch 2)
     and get_tensor returns a view of that mapping: no bytes are copied and
     none come from torch's allocator until the model's weight_loader copies
-    them. keys() lists names sorted, as the binding does."""
+    them. keys() lists names in offset order, as the binding does
+    (safetensors/src/tensor.rs Metadata::tensor_names)."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         self.filename = filename
@@ -54,7 +55,7 @@ class safe_open:
         self._map = None
 
     def keys(self):
-        return sorted(self._header)
+        return sorted(self._header, key=lambda k: self._header[k]["data_offsets"])
 
     def metadata(self):
         return self._metadata
