@@ -19,7 +19,8 @@ FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
 sys.path.insert(0, FAKE)
 
 from vllm import _fake  # noqa: E402
-from vllm.config import CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig  # noqa: E402
+from vllm.config import (CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig,  # noqa: E402
+                         set_current_vllm_config)
 from vllm.model_executor.layers import rotary_embedding  # noqa: E402
 from vllm.model_executor.model_loader import DefaultModelLoader, get_model, get_model_loader  # noqa: E402
 from vllm.model_executor.model_loader.tensorizer import MetaTensorMode  # noqa: E402
@@ -40,16 +41,19 @@ def tensors(model_dir):
 
 
 def write_safetensors(path, named):
-    """safetensors: u64 LE header length, JSON header, then the data."""
+    """As safetensors writes a file (safetensors/src/tensor.rs prepare):
+    tensors by descending dtype, then name; the header padded to 8 bytes."""
     st = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int8: "I8", torch.float16: "F16"}
+    order = ["I8", "F16", "BF16", "F32"]  # the Dtype enum's order
     header, blobs, off = {}, [], 0
-    for name in sorted(named):
+    for name in sorted(named, key=lambda n: (-order.index(st[named[n].dtype]), n)):
         t = named[name].contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {"dtype": st[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
@@ -91,9 +95,15 @@ def rank0():
         yield
 
 
+def load(cfg):
+    """A worker's model load (_fake.load_model: the config current, as
+    gpu_worker.py:339-346 sets it)."""
+    return _fake.load_model(cfg)[0]
+
+
 def load_as(model_dir, rank, world, **kw):
     with _fake.as_rank(rank, world):
-        return get_model(vllm_config=engine(model_dir, tp=world, **kw))
+        return load(engine(model_dir, tp=world, **kw))
 
 
 def test_qkv_shard_offsets_at_tp2(tiny):
@@ -239,12 +249,19 @@ def test_tp2_forward_across_two_processes(tiny, tmp_path):
     assert torch.allclose(r0, reference_logits(tiny, PROMPT), atol=1e-4, rtol=1e-4)
 
 
-def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0):
+@pytest.fixture
+def fresh_rope():
+    """get_rope's process-wide cache, emptied before and after."""
+    rotary_embedding._ROPE_DICT.clear()
+    yield
+    rotary_embedding._ROPE_DICT.clear()
+
+
+def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0, fresh_rope):
     """rotary_embedding/base.py:58-63: a non-persistent buffer computed in
     __init__; tensorizer.py:89's build sends bare torch.empty to meta only, so
     weights are meta and the cache is real. get_rope caches the module
     (__init__.py:83), so the next build reuses it."""
-    rotary_embedding._ROPE_DICT.clear()
     cfg = engine(tiny)
     with set_default_torch_dtype(torch.bfloat16), MetaTensorMode():
         model = initialize_model(vllm_config=cfg)
@@ -259,12 +276,71 @@ def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0):
     assert again.model.layers[1].self_attn.rotary_emb is rope
 
 
+class AllOnMeta(torch.overrides.TorchFunctionMode):
+    """What `with torch.device("meta"):` does in torch 2: every factory to meta."""
+
+    FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.arange, torch.tensor, torch.full, torch.empty_strided}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def test_blanket_meta_build_poisons_the_rope_cache(tiny, rank0, fresh_rope):
+    """rotary_embedding/__init__.py:83,:379: the rope built on meta stays in
+    _ROPE_DICT, so even a later ordinary load gets a meta cos_sin_cache and
+    its first forward fails."""
+    with set_default_torch_dtype(torch.bfloat16), AllOnMeta():
+        initialize_model(vllm_config=engine(tiny))
+    model = load(engine(tiny))
+    assert model.model.layers[0].self_attn.rotary_emb.cos_sin_cache.device.type == "meta"
+    with pytest.raises(NotImplementedError, match="meta"):
+        _fake.prefill_logits(model, PROMPT)
+
+
 def test_duplicate_layer_name_on_second_build(tiny, rank0):
     """attention.py:395-398: building the model twice in one VllmConfig."""
     cfg = engine(tiny)
-    get_model(vllm_config=cfg)
+    load(cfg)
     with pytest.raises(ValueError, match=r"^Duplicate layer name: model\.layers\.0\.self_attn\.attn$"):
-        get_model(vllm_config=cfg)
+        load(cfg)
+
+
+def test_load_weights_returns_the_fused_names(tiny, rank0):
+    """llama.py:436-498 via AutoWeightsLoader (utils.py:270-282): q/k/v and
+    gate/up come back as the fused parameter's name, rotary inv_freq is
+    skipped, and the set is every parameter (what track_weights_loading
+    checks)."""
+    cfg = engine(tiny)
+    with set_current_vllm_config(cfg), set_default_torch_dtype(torch.bfloat16):
+        model = initialize_model(vllm_config=cfg)
+    ck = dict(tensors(tiny), **{"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16)})
+    loaded = model.load_weights(iter(sorted(ck.items())))
+    assert loaded == {n for n, _ in model.named_parameters()}
+    assert "model.layers.0.self_attn.qkv_proj.weight" in loaded and "model.layers.0.mlp.gate_up_proj.weight" in loaded
+
+
+def test_tied_embeddings_skip_lm_head(tiny, tmp_path, rank0):
+    """llama.py:540-541 ties lm_head to embed_tokens; llama.py:587 skips the
+    checkpoint's lm_head.weight."""
+    d = str(tmp_path / "tied")
+    shutil.copytree(tiny, d)
+    c = json.load(open(os.path.join(d, "config.json")))
+    c["tie_word_embeddings"] = True
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    model = load(engine(d))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert "lm_head.weight" not in dict(model.named_parameters())
+    assert torch.equal(model.lm_head.weight, tensors(tiny)["model.embed_tokens.weight"])
+
+
+def test_weights_load_only_with_a_current_config(tiny, rank0):
+    """default_loader.py:325-328 reads get_current_vllm_config(), which raises
+    outside set_current_vllm_config (config/vllm.py:2202)."""
+    with pytest.raises(AssertionError, match="Current vLLM config is not set"):
+        get_model(vllm_config=engine(tiny))
 
 
 def test_set_default_torch_dtype_has_no_finally():
@@ -283,8 +359,9 @@ def test_extra_config_keys(tiny):
     DefaultModelLoader(LoadConfig(model_loader_extra_config={"enable_weights_track": True, "num_threads": 2}))
     with pytest.raises(ValueError, match="Unexpected extra config keys for load format auto: {'mode'}"):
         get_model_loader(LoadConfig(model_loader_extra_config={"mode": "copy"}))
-    with pytest.raises(ValueError, match="Load format `weightcache` is not supported"):
-        get_model_loader(LoadConfig(load_format="WeightCache"))
+    # load.py:135 lowercases the format; __init__.py:123 refuses unknown ones
+    with pytest.raises(ValueError, match="Load format `nosuchformat` is not supported"):
+        get_model_loader(LoadConfig(load_format="NoSuchFormat"))
 
 
 def test_missing_weight_is_an_error(tiny, tmp_path, rank0):
@@ -296,12 +373,13 @@ def test_missing_weight_is_an_error(tiny, tmp_path, rank0):
         os.remove(f)
     write_safetensors(os.path.join(d, "model.safetensors"), named)
     with pytest.raises(ValueError, match=r"Following weights were not initialized from checkpoint: {'model.norm.weight'}"):
-        get_model(vllm_config=engine(d))
+        load(engine(d))
 
 
-def fp8_checkpoint(tiny, out):
+def fp8_checkpoint(tiny, out, activation_scheme="dynamic"):
     """The tiny model with every projection per-tensor quantized: int8 (the
-    stand-in for e4m3) weight, float32 weight_scale, and kv scales."""
+    stand-in for e4m3) weight, float32 weight_scale (and input_scale for
+    static activations), and kv scales."""
     os.makedirs(out)
     named = {}
     for k, v in tensors(tiny).items():
@@ -309,6 +387,8 @@ def fp8_checkpoint(tiny, out):
             scale = v.float().abs().max() / 127
             named[k] = (v.float() / scale).round().clamp(-128, 127).to(torch.int8)
             named[k[:-len("weight")] + "weight_scale"] = scale.reshape(())
+            if activation_scheme == "static":
+                named[k[:-len("weight")] + "input_scale"] = torch.tensor(0.01 * (1 + len(named) % 7))
         else:
             named[k] = v
     for i in range(2):
@@ -316,21 +396,22 @@ def fp8_checkpoint(tiny, out):
         named[f"model.layers.{i}.self_attn.v_proj.v_scale"] = torch.tensor(0.25)
     write_safetensors(os.path.join(out, "model.safetensors"), named)
     c = json.load(open(os.path.join(tiny, "config.json")))
-    c["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    c["quantization_config"] = {"quant_method": "fp8", "activation_scheme": activation_scheme}
     json.dump(c, open(os.path.join(out, "config.json"), "w"))
     return named
 
 
-def test_fp8_post_processing(tiny, tmp_path, rank0):
+@pytest.mark.parametrize("activation_scheme", ["dynamic", "static"])
+def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
     """fp8.py:392-435 with w8a8_utils.py:76: fused shards requantized to the
     largest scale, weight replaced by its transpose (column-major, not
     contiguous), weight_scale 0-d; kv_cache.py:169-172 deletes the attention's
     scale parameters after copying them into its buffers."""
     d = str(tmp_path / "fp8")
-    named = fp8_checkpoint(tiny, d)
+    named = fp8_checkpoint(tiny, d, activation_scheme)
     cfg = engine(d, cache_config=CacheConfig(cache_dtype="fp8"))
     assert cfg.model_config.quantization == "fp8"
-    model = get_model(vllm_config=cfg)
+    model = load(cfg)
     attn = model.model.layers[0].self_attn
     w = attn.qkv_proj.weight
     assert w.dtype == torch.int8 and w.shape == (128, 256) and w.stride() == (1, 128) and not w.is_contiguous()
@@ -338,7 +419,12 @@ def test_fp8_post_processing(tiny, tmp_path, rank0):
     scales = [named[p + f"{s}_proj.weight_scale"] for s in "qkv"]
     smax = max(scales)
     assert attn.qkv_proj.weight_scale.dim() == 0 and attn.qkv_proj.weight_scale == smax
-    assert attn.qkv_proj.input_scale is None
+    if activation_scheme == "dynamic":
+        assert attn.qkv_proj.input_scale is None
+    else:  # fp8.py:421-423,430-431: the largest of the shards' input scales, 0-d
+        want = max(named[p + f"{s}_proj.input_scale"] for s in "qkv")
+        assert attn.qkv_proj.input_scale.dim() == 0 and attn.qkv_proj.input_scale == want
+        assert isinstance(attn.qkv_proj.input_scale, torch.nn.Parameter)
     for (lo, hi), s, scale in zip(((0, 128), (128, 192), (192, 256)), "qkv", scales):
         want = (named[p + f"{s}_proj.weight"].float() * scale / smax).round().clamp(-128, 127).to(torch.int8)
         assert torch.equal(w[:, lo:hi].t(), want), s
@@ -349,7 +435,7 @@ def test_fp8_post_processing(tiny, tmp_path, rank0):
     # checkpoint has no q_scale (kv_cache.py:129-155).
     assert (attn.attn._k_scale.item(), attn.attn._v_scale.item(), attn.attn._q_scale.item()) == (0.5, 0.25, 1.0)
     a = _fake.prefill_logits(model, PROMPT)
-    b = _fake.prefill_logits(get_model(vllm_config=engine(d, cache_config=CacheConfig(cache_dtype="fp8"))), PROMPT)
+    b = _fake.prefill_logits(load(engine(d, cache_config=CacheConfig(cache_dtype="fp8"))), PROMPT)
     assert torch.equal(a, b) and torch.isfinite(a.float()).all()
 
 
@@ -357,13 +443,27 @@ def test_unquantized_attention_scales_refilled_in_place(tiny, rank0):
     """attention.py:549-561: without kv-scale weights the persistent scale
     buffers are filled with 1.0 in place after loading (a write to memory the
     loader may have provided)."""
-    model = get_model(vllm_config=engine(tiny))
+    model = load(engine(tiny))
     attn = model.model.layers[0].self_attn.attn
     assert "model.layers.0.self_attn.attn._k_scale" in model.state_dict()
     ptr = attn._k_scale.data_ptr()
     attn._k_scale.fill_(3.0)
     attn.process_weights_after_loading(torch.bfloat16)
     assert attn._k_scale.item() == 1.0 and attn._k_scale.data_ptr() == ptr
+
+
+def test_calculate_kv_scales_writes_buffers_on_first_forward(tiny, rank0):
+    """attention.py:456-459, :531-539: scales from the first batch, written in
+    place into the persistent buffers, once."""
+    model = load(engine(tiny, cache_config=CacheConfig(calculate_kv_scales=True)))
+    attn = model.model.layers[0].self_attn.attn
+    assert attn._k_scale.item() == 1.0 and attn.calculate_kv_scales
+    ptr = attn._k_scale.data_ptr()
+    _fake.prefill_logits(model, PROMPT)
+    first = attn._k_scale.item()
+    assert first != 1.0 and attn._k_scale.data_ptr() == ptr and not attn.calculate_kv_scales
+    _fake.prefill_logits(model, PROMPT[:3])
+    assert attn._k_scale.item() == first
 
 
 def test_memory_profiler_counts_torch_allocations_only(tiny, tmp_path, rank0):
@@ -444,7 +544,8 @@ def test_hub_id_needs_download(tiny, tmp_path, monkeypatch, rank0):
     loader.download_model(cfg.model_config)
     monkeypatch.delenv("FAKEVLLM_HUB")
     _fake.reset_disk()
-    model = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
+    with set_current_vllm_config(cfg):
+        model = loader.load_model(vllm_config=cfg, model_config=cfg.model_config)
     assert _fake.disk["files"] == 2
     assert torch.equal(_fake.prefill_logits(model, PROMPT),
-                       _fake.prefill_logits(get_model(vllm_config=engine(tiny)), PROMPT))
+                       _fake.prefill_logits(load(engine(tiny)), PROMPT))

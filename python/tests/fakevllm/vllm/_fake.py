@@ -28,15 +28,19 @@ def hub_root():
 
 def load_model(vllm_config):
     """Returns (model, model_memory_usage), as a worker starts: general plugins
-    first (worker_base.py:247), then the runner loads through get_model inside
-    a DeviceMemoryProfiler and keeps consumed_memory as the weights' memory,
-    which sizes the KV cache (gpu_worker.py:391)."""
-    from vllm.model_executor.model_loader import get_model
+    first (worker_base.py:247); then, with the config current
+    (gpu_worker.py:339-346), the runner gets the loader for load_config and
+    loads inside a DeviceMemoryProfiler, keeping consumed_memory as the
+    weights' memory, which sizes the KV cache (gpu_model_runner.py:5425-5500,
+    gpu_worker.py:391)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
     from vllm.plugins import load_general_plugins
     from vllm.utils.mem_utils import DeviceMemoryProfiler
     load_general_plugins()
-    with DeviceMemoryProfiler() as m:
-        model = get_model(vllm_config=vllm_config)
+    with set_current_vllm_config(vllm_config), DeviceMemoryProfiler() as m:
+        loader = get_model_loader(vllm_config.load_config)
+        model = loader.load_model(vllm_config=vllm_config, model_config=vllm_config.model_config)
     return model, m.consumed_memory
 
 

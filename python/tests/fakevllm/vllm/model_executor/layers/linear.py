@@ -76,10 +76,42 @@ class LinearBase(torch.nn.Module):
                 param.tp_rank = self.tp_rank
                 param.tp_size = self.tp_size
 
-    def _weight_loader_for_method(self):
-        # linear.py:484-488
+    def _create_weights(self, bias, bias_size):
+        """The quant method's weights, then the bias (not sharded for a row
+        layer): linear.py:477-504 and :1464-1494."""
         name = self.quant_method.__class__.__name__
-        return self.weight_loader_v2 if name in WEIGHT_LOADER_V2_SUPPORTED else self.weight_loader
+        self.quant_method.create_weights(
+            layer=self, input_size_per_partition=self.input_size_per_partition,
+            output_partition_sizes=self.output_partition_sizes, input_size=self.input_size,
+            output_size=self.output_size, params_dtype=self.params_dtype,
+            weight_loader=self.weight_loader_v2 if name in WEIGHT_LOADER_V2_SUPPORTED else self.weight_loader)
+        if bias:
+            self.bias = Parameter(torch.empty(bias_size, dtype=self.params_dtype))
+            set_weight_attrs(self.bias, {"output_dim": 0, "weight_loader": self.weight_loader})
+        else:
+            self.register_parameter("bias", None)
+        self.update_param_tp_status()
+
+
+def _load_rank_slice(param, loaded_weight, dim, tp_rank):
+    """The v1 loaders of Column/RowParallelLinear (linear.py:556-568,
+    :1517-1529): this rank's slice along dim (None: the whole tensor)."""
+    param_data = param.data
+    if dim is not None:
+        shard_size = param_data.shape[dim]
+        loaded_weight = loaded_weight.narrow(dim, tp_rank * shard_size, shard_size)
+    if len(loaded_weight.shape) == 0:
+        loaded_weight = loaded_weight.reshape(1)
+    assert param_data.shape == loaded_weight.shape
+    param_data.copy_(loaded_weight)
+
+
+def _as_1d(loaded_weight):
+    # linear.py:571-575, :1532-1536: scalar scales on disk (AutoFP8) load as [1]
+    if len(loaded_weight.shape) == 0:
+        assert loaded_weight.numel() == 1
+        loaded_weight = loaded_weight.reshape(1)
+    return loaded_weight
 
 
 class ColumnParallelLinear(LinearBase):
@@ -97,36 +129,15 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, skip_bias_add, params_dtype, quant_config, prefix,
                          return_bias=return_bias, disable_tp=disable_tp)
         self.gather_output = gather_output
-        self.quant_method.create_weights(
-            layer=self, input_size_per_partition=self.input_size_per_partition,
-            output_partition_sizes=self.output_partition_sizes, input_size=self.input_size,
-            output_size=self.output_size, params_dtype=self.params_dtype,
-            weight_loader=self._weight_loader_for_method())
-        if bias:
-            self.bias = Parameter(torch.empty(self.output_size_per_partition, dtype=params_dtype))
-            set_weight_attrs(self.bias, {"output_dim": 0, "weight_loader": self.weight_loader})
-        else:
-            self.register_parameter("bias", None)
-        self.update_param_tp_status()
+        self._create_weights(bias, self.output_size_per_partition)
 
     def weight_loader(self, param, loaded_weight):
         # linear.py:533 (without the GGUF and bitsandbytes cases)
-        output_dim = getattr(param, "output_dim", None)
-        param_data = param.data
-        if output_dim is not None:
-            shard_size = param_data.shape[output_dim]
-            loaded_weight = loaded_weight.narrow(output_dim, self.tp_rank * shard_size, shard_size)
-        if len(loaded_weight.shape) == 0:
-            loaded_weight = loaded_weight.reshape(1)
-        assert param_data.shape == loaded_weight.shape
-        param_data.copy_(loaded_weight)
+        _load_rank_slice(param, loaded_weight, getattr(param, "output_dim", None), self.tp_rank)
 
     def weight_loader_v2(self, param, loaded_weight):
         # linear.py:570
-        if len(loaded_weight.shape) == 0:
-            assert loaded_weight.numel() == 1
-            loaded_weight = loaded_weight.reshape(1)
-        param.load_column_parallel_weight(loaded_weight=loaded_weight)
+        param.load_column_parallel_weight(loaded_weight=_as_1d(loaded_weight))
 
     def forward(self, input_):
         # linear.py:578
@@ -351,39 +362,18 @@ class RowParallelLinear(LinearBase):
                          return_bias=return_bias, disable_tp=disable_tp)
         self.input_is_parallel = input_is_parallel
         self.reduce_results = reduce_results
-        self.quant_method.create_weights(
-            layer=self, input_size_per_partition=self.input_size_per_partition,
-            output_partition_sizes=self.output_partition_sizes, input_size=self.input_size,
-            output_size=self.output_size, params_dtype=self.params_dtype,
-            weight_loader=self._weight_loader_for_method())
         if not reduce_results and (bias and not skip_bias_add):
             raise ValueError("When not reduce the results, adding bias to the "
                              "results can lead to incorrect results")
-        if bias:
-            self.bias = Parameter(torch.empty(self.output_size, dtype=params_dtype))
-            set_weight_attrs(self.bias, {"output_dim": 0, "weight_loader": self.weight_loader})
-        else:
-            self.register_parameter("bias", None)
-        self.update_param_tp_status()
+        self._create_weights(bias, self.output_size)
 
     def weight_loader(self, param, loaded_weight):
         # linear.py:1496
-        input_dim = getattr(param, "input_dim", None)
-        param_data = param.data
-        if input_dim is not None:
-            shard_size = param_data.shape[input_dim]
-            loaded_weight = loaded_weight.narrow(input_dim, self.tp_rank * shard_size, shard_size)
-        if len(loaded_weight.shape) == 0:
-            loaded_weight = loaded_weight.reshape(1)
-        assert param_data.shape == loaded_weight.shape
-        param_data.copy_(loaded_weight)
+        _load_rank_slice(param, loaded_weight, getattr(param, "input_dim", None), self.tp_rank)
 
     def weight_loader_v2(self, param, loaded_weight):
         # linear.py:1531
-        if len(loaded_weight.shape) == 0:
-            assert loaded_weight.numel() == 1
-            loaded_weight = loaded_weight.reshape(1)
-        param.load_row_parallel_weight(loaded_weight=loaded_weight)
+        param.load_row_parallel_weight(loaded_weight=_as_1d(loaded_weight))
 
     def forward(self, input_):
         # linear.py:1540 (input_is_parallel, as every Llama caller)

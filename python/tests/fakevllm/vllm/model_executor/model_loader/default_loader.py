@@ -146,8 +146,18 @@ class DefaultModelLoader(BaseModelLoader):
         self._prepare_weights(model_name_or_path=model_config.model, subfolder=None,
                               revision=model_config.revision, fall_back_to_pt=True, allow_patterns_overrides=None)
 
+    def _init_ep_weight_filter(self, model_config):
+        """default_loader.py:318: reads the current config first, so loading
+        weights outside the worker's set_current_vllm_config fails as in
+        vLLM; expert filtering itself is not modelled (no MoE)."""
+        from vllm.config import get_current_vllm_config
+        parallel_config = get_current_vllm_config().parallel_config
+        if not (model_config.is_moe and parallel_config.enable_expert_parallel):
+            return
+
     def load_weights(self, model, model_config):
         # default_loader.py:382
+        self._init_ep_weight_filter(model_config)
         loaded_weights = model.load_weights(self.get_all_weights(model_config, model))
         self.counter_after_loading_weights = time.perf_counter()
         logger.info_once("Loading weights took %.2f seconds",

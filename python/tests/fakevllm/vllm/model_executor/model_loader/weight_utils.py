@@ -5,6 +5,7 @@ import fnmatch
 import glob
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -27,15 +28,20 @@ _ST_DTYPES = {
 
 
 class safe_open:
-    """safetensors.safe_open(path, framework="pt") on CPU: keys() sorted (as
-    the Rust implementation returns them), get_tensor() reads that tensor's
-    bytes from the file into a new tensor."""
+    """safetensors.safe_open(path, framework="pt") on CPU. Like the binding
+    (bindings/python/src/lib.rs Open::new), it maps the whole file
+    copy-on-write (torch's ByteStorage.from_file(shared=False) before torch 2)
+    and get_tensor returns a view of that mapping: no bytes are copied and
+    none come from torch's allocator until the model's weight_loader copies
+    them. keys() lists names in offset order, as the binding does
+    (safetensors/src/tensor.rs Metadata::tensor_names)."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         self.filename = filename
-        self._f = open(filename, "rb")
-        (n,) = struct.unpack("<Q", self._f.read(8))
-        header = json.loads(self._f.read(n))
+        with open(filename, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        (n,) = struct.unpack("<Q", self._map[:8])
+        header = json.loads(self._map[8:8 + n])
         self._metadata = header.pop("__metadata__", None)
         self._header = header
         self._base = 8 + n
@@ -45,10 +51,11 @@ class safe_open:
         return self
 
     def __exit__(self, *exc):
-        self._f.close()
+        # The tensors handed out keep the mapping alive, as torch storages do.
+        self._map = None
 
     def keys(self):
-        return sorted(self._header)
+        return sorted(self._header, key=lambda k: self._header[k]["data_offsets"])
 
     def metadata(self):
         return self._metadata
@@ -62,12 +69,11 @@ class safe_open:
         begin, end = info["data_offsets"]
         if end == begin:
             return torch.empty(info["shape"], dtype=dtype)
-        buf = torch.empty(end - begin, dtype=torch.uint8)
-        self._f.seek(self._base + begin)
-        if self._f.readinto(buf.numpy()) != end - begin:
-            raise ValueError(f"{self.filename}: tensor {name!r}: file ends inside its data")
+        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - begin, offset=self._base + begin)
         _fake.disk["bytes"] += end - begin
-        return buf.view(dtype).reshape(info["shape"])
+        if (self._base + begin) % raw.new_empty((), dtype=dtype).element_size():
+            raw = raw.clone()  # a view must start at a multiple of its element size
+        return raw.view(dtype).reshape(info["shape"])
 
 
 def _natural_sort_key(filepath):

@@ -99,6 +99,10 @@ class Attention(nn.Module):
         _init_kv_cache_quant(self, quant_config, prefix)
 
     def forward(self, query, key, value, output_shape=None):
+        # attention.py:456-459 -> :613 maybe_calc_kv_scales: the first forward
+        # with calculate_kv_scales writes the scale buffers in place.
+        if self.calculate_kv_scales:
+            self.calc_kv_scales(query, key, value)
         t = query.shape[0]
         q = query.view(t, self.num_heads, self.head_size).transpose(0, 1).float()
         k = key.view(t, self.num_kv_heads, self.head_size).transpose(0, 1).float()
@@ -109,6 +113,16 @@ class Attention(nn.Module):
         mask = torch.ones(t, t, dtype=torch.bool, device=query.device).triu(1)
         probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
         return (probs @ v).transpose(0, 1).reshape(t, self.num_heads * self.head_size_v).to(query.dtype)
+
+    def calc_kv_scales(self, query, key, value):
+        # attention.py:531
+        self._q_scale.copy_(torch.abs(query).max() / self.q_range)
+        self._k_scale.copy_(torch.abs(key).max() / self.k_range)
+        self._v_scale.copy_(torch.abs(value).max() / self.v_range)
+        self._q_scale_float = self._q_scale.item()
+        self._k_scale_float = self._k_scale.item()
+        self._v_scale_float = self._v_scale.item()
+        self.calculate_kv_scales = False
 
     def process_weights_after_loading(self, act_dtype):
         # attention.py:549
