@@ -1,5 +1,5 @@
-"""vLLM restart through weightcache (tier 1) against vLLM's default loader
-from disk, on the behaviour-faithful fake vLLM (python/tests/fakevllm) and
+"""vLLM restart through weightcache (tier 1, and a tier-2 hit after a
+first start that published) against vLLM's default loader from disk, on the behaviour-faithful fake vLLM (python/tests/fakevllm) and
 `weightcache synth --preset medium`, at TP 1 and TP 2 (one process per
 rank, one host daemon).
 
@@ -33,9 +33,12 @@ RANK = textwrap.dedent("""
     rank, world = _fake.init_from_env()
     assert plugin.register()
     out = {{}}
-    for fmt, extra in (("warm", {{}}), ("auto", {{}}), ("weightcache", {{"socket_dir": {sock!r}}})):
+    tier2 = {{"socket_dir": {sock!r}, "tier": "processed"}}
+    for fmt, extra in (("warm", {{}}), ("auto", {{}}), ("weightcache", {{"socket_dir": {sock!r}}}),
+                       ("publish", tier2), ("processed", tier2)):
+        load_format = {{"warm": "auto", "auto": "auto"}}.get(fmt, "weightcache")
         cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
-                         load_config=LoadConfig(load_format="auto" if fmt == "warm" else fmt, model_loader_extra_config=extra))
+                         load_config=LoadConfig(load_format=load_format, model_loader_extra_config=extra))
         _fake.reset_disk()
         t = time.perf_counter()
         m, _ = _fake.load_model(cfg)
@@ -70,17 +73,24 @@ def main():
     try:
         ready = json.loads(daemon.stdout.readline())
         for tp in [int(x) for x in a.tp.split(",")]:
+            # One publish-only daemon per rank for tier 2, as preload lays them out.
+            pub = subprocess.Popen([a.bin, "preload", "--model", a.model, "--publish-only", "--tensor-parallel-size",
+                                    str(tp), "--devices", ",".join(f"host:{r}" for r in range(tp)), "--socket-dir", sock],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            pub.stdout.readline()
             work = tempfile.mkdtemp(prefix="wcvd")
             code = RANK.format(python=HERE, sock=sock, model=a.model)
             res = _fake.spawn_ranks(code, tp, work, timeout=900)
             shutil.rmtree(work, ignore_errors=True)
+            pub.terminate()
+            pub.wait()
             outs = []
             for rc, so, se in res:
                 if rc != 0:
                     print(se, file=sys.stderr)
                     return 1
                 outs.append(json.loads(so.strip().splitlines()[-1]))
-            for fmt in ("auto", "weightcache"):
+            for fmt in ("auto", "weightcache", "processed"):
                 rows.append((tp, fmt, max(o[fmt][0] for o in outs), sum(o[fmt][1] for o in outs)))
     finally:
         daemon.terminate()
@@ -89,11 +99,12 @@ def main():
     print(f"checkpoint {a.model}: {ready['tensors']} tensors, {ready['bytes'] / 2**30:.2f} GiB; fake vLLM at {VLLM_COMMIT[:12]}")
     print(f"{'tp':>3} {'loader':<22} {'restart s':>10} {'disk bytes':>14}")
     for tp, fmt, s, n in rows:
-        name = "default (page cache)" if fmt == "auto" else "weightcache tier 1"
+        name = {"auto": "default (page cache)", "weightcache": "weightcache tier 1"}.get(fmt, "weightcache tier 2 hit")
         print(f"{tp:>3} {name:<22} {s:>10.3f} {n:>14}")
     for tp in sorted({r[0] for r in rows}):
-        d, w = [r for r in rows if r[0] == tp]
-        print(f"tp {tp}: weightcache restart is {d[2] / w[2]:.2f}x the default loader's speed, reading {w[3]} bytes instead of {d[3]}")
+        d, w, p = [r for r in rows if r[0] == tp]
+        print(f"tp {tp}: restart {d[2] / w[2]:.2f}x (tier 1) and {d[2] / p[2]:.2f}x (tier 2) the default loader's speed, "
+              f"reading {w[3]} and {p[3]} bytes instead of {d[3]}")
     return 0
 
 
