@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps demo bench bench-python fuzz deps clean
+.PHONY: build test test-python python-deps demo bench bench-python bench-vllm fuzz deps clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/weightcache
@@ -25,6 +25,9 @@ test-python: build python-deps
 
 bench-python: build python-deps
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
+
+bench-vllm: build python-deps
+	$(PYTHON) python/bench_vllm.py --bin $(BIN)
 
 demo: build
 	./$(BIN) demo

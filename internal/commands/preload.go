@@ -37,7 +37,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
 	fs.StringVar(&p.devices, "devices", "", "devices to serve, one rank each: host, host:N, GPU-<uuid>, cuda:N or N, comma-separated (default: the first visible GPUs the ranks need, else host devices)")
 	fs.StringVar(&p.socketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
-	fs.StringVar(&p.dtype, "dtype", "auto", "dtype to serve floating tensors in: auto, bfloat16, float16, float32")
+	fs.StringVar(&p.dtype, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one: bfloat16, float16, float32 (auto: every tensor as stored)")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
 	fs.DurationVar(&p.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
 	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")

@@ -67,7 +67,7 @@ func (d *Daemon) fingerprintDiff(want checkpoint.Fingerprint) []checkpoint.Field
 		return checkpoint.Diff(want, *fp)
 	}
 	base := d.cfg.Fingerprint
-	base.Engine, base.EngineVersion = want.Engine, want.EngineVersion
+	base.Engine, base.EngineVersion, base.EngineConfig = want.Engine, want.EngineVersion, want.EngineConfig
 	return checkpoint.Diff(want, base)
 }
 

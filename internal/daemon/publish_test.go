@@ -284,9 +284,10 @@ func TestManifestAfterOtherEnginePublished(t *testing.T) {
 	d := startPublishOnly(t, model, dir)
 	ckpt, _ := checkpoint.Resolve(model, "")
 	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
-	fp.Engine, fp.EngineVersion = "testengine", "0.9"
+	fp.Engine, fp.EngineVersion, fp.EngineConfig = "testengine", "0.9", `{"kv_cache_dtype":"fp8"}`
 	ctx := context.Background()
-	// Accepted while empty: any engine may become the writer.
+	// Accepted while empty: any engine, version and engine config may
+	// become the writer.
 	c := rawConn(t, d.Socket())
 	fr, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK)
 	if err != nil {
@@ -306,7 +307,7 @@ func TestManifestAfterOtherEnginePublished(t *testing.T) {
 	}
 	defer fr.CloseFiles()
 	var m protocol.Mismatch
-	if fr.Type != protocol.TypeMismatch || fr.Decode(&m) != nil || len(m.Fields) != 1 || m.Fields[0].Field != "engine_version" {
+	if fr.Type != protocol.TypeMismatch || fr.Decode(&m) != nil || len(m.Fields) != 2 || m.Fields[0].Field != "engine_config" || m.Fields[1].Field != "engine_version" {
 		t.Fatalf("manifest after another engine published: %s", fr.Body)
 	}
 }

@@ -1,145 +1,429 @@
-"""The vLLM loader against a small fake of the vLLM interfaces it uses
-(vLLM itself is not installable here), and a real daemon."""
+"""The vLLM loader against the behaviour-faithful fake vLLM (tests/fakevllm,
+built from vLLM's source) and real daemons: every result is compared with
+the fake's own default loader reading the files."""
 
-import contextlib
-import dataclasses
 import importlib
+import json
+import logging
 import os
 import shutil
-import subprocess
+import struct
 import sys
-import tempfile
+import textwrap
 import tomllib
-import types
 
 import pytest
 import torch
 
 from conftest import ROOT, status
-from llama import build_meta
-from weightcache import attach
-from weightcache.fallback import load_from_disk
-from weightcache.checkpoint import resolve
-from weightcache.materialize import materialize
+from test_attach import FakeDaemon, frame, read_frame
+
+FAKE = os.environ.get("WC_FAKEVLLM") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
+PROMPT = [1, 5, 9, 100, 7, 300, 2, 64]
 
 
-@dataclasses.dataclass
-class LoadConfig:
-    load_format: str = "auto"
-    model_loader_extra_config: dict = None
-    device: str = None
-
-
-class FakeVLLM:
-    """vllm, vllm.distributed and vllm.model_executor.model_loader[.utils],
-    vllm.utils.torch_utils: just the names the plugin imports."""
-
-    def __init__(self):
-        self.registry = {}
-        self.default_loads = 0
-        fake = self
-
-        class BaseModelLoader:
-            def __init__(self, load_config):
-                self.load_config = load_config
-
-        class DefaultModelLoader(BaseModelLoader):
-            def __init__(self, load_config):
-                super().__init__(load_config)
-                # vLLM's default loader refuses extra-config keys it does not know.
-                assert not load_config.model_loader_extra_config, load_config
-                assert load_config.load_format == "auto"
-
-            def download_model(self, model_config):
-                pass
-
-            def load_weights(self, model, model_config):
-                materialize(model, load_from_disk(resolve(model_config.model), ""))
-
-            def load_model(self, vllm_config, model_config, prefix=""):
-                fake.default_loads += 1
-                model = build_meta(model_config.model)
-                self.load_weights(model, model_config)
-                # The engine's post-processing: a float32 head, and a
-                # buffer that exists only after loading.
-                model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.float(), requires_grad=False)
-                model.register_buffer("scale", torch.tensor([2.0]))
-                return model
-
-        def register_model_loader(fmt):
-            def wrap(cls):
-                fake.registry[fmt] = cls
-                return cls
-            return wrap
-
-        def initialize_model(vllm_config, model_config, prefix=""):
-            m = build_meta(model_config.model)
-            m.lm_head.weight = torch.nn.Parameter(torch.empty(m.lm_head.weight.shape, device="meta", dtype=torch.float32))
-            m.register_buffer("scale", torch.empty(1, device="meta"))
-            return m
-
-        @contextlib.contextmanager
-        def set_default_torch_dtype(dt):
-            old = torch.get_default_dtype()
-            torch.set_default_dtype(torch.float32 if dt == torch.bfloat16 else dt)
-            try:
-                yield
-            finally:
-                torch.set_default_dtype(old)
-
-        ml = types.ModuleType("vllm.model_executor.model_loader")
-        ml.BaseModelLoader, ml.DefaultModelLoader, ml.register_model_loader = BaseModelLoader, DefaultModelLoader, register_model_loader
-        utils = types.ModuleType("vllm.model_executor.model_loader.utils")
-        utils.initialize_model = initialize_model
-        tu = types.ModuleType("vllm.utils.torch_utils")
-        tu.set_default_torch_dtype = set_default_torch_dtype
-        dist = types.ModuleType("vllm.distributed")
-        dist.get_tensor_model_parallel_rank = lambda: 0
-        dist.get_tensor_model_parallel_world_size = lambda: 1
-        root = types.ModuleType("vllm")
-        root.__version__ = "0.31.0"
-        self.modules = {"vllm": root, "vllm.distributed": dist, "vllm.model_executor": types.ModuleType("vllm.model_executor"),
-                        "vllm.model_executor.model_loader": ml, "vllm.model_executor.model_loader.utils": utils,
-                        "vllm.utils": types.ModuleType("vllm.utils"), "vllm.utils.torch_utils": tu}
-
-
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fake_vllm(monkeypatch):
-    fake = FakeVLLM()
-    for name, mod in fake.modules.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    return fake
+    """The fake vLLM with --load-format weightcache registered; afterwards
+    the registry is as vLLM ships it, for other test files."""
+    monkeypatch.syspath_prepend(FAKE)
+    import weightcache.vllm as plugin
+    assert plugin.register()
+    from vllm import _fake
+    from vllm.model_executor import model_loader
+    yield _fake
+    model_loader._LOAD_FORMAT_TO_MODEL_LOADER.pop("weightcache", None)
+
+
+def engine(model, fmt="weightcache", model_kw=None, **extra):
+    """One engine start at TP 1, as the model runner loads: (model, logits,
+    disk bytes read, weights' memory)."""
+    from vllm import _fake
+    from vllm.config import LoadConfig, ModelConfig, VllmConfig
+    cfg = VllmConfig(model_config=ModelConfig(model=model, **(model_kw or {})),
+                     load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
+    _fake.reset_disk()
+    with _fake.as_rank(0, 1):
+        m, mem = _fake.load_model(cfg)
+        read = _fake.disk["bytes"]
+        logits = _fake.prefill_logits(m, PROMPT)
+    return m, logits, read, mem
+
+
+def fallback_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("weightcache: fallback:")]
+
+
+# -- tier 1 ----------------------------------------------------------------
+
+def test_tier1_hit_is_bit_identical_and_reads_nothing(model, daemon, sock_dir, wc_bin, caplog):
+    daemon(model, "--devices", "host")
+    _, want, disk_read, _ = engine(model, "auto")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    m, got, read, _ = engine(model, socket_dir=sock_dir)
+    assert torch.equal(got, want) and disk_read > 0 and read == 0
+    assert not fallback_lines(caplog)
+    st = status(wc_bin, sock_dir)[0]
+    assert st["handshakes"] == {"hit": 1} and st["leases"] == 0  # vLLM copied: the lease ended with the load
+
+
+def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
+    """TP 2, each rank its own process, both on the one daemon that serves
+    the checkpoint as stored: vLLM's weight loaders take each rank's slice."""
+    daemon(model, "--devices", "host")
+    code = textwrap.dedent(f"""
+        import hashlib, json, sys
+        sys.path.insert(0, {os.path.join(ROOT, "python")!r})
+        import weightcache.vllm as plugin
+        from vllm import _fake
+        from vllm.config import LoadConfig, ModelConfig, VllmConfig, ParallelConfig
+        rank, world = _fake.init_from_env()
+        assert plugin.register()
+        out = {{}}
+        for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}}})):
+            cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
+                             load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
+            _fake.reset_disk()
+            m, _ = _fake.load_model(cfg)
+            read = _fake.disk["bytes"]
+            logits = _fake.prefill_logits(m, {PROMPT!r})
+            qkv = m.model.layers[0].self_attn.qkv_proj.weight
+            out[fmt] = [hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, list(qkv.shape),
+                        hashlib.sha256(qkv.float().numpy().tobytes()).hexdigest()]
+        print(json.dumps(out), flush=True)
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
+    """)
+    res = fake_vllm.spawn_ranks(code, 2, str(tmp_path))
+    outs = []
+    for rc, so, se in res:
+        assert rc == 0, se
+        outs.append(json.loads(so.strip().splitlines()[-1]))
+    for o in outs:
+        assert o["weightcache"][0] == o["auto"][0] and o["weightcache"][3] == o["auto"][3]
+        assert o["auto"][1] > 0 and o["weightcache"][1] == 0
+    # Each rank holds its own half of the fused qkv_proj.
+    assert outs[0]["auto"][2] == outs[1]["auto"][2] and outs[0]["auto"][3] != outs[1]["auto"][3]
+    assert outs[0]["auto"][0] == outs[1]["auto"][0]  # logits gathered: the same on both ranks
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 2}
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of name -> tensor (int8, float32, bfloat16)."""
+    codes = {torch.int8: "I8", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        raw = bytes(t.contiguous().reshape(-1).view(torch.uint8).tolist())
+        header[name] = {"dtype": codes[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hdr = json.dumps(header).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + b"".join(blobs))
 
 
 @pytest.fixture
-def runtime_dir(monkeypatch, wc_bin):
-    """The plugin uses the default socket directory: point it somewhere private."""
-    d = tempfile.mkdtemp(prefix="wcrt")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", d)
-    sock = os.path.join(d, "weightcache")
-    os.mkdir(sock, 0o700)
-    yield sock
-    shutil.rmtree(d, ignore_errors=True)
+def fp8_model(model, tmp_path):
+    """The tiny checkpoint with every projection quantized per tensor, as an
+    FP8 checkpoint stores it (int8 where torch has no float8, as the fake
+    does): weight plus a float32 weight_scale."""
+    from weightcache.checkpoint import resolve
+    from weightcache.fallback import load_from_disk
+    out = tmp_path / "fp8"
+    out.mkdir()
+    tensors = {}
+    for name, t in sorted(load_from_disk(resolve(model), "").items()):
+        if name.endswith("_proj.weight"):
+            w = t.float()
+            scale = w.abs().max() / 127
+            tensors[name] = (w / scale).round().clamp(-128, 127).to(torch.int8)
+            tensors[name[:-len("weight")] + "weight_scale"] = scale.reshape(())
+        else:
+            tensors[name] = t
+    write_safetensors(out / "model.safetensors", tensors)
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    with open(out / "config.json", "w") as f:
+        json.dump(cfg, f)
+    return str(out)
 
 
-def engine_start(fake, model, extra=None):
+def test_tier1_fp8_checkpoint(fp8_model, daemon, sock_dir):
+    """vLLM's FP8 post-processing (transpose, scale requantized, attention
+    scales deleted) runs on bytes served as stored: float32 scales stay float32."""
+    daemon(fp8_model, "--devices", "host")
+    _, want, disk_read, _ = engine(fp8_model, "auto")
+    m, got, read, _ = engine(fp8_model, socket_dir=sock_dir)
+    assert torch.equal(got, want) and disk_read > 0 and read == 0
+    w = m.model.layers[0].self_attn.qkv_proj.weight
+    assert w.dtype == torch.int8 and not w.is_contiguous(), (w.shape, w.stride())  # transposed by process_weights_after_loading
+    from weightcache import attach
+    from weightcache.checkpoint import resolve
+    from weightcache.fallback import load_from_disk
+    served, _ = attach(fp8_model, socket_dir=sock_dir, fallback=False)
+    stored = load_from_disk(resolve(fp8_model), "")
+    assert served["model.layers.0.self_attn.q_proj.weight_scale"].dtype == torch.float32
+    assert all(served[n].dtype == t.dtype and torch.equal(served[n].view(torch.uint8), t.view(torch.uint8))
+               for n, t in stored.items() if t.dim())
+    served.close()
+
+
+# -- misses ----------------------------------------------------------------
+
+def test_mismatch_logs_one_line_and_the_daemon_counts_it(model, daemon, sock_dir, wc_bin, caplog):
+    daemon(model, "--devices", "host")
+    _, want, _, _ = engine(model, "auto")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, got, read, _ = engine(model, model_kw={"revision": "v2"}, socket_dir=sock_dir)
+    assert torch.equal(got, want) and read > 0
+    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon '')"]
+    assert status(wc_bin, sock_dir)[0]["mismatches"] == {"revision": 1}
+
+
+def test_other_files_than_the_daemon_serves(synth, tmp_path, daemon, sock_dir, wc_bin, caplog):
+    """With a consolidated*.safetensors beside the shards, vLLM's auto format
+    reads only that file (default_loader.py:120-131); the daemon serves the
+    shards. Decided before the daemon is asked, so it counts nothing."""
+    d = tmp_path / "m"
+    shutil.copytree(synth("tiny", 1, "bf16"), d)
+    (shard,) = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    shutil.copy(d / shard, d / "consolidated.safetensors")
+    os.rename(d / shard, d / "model.safetensors")
+    daemon(str(d), "--devices", "host")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, want, _, _ = engine(str(d), "auto")
+    _, got, read, _ = engine(str(d), socket_dir=sock_dir)
+    assert torch.equal(got, want) and read > 0
+    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: vLLM reads ['{d}/consolidated.safetensors'], "
+                                      f"the daemon serves ['{d}/model.safetensors']"]
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {}
+
+
+def test_no_daemon_falls_back(model, sock_dir, caplog):
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, want, _, _ = engine(model, "auto")
+    _, got, read, _ = engine(model, socket_dir=sock_dir, connect_timeout_s=1)
+    assert torch.equal(got, want) and read > 0
+    assert fallback_lines(caplog)[0].startswith("weightcache: fallback: no_daemon")
+
+
+def test_fallback_false_stops_with_the_reason(model, sock_dir):
+    from weightcache import MissError
+    with pytest.raises(MissError) as e:
+        engine(model, socket_dir=sock_dir, fallback=False, connect_timeout_s=1)
+    assert e.value.reason == "no_daemon" and sock_dir in str(e.value)
+
+
+def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):
+    def serve(c):
+        read_frame(c)
+        c.sendall(frame({"type": "ok", "version": 1, "state": "ready", "device": "host", "daemon": "fake"}))
+        read_frame(c)  # the manifest request: the daemon dies before answering
+    fake = FakeDaemon(sock_dir, serve)
+    try:
+        caplog.set_level(logging.INFO, "weightcache.vllm")
+        _, want, _, _ = engine(model, "auto")
+        _, got, read, _ = engine(model, socket_dir=sock_dir)
+    finally:
+        fake.close()
+    assert torch.equal(got, want) and read > 0
+    assert fallback_lines(caplog)[0].startswith("weightcache: fallback: protocol_error")
+
+
+def test_hub_id_not_yet_cached(model, tmp_path, monkeypatch, caplog):
+    """vLLM downloads a hub id it does not have; so does the loader, first,
+    and then resolves it from the cache as the daemon would."""
+    hub = tmp_path / "remote"
+    shutil.copytree(model, hub / "org" / "tiny")
+    monkeypatch.setenv("FAKEVLLM_HUB", str(hub))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    sock = tmp_path / "s"
+    sock.mkdir(mode=0o700)
+    _, got, _, _ = engine("org/tiny", socket_dir=str(sock), connect_timeout_s=1)
+    _, want, _, _ = engine(model, "auto")
+    assert torch.equal(got, want)
+    assert fallback_lines(caplog)[0].startswith("weightcache: fallback: no_daemon")
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ({"mode": "borrow"}, "mode"), ({"fallback": "no"}, "fallback"), ({"tier": "gpu"}, "tier"),
+    ({"state_timeout_s": True}, "state_timeout_s"), ({"timeout": 1}, "Unexpected extra config keys"),
+])
+def test_bad_extra_config(model, extra, msg):
+    with pytest.raises(ValueError, match=msg):
+        engine(model, **extra)
+
+
+def test_default_loader_keys_pass_through(model, sock_dir):
+    _, want, _, _ = engine(model, "auto")
+    _, got, _, _ = engine(model, socket_dir=sock_dir, connect_timeout_s=1, enable_weights_track=True)
+    assert torch.equal(got, want)
+
+
+# -- tier 2 ----------------------------------------------------------------
+
+def test_tier2_publishes_then_hits_zero_copy(model, daemon, sock_dir, wc_bin, caplog):
+    daemon(model, "--devices", "host")
+    daemon(model, "--publish-only", "--devices", "host:0")
+    _, want, _, want_mem = engine(model, "auto")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, first, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
+    assert torch.equal(first, want) and read == 0  # tier 1 from the host daemon, then published
+    pub = [s for s in status(wc_bin, sock_dir) if s["device"] == "host:0"][0]
+    assert pub["state"] == "ready" and pub["fingerprint"]["engine"] == "vllm"
+    assert json.loads(pub["fingerprint"]["engine_config"])["kv_cache_dtype"] == "auto"
+    m, second, read, mem = engine(model, socket_dir=sock_dir, tier="processed")
+    assert torch.equal(second, want) and read == 0
+    from weightcache.processed import meta_tensors
+    assert meta_tensors(m) == []
+    rope = m.model.layers[0].self_attn.rotary_emb.cos_sin_cache
+    assert rope.device.type == "cpu"
+    # Zero-copy: the weights are the daemon's memory, not allocations.
+    assert mem < want_mem / 4, (mem, want_mem)
+    assert [s for s in status(wc_bin, sock_dir) if s["device"] == "host:0"][0]["leases"] == 1
+    assert any("post-processing skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_tier2_two_ranks_publish_then_hit(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
+    """TP 2: each rank publishes into its own publish-only daemon (host:0,
+    host:1, as preload lays them out), then restarts from it."""
+    daemon(model, "--devices", "host")
+    daemon(model, "--publish-only", "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
+    code = textwrap.dedent(f"""
+        import hashlib, json, sys
+        sys.path.insert(0, {os.path.join(ROOT, "python")!r})
+        import weightcache.vllm as plugin
+        from weightcache.processed import meta_tensors
+        from vllm import _fake
+        from vllm.config import LoadConfig, ModelConfig, VllmConfig, ParallelConfig
+        rank, world = _fake.init_from_env()
+        assert plugin.register()
+        out = []
+        for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}}),
+                           ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}})):
+            cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
+                             load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
+            _fake.reset_disk()
+            m, _ = _fake.load_model(cfg)
+            read = _fake.disk["bytes"]
+            logits = _fake.prefill_logits(m, {PROMPT!r})
+            out.append([hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, meta_tensors(m)])
+        print(json.dumps(out), flush=True)
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    for rc, so, se in fake_vllm.spawn_ranks(code, 2, str(tmp_path)):
+        assert rc == 0, se
+        auto, first, second = json.loads(so.strip().splitlines()[-1])
+        assert auto[0] == first[0] == second[0] and auto[1] > 0 and first[1] == second[1] == 0 and second[2] == []
+    pub = {s["device"]: s for s in status(wc_bin, sock_dir)}
+    for key, rank in (("host:0", 0), ("host:1", 1)):
+        assert pub[key]["state"] == "ready" and pub[key]["fingerprint"]["tp_rank"] == rank
+        assert pub[key]["handshakes"].get("hit") == 1  # the restart
+
+
+def test_tier2_quantized_goes_to_tier1_with_the_reason(fp8_model, daemon, sock_dir, caplog):
+    daemon(fp8_model, "--devices", "host")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    _, want, _, _ = engine(fp8_model, "auto")
+    _, got, read, _ = engine(fp8_model, socket_dir=sock_dir, tier="auto")
+    assert torch.equal(got, want) and read == 0
+    assert any("processed weights are not safe here: quantization fp8" in r.getMessage() for r in caplog.records)
+
+
+def publish_layout(model, sock_dir, tensors):
+    """A processed layout under the fingerprint a TP-1 engine asks for."""
+    import vllm
+    from weightcache.publish import publish
+    from weightcache.vllm import Rank, engine_config
+    from vllm.config import ModelConfig, VllmConfig
+    ec = engine_config(VllmConfig(), ModelConfig(model=model), Rank(), torch.device("cpu"))
+    publish(model, tensors, "vllm", vllm.__version__, device="host:0", socket_dir=sock_dir, dtype="bfloat16",
+            engine_config=ec)
+
+
+def test_tier2_layout_missing_a_tensor_loads_tier1_without_a_second_build(model, daemon, sock_dir, caplog):
+    """A layout that leaves a tensor on meta is refused before anything is
+    installed; the one model built gets storage and loads the tier-1 way
+    (a second build would raise "Duplicate layer name")."""
+    from weightcache import processed
+    daemon(model, "--devices", "host")
+    daemon(model, "--publish-only", "--devices", "host:0")
+    good, _, _, _ = engine(model, "auto")
+    tensors, index = processed.capture(good)
+    del index["tensors"]["model.norm.weight"]
+    tensors[processed.INDEX] = torch.frombuffer(bytearray(json.dumps(index).encode()), dtype=torch.uint8)
+    publish_layout(model, sock_dir, tensors)
+    _, want, _, _ = engine(model, "auto")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    m, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed", connect_timeout_s=1)
+    assert torch.equal(got, want) and read == 0  # the checkpoint from the host daemon
+    assert processed.meta_tensors(m) == []
+    assert fallback_lines(caplog) == ["weightcache: fallback: layout: the layout lacks 1 tensors the model has, e.g. model.norm.weight"]
+
+
+def test_tier2_meta_buffer_left_is_refused():
+    """restore() refuses a layout that would leave a meta tensor, and
+    changes nothing."""
+    from weightcache import processed
+    from weightcache.vllm import _BareOnMeta
+    src = torch.nn.Module()
+    src.register_buffer("kept", torch.arange(3.0))
+    tensors, _ = processed.capture(src)
+    with _BareOnMeta():
+        bare = torch.nn.Module()
+        bare.register_buffer("kept", torch.empty(3))
+        bare.register_buffer("extra", torch.empty(3))
+    with pytest.raises(processed.LayoutError, match="extra"):
+        processed.restore(bare, tensors, torch.device("cpu"))
+    assert bare.kept.device.type == "meta" and bare.extra.device.type == "meta"
+
+
+def test_tier2_publish_error_keeps_the_engine(model, daemon, sock_dir, caplog):
+    """A daemon that answers publish with an error (as every GPU daemon does
+    today): logged, the engine runs on with its tier-1 weights."""
+    daemon(model, "--devices", "host")
+
+    def serve(c):
+        read_frame(c)
+        c.sendall(frame({"type": "ok", "version": 1, "state": "empty", "device": "host:0", "daemon": "fake"}))
+        try:
+            req = read_frame(c)
+        except Exception:
+            return
+        if req.get("type") == "publish":
+            c.sendall(frame({"type": "error", "version": 1, "code": "unsupported",
+                             "message": "cannot export writable segments"}))
+    fake = FakeDaemon(sock_dir, serve, device="host:0")
+    try:
+        caplog.set_level(logging.INFO, "weightcache.vllm")
+        _, want, _, _ = engine(model, "auto")
+        _, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
+    finally:
+        fake.close()
+    assert torch.equal(got, want) and read == 0
+    assert any(r.getMessage().startswith("weightcache: not published (the engine runs on)") for r in caplog.records)
+
+
+# -- the plugin ------------------------------------------------------------
+
+def test_register_never_raises(monkeypatch, caplog):
     import weightcache.vllm as plugin
-    plugin.register()
-    cls = fake.registry["weightcache"]
-    loader = cls(LoadConfig(load_format="weightcache", model_loader_extra_config=extra or {}))
-    vllm_config = types.SimpleNamespace(
-        parallel_config=types.SimpleNamespace(data_parallel_size=1, data_parallel_rank=0),
-        device_config=types.SimpleNamespace(device=torch.device("cpu")))
-    model_config = types.SimpleNamespace(model=model, revision=None, dtype=torch.bfloat16)
-    loader.download_model(model_config)
-    return loader.load_model(vllm_config=vllm_config, model_config=model_config), loader.info
+    from vllm.model_executor import model_loader
 
-
-def test_plugin_imports_without_vllm():
-    sys.modules.pop("weightcache.vllm", None)
-    plugin = importlib.import_module("weightcache.vllm")
-    with pytest.raises(ImportError):
-        plugin.register()
+    def broken(fmt):
+        raise RuntimeError("registry is closed")
+    monkeypatch.setattr(model_loader, "register_model_loader", broken)
+    assert plugin.register() is False
+    assert "registry is closed" in caplog.text
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert plugin.register() is False
 
 
 def test_entry_point_is_declared():
@@ -149,44 +433,8 @@ def test_entry_point_is_declared():
     assert callable(getattr(importlib.import_module(mod), fn))
 
 
-def test_miss_publishes_then_restart_hits(fake_vllm, daemon, runtime_dir, model, wc_bin):
-    daemon(model, "--publish-only", "--socket-dir", runtime_dir)
-    cold, info = engine_start(fake_vllm, model)
-    assert info.reason == "empty" and fake_vllm.default_loads == 1
-    st = status(wc_bin, runtime_dir)[0]
-    assert st["state"] == "ready" and st["fingerprint"]["engine"] == "vllm" and st["fingerprint"]["engine_version"] == "0.31.0"
-    warm, info = engine_start(fake_vllm, model)
-    assert info.hit and fake_vllm.default_loads == 1
-    assert warm.lm_head.weight.dtype == torch.float32 and torch.equal(warm.scale, torch.tensor([2.0]))
-    ids = torch.arange(12).reshape(1, 12)
-    with torch.no_grad():
-        assert torch.equal(cold(ids), warm(ids))
-    assert status(wc_bin, runtime_dir)[0]["leases"] == 1  # held by the model
-
-
-def test_strict_config_fails_on_miss(fake_vllm, runtime_dir, model):
-    from weightcache import MissError
-    with pytest.raises(MissError) as e:
-        engine_start(fake_vllm, model, {"fallback": False, "connect_timeout_s": 1.0})
-    assert e.value.reason == "no_daemon" and fake_vllm.default_loads == 0
-
-
-def test_publish_off_and_fallback(fake_vllm, daemon, runtime_dir, model, wc_bin):
-    daemon(model, "--publish-only", "--socket-dir", runtime_dir)
-    _, info = engine_start(fake_vllm, model, {"publish": False, "mode": "copy"})
-    assert info.reason == "empty" and status(wc_bin, runtime_dir)[0]["state"] == "empty"
-
-
-@pytest.mark.parametrize("extra,msg", [
-    ({"mode": "borrow"}, "mode"), ({"fallback": "no"}, "fallback"), ({"timeout": 1}, "unknown key"),
-    ({"state_timeout_s": True}, "state_timeout_s"),
-])
-def test_bad_extra_config(fake_vllm, extra, msg, model):
-    with pytest.raises(ValueError, match=msg):
-        engine_start(fake_vllm, model, extra)
-
-
 def test_pip_installs_the_entry_point(tmp_path):
+    import subprocess
     # Built from a copy: setuptools writes build/ and egg-info beside the sources.
     src, target = tmp_path / "src", tmp_path / "site"
     shutil.copytree(os.path.join(ROOT, "python"), src, ignore=shutil.ignore_patterns("tests", "__pycache__", "build", "*.egg-info"))
@@ -198,3 +446,52 @@ def test_pip_installs_the_entry_point(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['weightcache.vllm:register']"
+
+
+def test_processed_capture_keeps_strides_and_ties():
+    """A transposed weight and a tie survive capture -> restore exactly."""
+    from weightcache import processed
+    src = torch.nn.Module()
+    src.a = torch.nn.Linear(4, 3, bias=False)
+    src.b = torch.nn.Module()
+    src.a.weight = torch.nn.Parameter(torch.arange(12.0).reshape(4, 3).t(), requires_grad=False)
+    src.b.weight = src.a.weight
+    src.register_buffer("cache", torch.arange(5.0), persistent=False)
+    tensors, index = processed.capture(src)
+    assert index["tensors"]["b.weight"] == {"kind": "param", "alias": "a.weight"}
+    dst = torch.nn.Module()
+    with __import__("weightcache.vllm", fromlist=["_BareOnMeta"])._BareOnMeta():
+        dst.a = torch.nn.Linear(4, 3, bias=False)
+        dst.b = torch.nn.Module()
+        dst.register_buffer("cache", torch.empty(5), persistent=False)
+    processed.restore(dst, tensors, torch.device("cpu"))
+    assert dst.a.weight.stride() == (1, 3) and torch.equal(dst.a.weight, src.a.weight)
+    assert dst.b.weight is dst.a.weight and torch.equal(dst.cache, src.cache)
+    assert "cache" in dst._non_persistent_buffers_set and processed.meta_tensors(dst) == []
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({}, ""),
+    ({"cache_dtype": "fp8"}, "kv-cache dtype fp8"),
+    ({"calculate_kv_scales": True}, "calculate_kv_scales writes scales in place"),
+    ({"enable_eplb": True}, "EPLB rewrites expert weights"),
+    ({"pipeline_parallel_size": 2}, "pipeline parallel"),
+    ({"quantization": "awq"}, "quantization awq"),
+])
+def test_processed_is_decided_before_the_build(model, change, reason):
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, VllmConfig
+    from weightcache.vllm import unsafe_for_processed
+    mc = ModelConfig(model=model)
+    cache, par = CacheConfig(), ParallelConfig()
+    for k, v in change.items():
+        setattr(next(o for o in (cache, par, mc) if hasattr(o, k)), k, v)
+    cfg = VllmConfig(model_config=ModelConfig(model=model), cache_config=cache, parallel_config=par)
+    assert unsafe_for_processed(cfg, mc).startswith(reason) if reason else unsafe_for_processed(cfg, mc) == ""
+
+
+def test_mla_is_not_processed(model, monkeypatch):
+    from vllm.config import ModelConfig, VllmConfig
+    from weightcache.vllm import unsafe_for_processed
+    monkeypatch.setattr(ModelConfig, "use_mla", property(lambda self: True))
+    mc = ModelConfig(model=model)
+    assert unsafe_for_processed(VllmConfig(model_config=mc), mc) == "MLA attention"

@@ -66,19 +66,20 @@ def device_key(device):
 def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout_s=5.0,
            state_timeout_s=300.0, dtype="auto", revision=None, socket_dir=None, tp_size=1,
            tp_rank=0, dp_size=1, dp_rank=0, group="main", engine="", engine_version="",
-           client_name="weightcache-python"):
+           engine_config="", client_name="weightcache-python"):
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
     With fallback=False a miss raises MissError carrying the reason. Errors
     in the checkpoint itself (missing, malformed) raise as they are.
-    engine and engine_version select a layout that engine published.
+    engine, engine_version and engine_config select a layout that engine
+    published.
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
     start = time.monotonic()
     ckpt = resolve(model, revision)
-    fp = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version)
+    fp = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
     key = device_key(device)
     weights, info = _attach_daemon(fp, key, mode, socket_dir or protocol.default_socket_dir(), group,
                                    connect_timeout_s, state_timeout_s, client_name)

@@ -1,0 +1,3 @@
+from .attention import Attention
+
+__all__ = ["Attention"]
