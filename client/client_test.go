@@ -105,23 +105,29 @@ func TestFallbackReasons(t *testing.T) {
 		{"manifest without descriptors", func(c *protocol.Conn) {
 			okReady(c)
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}})
+		}, ReasonProtocolError, "without its index descriptor"},
+		{"manifest without its segment", func(c *protocol.Conn) {
+			okReady(c)
+			idx, n := indexFile(t, nil)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: n}, idx)
 		}, ReasonProtocolError, "1 segments but 0 descriptors"},
-		{"tensor outside its segment", func(c *protocol.Conn) {
+		{"index of another count", func(c *protocol.Conn) {
 			okReady(c)
 			f := oneSegment(4096)
 			defer f.Close()
-			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
-				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
-				Tensors:  []protocol.Tensor{{Name: "w", DType: "U8", Shape: []int64{100}, Offset: 4000, NBytes: 100}}}, f)
-		}, ReasonProtocolError, "tensor w: bytes [4000,4100) outside segment 0"},
-		{"size does not match shape", func(c *protocol.Conn) {
+			idx, n := indexFile(t, nil)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, Tensors: 3, IndexSize: n}, f, idx)
+		}, ReasonProtocolError, "manifest says 3 tensors, its index holds 0"},
+		{"index is not an index", func(c *protocol.Conn) {
 			okReady(c)
 			f := oneSegment(4096)
 			defer f.Close()
-			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
-				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
-				Tensors:  []protocol.Tensor{{Name: "w", DType: "F32", Shape: []int64{10}, NBytes: 10}}}, f)
-		}, ReasonProtocolError, "do not match dtype F32"},
+			idx := oneSegment(4096)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: 4096}, f, idx)
+		}, ReasonProtocolError, "manifest index: no \"WCINDEX\" header"},
 		{"daemon refuses: permission", func(c *protocol.Conn) {
 			answer(c, protocol.Errorf(protocol.CodePermission, "uid 0 only"))
 		}, ReasonProtocolError, "permission_denied"},
@@ -152,7 +158,7 @@ func TestFallbackReasons(t *testing.T) {
 			if w.Source.Hit || w.Source.Reason != tt.reason || !strings.Contains(w.Source.Detail, tt.detail) {
 				t.Fatalf("source = %s, want %s containing %q", w.Source, tt.reason, tt.detail)
 			}
-			if len(w.Tensors) == 0 {
+			if w.Len() == 0 {
 				t.Fatal("fallback loaded no tensors")
 			}
 			w.Close()

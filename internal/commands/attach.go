@@ -134,7 +134,7 @@ func resultOf(src client.Source, w *client.Weights, el time.Duration) attachResu
 	r := attachResult{Source: src.Kind(), Reason: string(src.Reason), Detail: src.Detail, Fields: src.Fields,
 		Socket: src.Socket, AttachSeconds: el.Seconds()}
 	if w != nil {
-		r.Tensors, r.Bytes = len(w.Tensors), w.Bytes()
+		r.Tensors, r.Bytes = w.Len(), w.Bytes()
 	}
 	return r
 }
@@ -169,7 +169,10 @@ var touchSink uint64
 // GPU tensors are copied to the host first.
 func touchAll(w *client.Weights) error {
 	var x uint64
-	for _, t := range w.Tensors {
+	for t, err := range w.All() {
+		if err != nil {
+			return err
+		}
 		d, err := w.Read(t)
 		if err != nil {
 			return err
@@ -186,7 +189,10 @@ func touchAll(w *client.Weights) error {
 }
 
 func verifyAll(w *client.Weights) (bool, string, error) {
-	for _, t := range w.Tensors {
+	for t, err := range w.All() {
+		if err != nil {
+			return false, "", err
+		}
 		d, err := w.Read(t)
 		if err != nil {
 			return false, t.Name, err

@@ -14,11 +14,8 @@ import (
 // daemon to ready. loadTime is how long the launcher took; readBytes is
 // what it read from the checkpoint, reported as this rank's progress.
 func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTime time.Duration, readBytes int64) error {
-	l := &layout{segments: segs, tensors: tensors}
-	for _, s := range segs {
-		l.bytes += s.Size()
-	}
-	if err := l.encode(d.cfg.Backend.Device()); err != nil {
+	l, err := newLayout(d.cfg.Backend.Device(), segs, tensors)
+	if err != nil {
 		for _, s := range segs {
 			_ = s.Free()
 		}
@@ -27,9 +24,7 @@ func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTi
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.state != protocol.StateLoading {
-		for _, s := range segs {
-			_ = s.Free()
-		}
+		l.free()
 		return errors.New("daemon stopped before its segments arrived")
 	}
 	d.loaded.Store(readBytes)

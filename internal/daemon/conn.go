@@ -196,7 +196,7 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 		d.count(protocol.ResultMismatch, diff)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
-	files, err := exportFiles(l.segments, l.descs)
+	files, err := exportFiles(l)
 	if err != nil {
 		d.count(protocol.ResultError, nil)
 		return protocol.Errorf(protocol.CodeInternal, "%v", err), nil, false

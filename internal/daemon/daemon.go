@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -71,27 +70,6 @@ type Daemon struct {
 	wg       sync.WaitGroup
 	stopOnce sync.Once
 	stopLeft int
-}
-
-// layout is what Load produced: the segments and the manifest entries.
-type layout struct {
-	segments []backend.Segment
-	tensors  []protocol.Tensor
-	bytes    int64
-	descs    []protocol.Segment // how clients import each segment
-	manifest json.RawMessage    // the encoded manifest frame
-}
-
-// encode prepares the manifest frame once: every engine gets the same one,
-// so it is not re-encoded per attach.
-func (l *layout) encode(device string) error {
-	var err error
-	if l.descs, err = describeSegments(l.segments); err != nil {
-		return err
-	}
-	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs, Tensors: l.tensors}
-	l.manifest, err = json.Marshal(m)
-	return err
 }
 
 // Start checks the socket directory, takes the device's socket and starts
@@ -234,11 +212,7 @@ func (d *Daemon) free() {
 	d.layout = nil
 	d.mu.Unlock()
 	if l != nil {
-		for _, s := range l.segments {
-			if err := s.Free(); err != nil {
-				d.log.Warn("free segment", "err", err)
-			}
-		}
+		l.free()
 	}
 	if err := d.cfg.Backend.Close(); err != nil {
 		d.log.Warn("close backend", "err", err)
@@ -275,7 +249,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		st.Fingerprint, st.FingerprintSum = *d.pub.fp, d.pub.fp.Sum()
 	}
 	if d.layout != nil {
-		st.Tensors = len(d.layout.tensors)
+		st.Tensors = d.layout.tensors
 		st.Bytes = d.layout.bytes
 		st.Segments = len(d.layout.segments)
 	}

@@ -234,9 +234,9 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", len(l.tensors), "bytes", l.bytes, "fingerprint", fp.Sum())
+	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
 	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
-		Tensors: len(l.tensors), Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
+		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
 }
 
 // sealLayout checks the writer's manifest against its segments, seals them
@@ -259,16 +259,14 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 			return nil, err
 		}
 	}
-	l := &layout{segments: segs, tensors: tensors}
 	for i, s := range segs {
 		if err := s.Seal(); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w (unmap every writable mapping of it before commit)", i, err)
 		}
-		l.bytes += s.Size()
 	}
 	buf := make([]byte, 4<<20)
-	for i := range l.tensors {
-		t := &l.tensors[i]
+	for i := range tensors {
+		t := &tensors[i]
 		r, ok := segs[t.Segment].(io.ReaderAt)
 		if !ok {
 			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
@@ -280,7 +278,7 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 		}
 		t.CRC32C = crc
 	}
-	return l, l.encode(device)
+	return newLayout(device, segs, tensors)
 }
 
 // checkPlacement refuses an entry outside its segment, or whose size does

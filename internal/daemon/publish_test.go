@@ -39,7 +39,7 @@ func engineWeights(t *testing.T, model string) ([]client.TensorSpec, map[string]
 	defer w.Close()
 	var specs []client.TensorSpec
 	data := map[string][]byte{}
-	for i, tn := range w.Tensors {
+	for i, tn := range tensorsOf(t, w) {
 		b := append([]byte(nil), tn.Data...)
 		if i == 0 {
 			for j := 1; j < len(b); j += 2 {
@@ -82,11 +82,11 @@ func TestPublishThenAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := attach(t, model, dir, engine, client.WithFallback(false))
-	if len(w.Tensors) != len(specs) {
-		t.Fatalf("%d tensors, want %d", len(w.Tensors), len(specs))
+	if w.Len() != len(specs) {
+		t.Fatalf("%d tensors, want %d", w.Len(), len(specs))
 	}
 	table := crc32.MakeTable(crc32.Castagnoli)
-	for i, tn := range w.Tensors {
+	for i, tn := range tensorsOf(t, w) {
 		if tn.Name != specs[i].Name || string(tn.Data) != string(data[tn.Name]) {
 			t.Fatalf("tensor %s: not the bytes published", tn.Name)
 		}
@@ -194,7 +194,7 @@ func TestOneWriterAtATime(t *testing.T) {
 		t.Fatalf("waiting writer: %v, want ErrPublished", err)
 	}
 	w := <-read
-	if w == nil || !w.Source.Hit || len(w.Tensors) != len(specs) {
+	if w == nil || !w.Source.Hit || w.Len() != len(specs) {
 		t.Fatal("waiting reader did not get the published layout")
 	}
 	w.Close()

@@ -111,13 +111,17 @@ type Tensor struct {
 	CRC32C  uint32  `json:"crc32c"`
 }
 
-// Manifest is the reply to a manifest request: the layout, with one
-// descriptor per segment attached in Segments order.
+// Manifest is the reply to a manifest request. Its descriptors come in
+// Segments order, one per segment that travels as a descriptor, and then
+// one more: the sealed memfd holding the manifest index (index.go), of
+// IndexSize bytes, which places every tensor.
 type Manifest struct {
 	Head
-	Device   string    `json:"device"`
-	Segments []Segment `json:"segments"`
-	Tensors  []Tensor  `json:"tensors"`
+	Device    string    `json:"device"`
+	Segments  []Segment `json:"segments"`
+	Tensors   int       `json:"tensors"`
+	Bytes     int64     `json:"bytes"` // sum of the tensors' sizes
+	IndexSize int64     `json:"index_size"`
 }
 
 // Stats describes a daemon for `weightcache status` and health checks.

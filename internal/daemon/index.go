@@ -1,0 +1,102 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// layout is what Load, Adopt or a commit produced: the segments, and the
+// manifest index that places every tensor in them, written once into a
+// sealed memfd that every client maps. The per-tensor entries are not kept
+// in the daemon's own memory.
+type layout struct {
+	segments []backend.Segment
+	index    backend.Segment
+	tensors  int
+	bytes    int64              // sum of the segment sizes
+	descs    []protocol.Segment // how clients import each segment
+	manifest json.RawMessage    // the encoded manifest frame
+}
+
+// newLayout writes the index of tensors and prepares the manifest frame
+// once: every engine gets the same one, so nothing is re-encoded per
+// attach. On error the segments are the caller's to free.
+func newLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
+	l := &layout{segments: segs, tensors: len(tensors)}
+	var data int64
+	for _, s := range segs {
+		l.bytes += s.Size()
+	}
+	for _, t := range tensors {
+		data += t.NBytes
+	}
+	var err error
+	if l.descs, err = describeSegments(segs); err != nil {
+		return nil, err
+	}
+	if l.index, err = writeIndex(tensors); err != nil {
+		return nil, err
+	}
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs,
+		Tensors: len(tensors), Bytes: data, IndexSize: l.index.Size()}
+	if l.manifest, err = json.Marshal(m); err != nil {
+		_ = l.index.Free()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *layout) free() {
+	for _, s := range l.segments {
+		_ = s.Free()
+	}
+	if l.index != nil {
+		_ = l.index.Free()
+	}
+}
+
+// writeIndex encodes the index straight into a shared mapping of a fresh
+// memfd (so the table never sits in private memory), then seals it.
+func writeIndex(tensors []protocol.Tensor) (backend.Segment, error) {
+	hb, err := host.New("host")
+	if err != nil {
+		return nil, err
+	}
+	size := protocol.IndexSize(tensors)
+	seg, err := hb.Alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
+	}
+	if err := fillIndex(seg, size, tensors); err != nil {
+		_ = seg.Free()
+		return nil, err
+	}
+	if err := seg.Seal(); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	return seg, nil
+}
+
+func fillIndex(seg backend.Segment, size int64, tensors []protocol.Tensor) error {
+	f, err := seg.(writableSegment).ExportWritable()
+	if err != nil {
+		return fmt.Errorf("manifest index: %w", err)
+	}
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map manifest index of %d bytes: %w", size, err)
+	}
+	err = protocol.EncodeIndex(b, tensors)
+	if uerr := unix.Munmap(b); err == nil && uerr != nil {
+		err = fmt.Errorf("unmap manifest index: %w", uerr)
+	}
+	return err
+}
