@@ -30,14 +30,24 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
-	// A hit needs only the fingerprint; the full, validated checkpoint is
-	// read only for a fallback.
-	fp, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	// A hit needs only config.json and the files' stat identity; the
+	// headers are hashed only when the files are not the daemon's, and the
+	// full, validated checkpoint is read only for a fallback.
+	fp, dir, err := checkpoint.LightFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
-	w, src := attachDaemon(ctx, fp, o)
+	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)
+	if src.Reason == reasonRehash {
+		full, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+		if err != nil {
+			return nil, err
+		}
+		full.Engine, full.EngineVersion = o.engine, o.engineVersion
+		fp = full
+		w, src = attachDaemon(ctx, attempt{fp: full, dir: dir, change: src.Detail}, model, o)
+	}
 	if src.Hit {
 		w.Source = src
 		return w, nil
@@ -63,7 +73,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 
 // attachDaemon runs the handshake. On anything short of a hit it returns the
 // reason and leaves nothing open.
-func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*Weights, Source) {
+func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Weights, Source) {
 	dev, err := resolveDevice(o.device)
 	if err != nil {
 		return nil, miss(ReasonDeviceMismatch, "", err)
@@ -82,7 +92,15 @@ func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*W
 	if err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
-	w, src := handshake(ctx, conn, fp, o)
+	w, src := handshake(ctx, conn, a, o)
+	if a.change != "" && src.Hit {
+		// The files are others with the same headers: a hit only if
+		// every tensor is the daemon's.
+		if err := verifyContent(ctx, w, model, o, a.fp.DType); err != nil {
+			_ = w.Close()
+			w, src = nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; verify_content: %w", a.change, err))
+		}
+	}
 	src.Socket = sock
 	if !src.Hit {
 		_ = conn.Close()
@@ -90,11 +108,11 @@ func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*W
 	return w, src
 }
 
-func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerprint, o options) (*Weights, Source) {
+func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options) (*Weights, Source) {
 	// Each exchange gets the connect timeout; waiting for a loading daemon
 	// gets the state timeout.
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.connectTimeout) }
-	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: o.device, Mode: string(o.mode), Client: o.name}
+	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name}
 	sctx, cancel := step()
 	fr, err := conn.Call(sctx, hello, protocol.TypeOK, protocol.TypeMismatch)
 	cancel()
@@ -111,9 +129,10 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 	if ok.State == protocol.StateEmpty {
 		return nil, miss(ReasonEmpty, "", errors.New("daemon holds no weights yet: load from disk and publish"))
 	}
+	identity := ok.Identity
 	if ok.State != protocol.StateReady {
 		wctx, cancel := context.WithTimeout(ctx, o.stateTimeout+o.connectTimeout)
-		_, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
+		fr, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
 		cancel()
 		if err != nil {
 			if errors.Is(err, protocol.ErrNotReady) || errors.Is(err, context.DeadlineExceeded) {
@@ -122,6 +141,19 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 			// A publisher that went away leaves the daemon empty.
 			return nil, protocolMiss(err)
 		}
+		var r protocol.Ready
+		if err := fr.Decode(&r); err != nil {
+			return nil, miss(ReasonProtocolError, "", err)
+		}
+		identity = r.Identity
+	}
+	switch {
+	case a.change == "":
+		if change := filesChange(identity, a.dir); change != "" {
+			return nil, Source{Reason: reasonRehash, Detail: change}
+		}
+	case !o.verifyContent:
+		return nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; the headers are the same (verify_content would compare every tensor)", a.change))
 	}
 	sctx, cancel = step()
 	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)

@@ -63,8 +63,15 @@ func answer(c *protocol.Conn, reply any, files ...*os.File) bool {
 	return c.Send(reply, files...) == nil
 }
 
-func okReady(c *protocol.Conn) bool {
-	return answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host"})
+// okReady accepts a hello as a daemon serving model would: with the stat
+// identity of its files.
+func okReady(t *testing.T, c *protocol.Conn, model string) bool {
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host", Identity: ckpt.Identity})
 }
 
 func fdCount(t *testing.T) int {
@@ -103,17 +110,17 @@ func TestFallbackReasons(t *testing.T) {
 			c.Unix().Write([]byte{0, 0, 0, 3, 'a', 'b', 'c'})
 		}, ReasonProtocolError, "malformed frame"},
 		{"manifest without descriptors", func(c *protocol.Conn) {
-			okReady(c)
+			okReady(t, c, model)
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}})
 		}, ReasonProtocolError, "without its index descriptor"},
 		{"manifest without its segment", func(c *protocol.Conn) {
-			okReady(c)
+			okReady(t, c, model)
 			idx, n := indexFile(t, nil)
 			defer idx.Close()
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: n}, idx)
 		}, ReasonProtocolError, "1 segments but 0 descriptors"},
 		{"index of another count", func(c *protocol.Conn) {
-			okReady(c)
+			okReady(t, c, model)
 			f := oneSegment(4096)
 			defer f.Close()
 			idx, n := indexFile(t, nil)
@@ -121,7 +128,7 @@ func TestFallbackReasons(t *testing.T) {
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, Tensors: 3, IndexSize: n}, f, idx)
 		}, ReasonProtocolError, "manifest says 3 tensors, its index holds 0"},
 		{"index is not an index", func(c *protocol.Conn) {
-			okReady(c)
+			okReady(t, c, model)
 			f := oneSegment(4096)
 			defer f.Close()
 			idx := oneSegment(4096)

@@ -51,7 +51,7 @@ func TestBadEntryIsAnErrorOnAccess(t *testing.T) {
 		{Name: "segment", DType: "U8", Shape: []int64{1}, Segment: 2, NBytes: 1},
 	}
 	dir := fakeDaemon(t, func(c *protocol.Conn) {
-		okReady(c)
+		okReady(t, c, model)
 		b, _ := host.New("host")
 		seg, _ := b.Alloc(4096)
 		seg.Seal()

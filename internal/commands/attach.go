@@ -55,6 +55,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	digest := fs.Bool("digest", false, "add the SHA-256 of every tensor's bytes as served")
 	touch := fs.Bool("touch", false, "read every byte, so that mapping cost is counted")
 	verify := fs.Bool("verify", false, "check every tensor against the daemon's CRC-32C")
+	verifyContent := fs.Bool("verify-content", false, "accept a daemon whose checkpoint files were replaced or copied but keep the same headers, once every tensor read from this checkpoint matches the daemon's CRC-32C (reads the whole checkpoint)")
 	hold := fs.Duration("hold", 0, "keep the weights (and a zero_copy lease) this long before exiting")
 	engine := fs.String("engine", "", "attach the layout this engine published (with --engine-version)")
 	engineVersion := fs.String("engine-version", "", "the publishing engine's version")
@@ -78,6 +79,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 		client.WithRevision(*revision), client.WithDevice(*device), client.WithSocketDir(*socketDir),
 		client.WithConnectTimeout(*connectTimeout), client.WithStateTimeout(*stateTimeout),
 		client.WithClientName("weightcache attach"), client.WithEngine(*engine, *engineVersion), client.WithGroup(*group),
+		client.WithVerifyContent(*verifyContent),
 		client.WithParallel(*tpSize, *tpRank, *dpSize, *dpRank), client.WithShardingPlan(*shardingPlan))
 	var me *client.MissError
 	if errors.As(err, &me) {

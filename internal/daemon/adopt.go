@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -12,8 +13,10 @@ import (
 // launcher, which reads the checkpoint once for every local rank) instead
 // of loading them with Load. It takes ownership of segs and moves the
 // daemon to ready. loadTime is how long the launcher took; readBytes is
-// what it read from the checkpoint, reported as this rank's progress.
-func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTime time.Duration, readBytes int64) error {
+// what it read from the checkpoint, reported as this rank's progress;
+// identity is the checkpoint files' stat identity, unchanged over the
+// launcher's load (nil when it changed).
+func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, identity checkpoint.Identity, loadTime time.Duration, readBytes int64) error {
 	l, err := newLayout(d.cfg.Backend.Device(), segs, tensors)
 	if err != nil {
 		for _, s := range segs {
@@ -21,6 +24,7 @@ func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTi
 		}
 		return err
 	}
+	l.identity = identity
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.state != protocol.StateLoading {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -22,6 +23,9 @@ type layout struct {
 	bytes    int64              // sum of the segment sizes
 	descs    []protocol.Segment // how clients import each segment
 	manifest json.RawMessage    // the encoded manifest frame
+	// identity is what hello offers: the stat identity of the files the
+	// layout came from, nil when they changed while loading.
+	identity checkpoint.Identity
 }
 
 // newLayout writes the index of tensors and prepares the manifest frame

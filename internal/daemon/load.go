@@ -142,6 +142,13 @@ feed:
 		}
 	}
 	l, err := newLayout(d.cfg.Backend.Device(), segs, tensors)
-	ok = err == nil
-	return l, err
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	var change string
+	if l.identity, change = d.cfg.Checkpoint.StableIdentity(); l.identity == nil {
+		d.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "change", change)
+	}
+	return l, nil
 }

@@ -53,10 +53,11 @@ type listening struct {
 // Segments order.
 type segments struct {
 	protocol.Head
-	Segments  []protocol.Segment `json:"segments"`
-	Tensors   []protocol.Tensor  `json:"tensors"`
-	LoadMS    int64              `json:"load_ms"`
-	ReadBytes int64              `json:"read_bytes"`
+	Segments  []protocol.Segment  `json:"segments"`
+	Tensors   []protocol.Tensor   `json:"tensors"`
+	Identity  checkpoint.Identity `json:"identity,omitempty"`
+	LoadMS    int64               `json:"load_ms"`
+	ReadBytes int64               `json:"read_bytes"`
 }
 
 type ready struct {

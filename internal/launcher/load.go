@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
@@ -53,12 +54,16 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}
 	l.report.add(g, res)
+	identity, change := g.Checkpoint.StableIdentity()
+	if identity == nil {
+		l.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "dir", g.Checkpoint.Dir, "change", change)
+	}
 	if err := awaitListening(ctx, procs); err != nil {
 		res.Free()
 		return err
 	}
 	for i, p := range procs {
-		err := handOff(p, res.Ranks[i], res)
+		err := handOff(p, res.Ranks[i], res, identity)
 		// The rank holds its own descriptors now (or failed): the
 		// launcher's references go, so that only the rank keeps the memory.
 		for _, s := range res.Ranks[i].Segments {
@@ -106,11 +111,11 @@ func (l *launcher) groupProcs(group string) []*proc {
 }
 
 // handOff sends a rank its sealed segments, one read-only descriptor each.
-func handOff(p *proc, rk scatter.Rank, res *scatter.Result) error {
+func handOff(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) error {
 	if len(rk.Segments) > protocol.MaxFDs {
 		return fmt.Errorf("%s: %d segments exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
-	m := segments{Head: headOf(typeSegments), Tensors: rk.Tensors, LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes}
+	m := segments{Head: headOf(typeSegments), Tensors: rk.Tensors, LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
 	files := make([]*os.File, 0, len(rk.Segments))
 	defer func() {
 		for _, f := range files {

@@ -151,7 +151,7 @@ func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
 		}
 		return ierr
 	}
-	if err := d.Adopt(segs, m.Tensors, time.Duration(m.LoadMS)*time.Millisecond, m.ReadBytes); err != nil {
+	if err := d.Adopt(segs, m.Tensors, m.Identity, time.Duration(m.LoadMS)*time.Millisecond, m.ReadBytes); err != nil {
 		return errors.Join(fmt.Errorf("rank %s", spec.Device), err)
 	}
 	return nil
