@@ -23,8 +23,8 @@ const Version = "weightcache/0.1"
 
 // Config describes one daemon.
 type Config struct {
-	Model        string // as the operator named it, for stats
-	Checkpoint   *checkpoint.Checkpoint
+	Model        string                 // as the operator named it, for stats
+	Checkpoint   *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
 	Fingerprint  checkpoint.Fingerprint
 	DType        string // served dtype, normalized; "" serves tensors as stored
 	Backend      backend.Backend
@@ -76,8 +76,8 @@ type Daemon struct {
 // accepting connections in state loading. It fails, naming the live daemon,
 // when the device is already served.
 func Start(cfg Config) (*Daemon, error) {
-	if cfg.Checkpoint == nil || cfg.Backend == nil {
-		return nil, errors.New("daemon: a checkpoint and a backend are required")
+	if cfg.Backend == nil {
+		return nil, errors.New("daemon: a backend is required")
 	}
 	if cfg.Group == "" {
 		cfg.Group = "main"
@@ -118,7 +118,9 @@ func Start(cfg Config) (*Daemon, error) {
 		conns:      map[*net.UnixConn]struct{}{},
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
-		total:      cfg.Checkpoint.Size(),
+	}
+	if cfg.Checkpoint != nil {
+		d.total = cfg.Checkpoint.Size()
 	}
 	d.wg.Add(1)
 	go d.accept()
@@ -233,7 +235,6 @@ func (d *Daemon) Stats() protocol.Stats {
 		Model:          d.cfg.Model,
 		Fingerprint:    d.cfg.Fingerprint,
 		FingerprintSum: d.cfg.Fingerprint.Sum(),
-		Tensors:        d.cfg.Checkpoint.NumTensors(),
 		LoadedBytes:    d.loaded.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
@@ -242,8 +243,8 @@ func (d *Daemon) Stats() protocol.Stats {
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
 	}
-	if d.cfg.PublishOnly {
-		st.Tensors = 0 // until an engine commits its own
+	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
+		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in
 	}
 	if d.pub.fp != nil {
 		st.Fingerprint, st.FingerprintSum = *d.pub.fp, d.pub.fp.Sum()

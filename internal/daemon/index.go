@@ -28,29 +28,40 @@ type layout struct {
 	identity checkpoint.Identity
 }
 
-// newLayout writes the index of tensors and prepares the manifest frame
-// once: every engine gets the same one, so nothing is re-encoded per
-// attach. On error the segments are the caller's to free.
+// newLayout writes the index of tensors and prepares the manifest frame.
+// On error the segments are the caller's to free.
 func newLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
-	l := &layout{segments: segs, tensors: len(tensors)}
-	var data int64
-	for _, s := range segs {
-		l.bytes += s.Size()
+	index, err := WriteIndex(tensors)
+	if err != nil {
+		return nil, err
 	}
+	var data int64
 	for _, t := range tensors {
 		data += t.NBytes
+	}
+	l, err := indexedLayout(device, segs, index, len(tensors), data)
+	if err != nil {
+		_ = index.Free()
+	}
+	return l, err
+}
+
+// indexedLayout prepares the manifest frame of segments placed by a
+// written index of count tensors and data bytes, once: every engine gets
+// the same frame, so nothing is re-encoded per attach. On error the
+// segments and the index are the caller's to free.
+func indexedLayout(device string, segs []backend.Segment, index backend.Segment, count int, data int64) (*layout, error) {
+	l := &layout{segments: segs, index: index, tensors: count}
+	for _, s := range segs {
+		l.bytes += s.Size()
 	}
 	var err error
 	if l.descs, err = describeSegments(segs); err != nil {
 		return nil, err
 	}
-	if l.index, err = writeIndex(tensors); err != nil {
-		return nil, err
-	}
 	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs,
-		Tensors: len(tensors), Bytes: data, IndexSize: l.index.Size()}
+		Tensors: count, Bytes: data, IndexSize: index.Size()}
 	if l.manifest, err = json.Marshal(m); err != nil {
-		_ = l.index.Free()
 		return nil, err
 	}
 	return l, nil
@@ -65,9 +76,10 @@ func (l *layout) free() {
 	}
 }
 
-// writeIndex encodes the index straight into a shared mapping of a fresh
-// memfd (so the table never sits in private memory), then seals it.
-func writeIndex(tensors []protocol.Tensor) (backend.Segment, error) {
+// WriteIndex encodes the manifest index of tensors straight into a shared
+// mapping of a fresh memfd (so the table never sits in private memory),
+// then seals it. The launcher writes its ranks' indexes with it.
+func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
 	hb, err := host.New("host")
 	if err != nil {
 		return nil, err

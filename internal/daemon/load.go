@@ -20,6 +20,9 @@ func (d *Daemon) Load(ctx context.Context) error {
 	if d.cfg.PublishOnly {
 		return nil // engines fill it: see publish.go
 	}
+	if d.cfg.Checkpoint == nil {
+		return errors.New("daemon: Load needs a checkpoint")
+	}
 	start := time.Now()
 	l, err := d.load(ctx)
 	d.mu.Lock()

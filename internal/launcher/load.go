@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
@@ -110,25 +111,37 @@ func (l *launcher) groupProcs(group string) []*proc {
 	return out
 }
 
-// handOff sends a rank its sealed segments, one read-only descriptor each.
+// handOff sends a rank its sealed segments, one read-only descriptor each,
+// and its manifest index, written here once.
 func handOff(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) error {
-	if len(rk.Segments) > protocol.MaxFDs {
-		return fmt.Errorf("%s: %d segments exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
+	if len(rk.Segments)+1 > protocol.MaxFDs {
+		return fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
-	m := segments{Head: headOf(typeSegments), Tensors: rk.Tensors, LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
-	files := make([]*os.File, 0, len(rk.Segments))
+	index, err := daemon.WriteIndex(rk.Tensors)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	defer index.Free()
+	m := segments{Head: headOf(typeSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
+	for _, t := range rk.Tensors {
+		m.DataBytes += t.NBytes
+	}
+	files := make([]*os.File, 0, len(rk.Segments)+1)
 	defer func() {
 		for _, f := range files {
 			_ = f.Close()
 		}
 	}()
-	for i, s := range rk.Segments {
+	for i, s := range append(rk.Segments[:len(rk.Segments):len(rk.Segments)], index) {
 		f, err := s.Export()
 		if err != nil {
 			return fmt.Errorf("%s: export segment %d: %w", p, i, err)
 		}
 		files = append(files, f)
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+		if i < len(rk.Segments) {
+			m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+		}
 	}
 	if err := p.ctl.Send(m, files...); err != nil {
 		return fmt.Errorf("%s: send segments: %w", p, err)
