@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
@@ -21,6 +22,10 @@ func (l *launcher) loadAll(ctx context.Context) error {
 			return err
 		}
 	}
+	// The per-tensor tables of the load (jobs, manifests) are garbage now
+	// and the launcher lives as long as the ranks: give their pages back
+	// rather than hold them for a heap that will not grow again.
+	debug.FreeOSMemory()
 	return nil
 }
 
