@@ -74,12 +74,21 @@ func preloadTree(b *testing.B, args ...string) (time.Duration, int64, func()) {
 // (ns/op is one attach and close), and reports, per size, preload to ready
 // against cp of the same files to /dev/shm and the preload tree's private
 // memory (RssAnon summed over the launcher and its rank daemons). At 100k
-// it also preloads TP 4 for its memory. Python's figures:
-// python/bench_scale.py.
+// it also preloads TP 4 for its memory; "medium" is the medium preset
+// (219 tensors, 1.4 GB). Python's figures: python/bench_scale.py.
 func BenchmarkAttachScale(b *testing.B) {
-	for _, n := range []int{1000, 10000, 100000} {
-		b.Run(fmt.Sprintf("tensors=%d", n), func(b *testing.B) {
-			model := manyModel(b, n)
+	for _, n := range []int{219, 1000, 10000, 100000} {
+		name := fmt.Sprintf("tensors=%d", n)
+		if n == 219 {
+			name = "medium"
+		}
+		b.Run(name, func(b *testing.B) {
+			var model string
+			if n == 219 {
+				model = benchModel(b)
+			} else {
+				model = manyModel(b, n)
+			}
 			shards := shardPaths(b, model)
 			timeCmd(b, "cat", shards...) // page cache warm
 			shm, err := os.MkdirTemp("/dev/shm", "wcb")
