@@ -1,14 +1,12 @@
 package commands
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,27 +45,8 @@ func treeAnon(pid int) int64 {
 // preloadTree starts preload with args and returns the time from spawn to
 // its ready line, the preload tree's RssAnon once ready, and a stop.
 func preloadTree(b *testing.B, args ...string) (time.Duration, int64, func()) {
-	cmd := wc(append([]string{"preload"}, args...)...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	if !sc.Scan() || !strings.Contains(sc.Text(), `"event":"ready"`) {
-		_ = cmd.Process.Kill()
-		b.Fatalf("preload %v: no ready line", args)
-	}
-	el := time.Since(start)
-	anon := treeAnon(cmd.Process.Pid)
-	return el, anon, func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	}
+	el, line, _, stop := preloadReadyLine(b, args...)
+	return el, treeAnon(line.PID), stop
 }
 
 // BenchmarkAttachScale measures attach from Go at 1k, 10k and 100k tensors
