@@ -123,4 +123,3 @@ func BenchmarkAttachScale(b *testing.B) {
 		})
 	}
 }
-
