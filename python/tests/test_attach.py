@@ -133,7 +133,7 @@ def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
         assert torch.equal(t, before[n])
     # The next engine falls back: the stale socket is refused, not trusted.
     _, info = attach(model, socket_dir=sock_dir)
-    assert info.reason == "no_daemon"
+    assert info.reason == "no_daemon", info
 
 
 class FakeDaemon:
