@@ -8,82 +8,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"os"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
-	"github.com/weightcache/weightcache/internal/safetensors"
 )
-
-// Tensor is one tensor as served. In host memory, Data holds its bytes; on
-// a GPU, Data is nil and DevicePtr is its device address in this process
-// (use Weights.Read for a host copy). Either is read-only in zero_copy mode:
-// a view of the daemon's memory, valid until Weights.Close.
-type Tensor struct {
-	Name      string
-	DType     string // safetensors dtype name
-	Shape     []int64
-	NBytes    int64
-	Data      []byte
-	DevicePtr uint64
-	CRC32C    uint32 // as the daemon computed it; 0 on a fallback
-}
-
-// Weights is what Attach returns.
-type Weights struct {
-	Source Source
-	// Device is where the tensors live: "host" (a host daemon's memory, or
-	// any fallback load), or the UUID of the GPU that DevicePtr addresses.
-	Device  string
-	Tensors []Tensor
-	// ReadOnly says that the mappings are read-only, enforced by the OS or
-	// the GPU driver (zero_copy hits; a driver that refuses read-only
-	// device mappings leaves them writable).
-	ReadOnly bool
-
-	closeOnce sync.Once
-	maps      [][]byte
-	gpu       *gpuWeights
-	places    []protocol.Tensor // GPU tensors' segments and offsets
-	conn      *protocol.Conn    // the lease, in zero_copy mode
-}
-
-// Bytes is the total size of the tensors.
-func (w *Weights) Bytes() int64 {
-	var n int64
-	for _, t := range w.Tensors {
-		n += t.NBytes
-	}
-	return n
-}
-
-// Close unmaps the segments and ends the lease. Tensor data from a zero_copy
-// hit must not be used afterwards.
-func (w *Weights) Close() error {
-	var err error
-	w.closeOnce.Do(func() {
-		for _, m := range w.maps {
-			if uerr := host.Unmap(m); uerr != nil && err == nil {
-				err = uerr
-			}
-		}
-		w.maps = nil
-		if w.gpu != nil {
-			if gerr := w.gpu.close(); gerr != nil && err == nil {
-				err = gerr
-			}
-		}
-		if w.conn != nil {
-			if cerr := w.conn.Close(); cerr != nil && err == nil {
-				err = cerr
-			}
-		}
-	})
-	return err
-}
 
 // Attach gets the weights of model (a local checkpoint directory or a hub id
 // in the offline cache) from the daemon serving this engine's device, or
@@ -98,14 +30,24 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
-	// A hit needs only the fingerprint; the full, validated checkpoint is
-	// read only for a fallback.
-	fp, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	// A hit needs only config.json and the files' stat identity; the
+	// headers are hashed only when the files are not the daemon's, and the
+	// full, validated checkpoint is read only for a fallback.
+	fp, dir, err := checkpoint.LightFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
-	w, src := attachDaemon(ctx, fp, o)
+	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)
+	if src.Reason == reasonRehash {
+		full, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+		if err != nil {
+			return nil, err
+		}
+		full.Engine, full.EngineVersion = o.engine, o.engineVersion
+		fp = full
+		w, src = attachDaemon(ctx, attempt{fp: full, dir: dir, change: src.Detail}, model, o)
+	}
 	if src.Hit {
 		w.Source = src
 		return w, nil
@@ -131,7 +73,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 
 // attachDaemon runs the handshake. On anything short of a hit it returns the
 // reason and leaves nothing open.
-func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*Weights, Source) {
+func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Weights, Source) {
 	dev, err := resolveDevice(o.device)
 	if err != nil {
 		return nil, miss(ReasonDeviceMismatch, "", err)
@@ -150,7 +92,15 @@ func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*W
 	if err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
-	w, src := handshake(ctx, conn, fp, o)
+	w, src := handshake(ctx, conn, a, o)
+	if a.change != "" && src.Hit {
+		// The files are others with the same headers: a hit only if
+		// every tensor is the daemon's.
+		if err := verifyContent(ctx, w, model, o, a.fp.DType); err != nil {
+			_ = w.Close()
+			w, src = nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; verify_content: %w", a.change, err))
+		}
+	}
 	src.Socket = sock
 	if !src.Hit {
 		_ = conn.Close()
@@ -158,11 +108,11 @@ func attachDaemon(ctx context.Context, fp checkpoint.Fingerprint, o options) (*W
 	return w, src
 }
 
-func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerprint, o options) (*Weights, Source) {
+func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options) (*Weights, Source) {
 	// Each exchange gets the connect timeout; waiting for a loading daemon
 	// gets the state timeout.
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.connectTimeout) }
-	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: o.device, Mode: string(o.mode), Client: o.name}
+	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name}
 	sctx, cancel := step()
 	fr, err := conn.Call(sctx, hello, protocol.TypeOK, protocol.TypeMismatch)
 	cancel()
@@ -179,9 +129,10 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 	if ok.State == protocol.StateEmpty {
 		return nil, miss(ReasonEmpty, "", errors.New("daemon holds no weights yet: load from disk and publish"))
 	}
+	identity := ok.Identity
 	if ok.State != protocol.StateReady {
 		wctx, cancel := context.WithTimeout(ctx, o.stateTimeout+o.connectTimeout)
-		_, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
+		fr, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
 		cancel()
 		if err != nil {
 			if errors.Is(err, protocol.ErrNotReady) || errors.Is(err, context.DeadlineExceeded) {
@@ -190,6 +141,19 @@ func handshake(ctx context.Context, conn *protocol.Conn, fp checkpoint.Fingerpri
 			// A publisher that went away leaves the daemon empty.
 			return nil, protocolMiss(err)
 		}
+		var r protocol.Ready
+		if err := fr.Decode(&r); err != nil {
+			return nil, miss(ReasonProtocolError, "", err)
+		}
+		identity = r.Identity
+	}
+	switch {
+	case a.change == "":
+		if change := filesChange(identity, a.dir); change != "" {
+			return nil, Source{Reason: reasonRehash, Detail: change}
+		}
+	case !o.verifyContent:
+		return nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; the headers are the same (verify_content would compare every tensor)", a.change))
 	}
 	sctx, cancel = step()
 	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
@@ -251,59 +215,62 @@ func protocolMiss(err error) Source {
 	return miss(ReasonProtocolError, "", err)
 }
 
-// mapManifest checks a manifest against its descriptors and maps them,
-// read-only when readOnly. On error every descriptor is closed and nothing
-// stays mapped.
+// mapManifest maps a manifest's segments, read-only when readOnly, and its
+// index. On error every descriptor is closed and nothing stays mapped.
 func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
 	defer fr.CloseFiles()
 	var m protocol.Manifest
 	if err := fr.Decode(&m); err != nil {
 		return nil, err
 	}
-	if cuda.IsDevice(m.Device) {
-		return mapGPU(&m, fr.Files, readOnly)
+	if len(fr.Files) == 0 {
+		return nil, fmt.Errorf("%w: manifest came without its index descriptor", protocol.ErrBadFrame)
 	}
-	if len(m.Segments) != len(fr.Files) {
-		return nil, fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(fr.Files))
-	}
-	w := &Weights{Device: m.Device, ReadOnly: true}
+	files, indexFile := fr.Files[:len(fr.Files)-1], fr.Files[len(fr.Files)-1]
 	for i, s := range m.Segments {
-		if s.Index != i {
-			w.Close()
-			return nil, fmt.Errorf("%w: segment %d listed at position %d", protocol.ErrBadFrame, s.Index, i)
+		if s.Index != i || s.Size <= 0 {
+			return nil, fmt.Errorf("%w: segment %d listed at position %d with size %d", protocol.ErrBadFrame, s.Index, i, s.Size)
 		}
-		b, err := host.Map(fr.Files[i], s.Size)
+	}
+	w := &Weights{Device: m.Device, ReadOnly: true, segs: m.Segments, bytes: m.Bytes}
+	if err := w.mapIndex(indexFile, m); err != nil {
+		return nil, err
+	}
+	if cuda.IsDevice(m.Device) {
+		if err := w.mapGPU(&m, files, readOnly); err != nil {
+			return nil, errors.Join(err, w.Close())
+		}
+		return w, nil
+	}
+	if len(m.Segments) != len(files) {
+		return nil, errors.Join(fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(files)), w.Close())
+	}
+	for i, s := range m.Segments {
+		b, err := host.Map(files[i], s.Size)
 		if err != nil {
-			w.Close()
-			return nil, fmt.Errorf("segment %d: %w", i, err)
+			return nil, errors.Join(fmt.Errorf("segment %d: %w", i, err), w.Close())
 		}
 		w.maps = append(w.maps, b)
 	}
-	w.Tensors = make([]Tensor, len(m.Tensors))
-	for i, t := range m.Tensors {
-		if err := checkEntry(t, m.Segments); err != nil {
-			w.Close()
-			return nil, err
-		}
-		seg := w.maps[t.Segment]
-		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, NBytes: t.NBytes, CRC32C: t.CRC32C,
-			Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
-	}
+	w.data = w.maps
 	return w, nil
 }
 
-// checkEntry refuses a manifest entry that would read outside its segment or
-// whose size does not match its dtype and shape.
-func checkEntry(t protocol.Tensor, segs []protocol.Segment) error {
-	if t.Segment < 0 || t.Segment >= len(segs) {
-		return fmt.Errorf("%w: tensor %s: segment %d does not exist", protocol.ErrBadFrame, t.Name, t.Segment)
+// mapIndex maps the manifest index read-only and checks its header.
+func (w *Weights) mapIndex(f *os.File, m protocol.Manifest) error {
+	if m.IndexSize < protocol.IndexHeaderLen {
+		return fmt.Errorf("%w: manifest index of %d bytes", protocol.ErrBadFrame, m.IndexSize)
 	}
-	if t.Offset < 0 || t.NBytes < 0 || t.Offset+t.NBytes > segs[t.Segment].Size {
-		return fmt.Errorf("%w: tensor %s: bytes [%d,%d) outside segment %d of %d bytes", protocol.ErrBadFrame, t.Name, t.Offset, t.Offset+t.NBytes, t.Segment, segs[t.Segment].Size)
+	b, err := host.Map(f, m.IndexSize)
+	if err != nil {
+		return fmt.Errorf("manifest index: %w", err)
 	}
-	n, err := safetensors.NBytes(safetensors.DType(t.DType), t.Shape)
-	if err != nil || n != t.NBytes {
-		return fmt.Errorf("%w: tensor %s: %d bytes do not match dtype %s and shape %v", protocol.ErrBadFrame, t.Name, t.NBytes, t.DType, t.Shape)
+	w.indexMap = b
+	if w.index, err = protocol.OpenIndex(b); err != nil {
+		return errors.Join(err, w.Close())
+	}
+	if w.index.Len() != m.Tensors {
+		return errors.Join(fmt.Errorf("%w: manifest says %d tensors, its index holds %d", protocol.ErrBadFrame, m.Tensors, w.index.Len()), w.Close())
 	}
 	return nil
 }
@@ -311,24 +278,27 @@ func checkEntry(t protocol.Tensor, segs []protocol.Segment) error {
 // copyAndRelease moves every tensor into this process's memory, unmaps the
 // segments and tells the daemon it may let go.
 func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o options) error {
+	// The index is small next to the weights: copied whole, so that
+	// entries read the same way afterwards.
+	own := append([]byte(nil), w.indexMap...)
+	idx, err := protocol.OpenIndex(own)
+	if err != nil {
+		return err
+	}
+	if err := host.Unmap(w.indexMap); err != nil {
+		return err
+	}
+	w.index, w.indexMap = idx, nil
 	if w.gpu != nil {
 		if err := w.gpu.copyToPrivate(); err != nil {
 			return err
 		}
 		w.ReadOnly = false
-		w.placeGPU()
 		return release(ctx, conn, o)
 	}
-	var total int64
-	for _, t := range w.Tensors {
-		total += int64(len(t.Data))
-	}
-	buf := make([]byte, total)
-	for i := range w.Tensors {
-		n := copy(buf, w.Tensors[i].Data)
-		w.Tensors[i].Data, buf = buf[:n:n], buf[n:]
-	}
-	for _, m := range w.maps {
+	w.data = make([][]byte, len(w.maps))
+	for i, m := range w.maps {
+		w.data[i] = append([]byte(nil), m...)
 		_ = host.Unmap(m)
 	}
 	w.maps = nil
@@ -362,14 +332,14 @@ func loadFromDisk(ckpt *checkpoint.Checkpoint, dtype string) (*Weights, error) {
 	}
 	defer checkpoint.CloseShards(files)
 	r := checkpoint.NewReader(files, 4<<20)
-	w := &Weights{Device: "host", Tensors: make([]Tensor, len(served))}
+	w := &Weights{Device: "host", list: make([]Tensor, len(served))}
 	var off int64
 	for i, s := range served {
 		dst := buf[off : off+s.NBytes : off+s.NBytes]
 		if _, err := r.Copy(s, sliceWriter(dst), 0, nil); err != nil {
 			return nil, err
 		}
-		w.Tensors[i] = Tensor{Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape, NBytes: s.NBytes, Data: dst}
+		w.list[i] = Tensor{Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape, NBytes: s.NBytes, Data: dst}
 		off += s.NBytes
 	}
 	return w, nil

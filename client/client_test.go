@@ -63,8 +63,15 @@ func answer(c *protocol.Conn, reply any, files ...*os.File) bool {
 	return c.Send(reply, files...) == nil
 }
 
-func okReady(c *protocol.Conn) bool {
-	return answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host"})
+// okReady accepts a hello as a daemon serving model would: with the stat
+// identity of its files.
+func okReady(t *testing.T, c *protocol.Conn, model string) bool {
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host", Identity: ckpt.Identity})
 }
 
 func fdCount(t *testing.T) int {
@@ -103,25 +110,31 @@ func TestFallbackReasons(t *testing.T) {
 			c.Unix().Write([]byte{0, 0, 0, 3, 'a', 'b', 'c'})
 		}, ReasonProtocolError, "malformed frame"},
 		{"manifest without descriptors", func(c *protocol.Conn) {
-			okReady(c)
+			okReady(t, c, model)
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}})
+		}, ReasonProtocolError, "without its index descriptor"},
+		{"manifest without its segment", func(c *protocol.Conn) {
+			okReady(t, c, model)
+			idx, n := indexFile(t, nil)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: n}, idx)
 		}, ReasonProtocolError, "1 segments but 0 descriptors"},
-		{"tensor outside its segment", func(c *protocol.Conn) {
-			okReady(c)
+		{"index of another count", func(c *protocol.Conn) {
+			okReady(t, c, model)
 			f := oneSegment(4096)
 			defer f.Close()
-			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
-				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
-				Tensors:  []protocol.Tensor{{Name: "w", DType: "U8", Shape: []int64{100}, Offset: 4000, NBytes: 100}}}, f)
-		}, ReasonProtocolError, "tensor w: bytes [4000,4100) outside segment 0"},
-		{"size does not match shape", func(c *protocol.Conn) {
-			okReady(c)
+			idx, n := indexFile(t, nil)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, Tensors: 3, IndexSize: n}, f, idx)
+		}, ReasonProtocolError, "manifest says 3 tensors, its index holds 0"},
+		{"index is not an index", func(c *protocol.Conn) {
+			okReady(t, c, model)
 			f := oneSegment(4096)
 			defer f.Close()
-			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest),
-				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
-				Tensors:  []protocol.Tensor{{Name: "w", DType: "F32", Shape: []int64{10}, NBytes: 10}}}, f)
-		}, ReasonProtocolError, "do not match dtype F32"},
+			idx := oneSegment(4096)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: 4096}, f, idx)
+		}, ReasonProtocolError, "manifest index: no \"WCINDEX\" header"},
 		{"daemon refuses: permission", func(c *protocol.Conn) {
 			answer(c, protocol.Errorf(protocol.CodePermission, "uid 0 only"))
 		}, ReasonProtocolError, "permission_denied"},
@@ -152,7 +165,7 @@ func TestFallbackReasons(t *testing.T) {
 			if w.Source.Hit || w.Source.Reason != tt.reason || !strings.Contains(w.Source.Detail, tt.detail) {
 				t.Fatalf("source = %s, want %s containing %q", w.Source, tt.reason, tt.detail)
 			}
-			if len(w.Tensors) == 0 {
+			if w.Len() == 0 {
 				t.Fatal("fallback loaded no tensors")
 			}
 			w.Close()

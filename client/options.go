@@ -40,6 +40,7 @@ type options struct {
 	engineVersion  string        //
 	publishWait    time.Duration // how long Publish waits for another writer
 	shardingPlan   string        // tensor-parallel fallback on an architecture without a built-in plan
+	verifyContent  bool          // see WithVerifyContent
 }
 
 func defaults() options {

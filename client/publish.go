@@ -48,11 +48,12 @@ type TensorSpec struct {
 // with Write, then Commit. Closing it (or the process dying) before Commit
 // leaves nothing behind.
 type Publisher struct {
-	conn    *protocol.Conn
-	files   []*os.File
-	tensors []protocol.Tensor
-	index   map[string]int
-	o       options
+	conn      *protocol.Conn
+	files     []*os.File
+	tensors   []protocol.Tensor
+	index     map[string]int
+	indexFile *os.File // the daemon's memfd for our manifest index
+	o         options
 }
 
 // Publish claims the daemon serving this engine's device for the tensors
@@ -70,11 +71,9 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	if err != nil {
 		return nil, err
 	}
-	ckpt, err := checkpoint.Resolve(model, o.revision)
-	if err != nil {
-		return nil, err
-	}
-	fp, err := ckpt.Fingerprint(o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	// The engine loaded the checkpoint already: its headers are hashed,
+	// not parsed again.
+	fp, identity, err := checkpoint.QuickIdentity(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +95,7 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	for i, t := range tensors {
 		p.index[t.Name] = i
 	}
-	if err := p.claim(ctx, fp, sizes); err != nil {
+	if err := p.claim(ctx, fp, identity, sizes); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("publish to %s: %w", sock, err)
 	}
@@ -134,7 +133,7 @@ func planPublish(specs []TensorSpec) ([]protocol.Tensor, []int64, error) {
 	return out, sizes, nil
 }
 
-func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, sizes []int64) error {
+func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, identity checkpoint.Identity, sizes []int64) error {
 	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: p.o.device, Mode: string(ZeroCopy), Client: p.o.name}
 	sctx, cancel := context.WithTimeout(ctx, p.o.connectTimeout)
 	fr, err := p.conn.Call(sctx, hello, protocol.TypeOK, protocol.TypeMismatch)
@@ -149,7 +148,8 @@ func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, sizes 
 		}
 		return &MissError{Source: miss(ReasonFingerprintMismatch, "", nil, m.Fields...)}
 	}
-	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: sizes, WaitMS: p.o.publishWait.Milliseconds()}
+	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: sizes, WaitMS: p.o.publishWait.Milliseconds(),
+		IndexSize: protocol.IndexSize(p.tensors), Identity: identity}
 	wctx, cancel := context.WithTimeout(ctx, p.o.connectTimeout+p.o.publishWait)
 	fr, err = p.conn.Call(wctx, req, protocol.TypePublishSegments, protocol.TypeReady)
 	cancel()
@@ -164,15 +164,15 @@ func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, sizes 
 	if err := fr.Decode(&seg); err != nil {
 		return err
 	}
-	if len(seg.Segments) != len(sizes) || len(fr.Files) != len(sizes) {
-		return fmt.Errorf("%w: asked for %d segments, got %d entries and %d descriptors", protocol.ErrBadFrame, len(sizes), len(seg.Segments), len(fr.Files))
+	if len(seg.Segments) != len(sizes) || len(fr.Files) != len(sizes)+1 {
+		return fmt.Errorf("%w: asked for %d segments and an index, got %d entries and %d descriptors", protocol.ErrBadFrame, len(sizes), len(seg.Segments), len(fr.Files))
 	}
 	for i, s := range seg.Segments {
 		if s.Index != i || s.Size < sizes[i] {
 			return fmt.Errorf("%w: segment %d: index %d, %d bytes for %d asked", protocol.ErrBadFrame, i, s.Index, s.Size, sizes[i])
 		}
 	}
-	p.files, fr.Files = fr.Files, nil
+	p.files, p.indexFile, fr.Files = fr.Files[:len(sizes)], fr.Files[len(sizes)], nil
 	return nil
 }
 
@@ -203,6 +203,9 @@ func (p *Publisher) Commit(ctx context.Context) error {
 	if p.files == nil {
 		return errors.New("publish: commit on a closed publisher")
 	}
+	if err := p.writeIndex(); err != nil {
+		return err
+	}
 	// Our descriptors must not outlive the claim; the daemon's seals would
 	// revoke them anyway.
 	for _, f := range p.files {
@@ -212,9 +215,21 @@ func (p *Publisher) Commit(ctx context.Context) error {
 	// The daemon checksums every byte before it answers.
 	cctx, cancel := context.WithTimeout(ctx, p.o.connectTimeout+commitTimeout)
 	defer cancel()
-	_, err := p.conn.Call(cctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: p.tensors}, protocol.TypeCommitted)
+	_, err := p.conn.Call(cctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: len(p.tensors)}, protocol.TypeCommitted)
 	if err != nil {
 		return fmt.Errorf("publish: commit: %w", err)
+	}
+	return nil
+}
+
+// writeIndex encodes the manifest index into the daemon's index memfd.
+func (p *Publisher) writeIndex() error {
+	buf := make([]byte, protocol.IndexSize(p.tensors))
+	if err := protocol.EncodeIndex(buf, p.tensors); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	if _, err := p.indexFile.WriteAt(buf, 0); err != nil {
+		return fmt.Errorf("publish: write the manifest index: %w", err)
 	}
 	return nil
 }
@@ -225,5 +240,9 @@ func (p *Publisher) Close() error {
 		_ = f.Close()
 	}
 	p.files = nil
+	if p.indexFile != nil {
+		_ = p.indexFile.Close()
+		p.indexFile = nil
+	}
 	return p.conn.Close()
 }

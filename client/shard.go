@@ -62,10 +62,10 @@ func loadShardFromDisk(ctx context.Context, ckpt *checkpoint.Checkpoint, fp chec
 		}
 		w.maps = append(w.maps, b)
 	}
-	w.Tensors = make([]Tensor, len(rk.Tensors))
+	w.list = make([]Tensor, len(rk.Tensors))
 	for i, t := range rk.Tensors {
 		seg := w.maps[t.Segment]
-		w.Tensors[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, NBytes: t.NBytes, Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
+		w.list[i] = Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, NBytes: t.NBytes, Data: seg[t.Offset : t.Offset+t.NBytes : t.Offset+t.NBytes]}
 	}
 	return w, nil
 }

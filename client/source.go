@@ -21,6 +21,11 @@ const (
 	// ReasonEmpty: a publish-only daemon holds no weights yet; the engine
 	// should load from disk and publish (see Publish).
 	ReasonEmpty Reason = "empty"
+	// ReasonCheckpointChanged: the engine's checkpoint files are not the
+	// ones the daemon loaded (replaced, rewritten in place, or copied
+	// elsewhere) although their headers are the same; WithVerifyContent
+	// accepts them once every tensor's checksum matches.
+	ReasonCheckpointChanged Reason = "checkpoint_changed"
 )
 
 // Sentinels for errors.Is on a *MissError, one per reason, and ErrMiss for
@@ -33,6 +38,7 @@ var (
 	ErrDeviceMismatch      = errors.New("device mismatch")
 	ErrProtocol            = errors.New("protocol error")
 	ErrEmpty               = errors.New("daemon cache empty: publish wanted")
+	ErrCheckpointChanged   = errors.New("checkpoint files changed")
 )
 
 var reasonErr = map[Reason]error{
@@ -42,6 +48,7 @@ var reasonErr = map[Reason]error{
 	ReasonDeviceMismatch:      ErrDeviceMismatch,
 	ReasonProtocolError:       ErrProtocol,
 	ReasonEmpty:               ErrEmpty,
+	ReasonCheckpointChanged:   ErrCheckpointChanged,
 }
 
 // FieldDiff is one differing fingerprint field: what the engine wants and

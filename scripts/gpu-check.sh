@@ -154,7 +154,7 @@ check "GPU bytes equal the files' bytes (SHA-256 of $N_DIGESTS tensors)" "$(cmp 
 PY_LINE="skipped (no python3)"
 if command -v python3 >/dev/null; then
 	"$BIN" status --socket-dir "$SOCK" --json >"$WORK/status.json"
-	if PY_OUT=$(step 120 "python attach" python3 - "$SOCK" "$WORK/status.json" "$WORK/gpu.digest" <<'PY'
+	if PY_OUT=$(WC_INDEX_PY=$ROOT/python/weightcache/index.py step 120 "python attach" python3 - "$SOCK" "$WORK/status.json" "$WORK/gpu.digest" <<'PY'
 import ctypes, hashlib, json, os, socket, struct, sys, time
 
 sock_dir, status_file, digest_file = sys.argv[1:4]
@@ -219,11 +219,23 @@ def recv(s):
 t0 = time.perf_counter()
 s = socket.socket(socket.AF_UNIX)
 s.connect(st["socket"])
-send(s, {"type": "hello", "version": 1, "fingerprint": st["fingerprint"], "device": st["device"], "mode": "zero_copy", "client": "gpu-check python"})
+send(s, {"type": "hello", "version": 2, "fingerprint": st["fingerprint"], "device": st["device"], "mode": "zero_copy", "client": "gpu-check python"})
 ok, _ = recv(s)
 assert ok["type"] == "ok" and ok["state"] == "ready", ok
-send(s, {"type": "manifest", "version": 1})
+send(s, {"type": "manifest", "version": 2})
 man, fds = recv(s)
+# The last descriptor is the manifest index (docs/protocol.md), read in place.
+import importlib.util, mmap
+# index.py stands alone (struct only): loaded without the package, which needs torch.
+spec = importlib.util.spec_from_file_location("wcindex", os.environ["WC_INDEX_PY"])
+wcindex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(wcindex)
+index = wcindex.Index(mmap.mmap(fds[-1], man["index_size"], prot=mmap.PROT_READ))
+os.close(fds.pop())
+tensors = []
+for i in range(len(index)):
+    name, _, _, segment, offset, nbytes, _ = index.entry(i)
+    tensors.append({"name": name, "segment": segment, "offset": offset, "nbytes": nbytes})
 bases, read_only = [], True
 for seg, fd in zip(man["segments"], fds):
     assert seg["handle"] == "cuda_fd", seg
@@ -239,7 +251,7 @@ for seg, fd in zip(man["segments"], fds):
     bases.append(ptr.value)
 attach_ms = (time.perf_counter() - t0) * 1000
 bad = 0
-for t in man["tensors"]:
+for t in tensors:
     buf = ctypes.create_string_buffer(max(t["nbytes"], 1))
     ck(cu.cuMemcpyDtoH_v2(buf, bases[t["segment"]] + t["offset"], t["nbytes"]), "cuMemcpyDtoH_v2")
     bad += hashlib.sha256(buf.raw[: t["nbytes"]]).hexdigest() != want[t["name"]]
@@ -247,7 +259,7 @@ torch_note = "no torch with CUDA"
 try:
     import torch
     if torch.cuda.is_available():
-        t = max(man["tensors"], key=lambda t: t["nbytes"])
+        t = max(tensors, key=lambda t: t["nbytes"])
         # torch refuses a read-only flag here; the mapping's access flags
         # are what keep the memory read-only.
         class View:
@@ -265,7 +277,7 @@ try:
         bad += not same
 except ImportError:
     pass
-print(json.dumps({"attach_ms": attach_ms, "tensors": len(man["tensors"]), "segments": len(bases), "mismatches": bad, "read_only": read_only, "torch": torch_note}, separators=(",", ":")))
+print(json.dumps({"attach_ms": attach_ms, "tensors": len(tensors), "segments": len(bases), "mismatches": bad, "read_only": read_only, "torch": torch_note}, separators=(",", ":")))
 PY
 	); then
 		PY_MS=$(calc "$(field "$PY_OUT" attach_ms)")

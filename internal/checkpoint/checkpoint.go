@@ -47,6 +47,9 @@ type Checkpoint struct {
 	QuantMethod  string  // quantization_config.quant_method, "" if none
 	QuantHash    string  // sha256 hex of the canonical JSON of quantization_config, "" if none
 	Shards       []Shard // sorted by Name (byte order)
+	// Identity is the files' stat identity, taken before their headers
+	// were read (statid.go); nil where it could not be taken.
+	Identity Identity
 
 	hash string // set by Resolve
 }

@@ -22,6 +22,7 @@ const IndexName = "model.safetensors.index.json"
 // checks that every tensor lives in exactly one shard.
 func (c *Checkpoint) loadShards() error {
 	idxPath := filepath.Join(c.Dir, IndexName)
+	idxStat, statErr := statFile(idxPath) // before it is read
 	data, err := os.ReadFile(idxPath)
 	var weightMap map[string]string
 	var names []string
@@ -36,6 +37,15 @@ func (c *Checkpoint) loadShards() error {
 		}
 	default:
 		return err
+	}
+	if c.Identity, err = recordIdentity(c.Dir, names, false); err != nil {
+		return err
+	}
+	if weightMap != nil && c.Identity != nil && statErr == nil {
+		idxStat.Name = IndexName
+		c.Identity = append(Identity{idxStat}, c.Identity...)
+	} else if weightMap != nil {
+		c.Identity = nil
 	}
 	for _, name := range names {
 		s, err := readShard(c.Dir, name)

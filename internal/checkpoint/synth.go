@@ -40,6 +40,12 @@ func SynthContext(ctx context.Context, dir, preset string, shards int, dtype str
 	if err != nil {
 		return err
 	}
+	return intoPlace(dir, func(tmp string) error { return plan.writeAll(ctx, tmp) })
+}
+
+// intoPlace has write fill a fresh directory beside dir, then renames it
+// to dir, so that a failed or cancelled write leaves nothing behind.
+func intoPlace(dir string, write func(tmp string) error) error {
 	if err := checkEmptyDir(dir); err != nil {
 		return err
 	}
@@ -57,7 +63,7 @@ func SynthContext(ctx context.Context, dir, preset string, shards int, dtype str
 			_ = os.RemoveAll(tmp) // best effort: the error that got us here matters more
 		}
 	}()
-	if err := plan.writeAll(ctx, tmp); err != nil {
+	if err := write(tmp); err != nil {
 		return err
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {

@@ -55,6 +55,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	digest := fs.Bool("digest", false, "add the SHA-256 of every tensor's bytes as served")
 	touch := fs.Bool("touch", false, "read every byte, so that mapping cost is counted")
 	verify := fs.Bool("verify", false, "check every tensor against the daemon's CRC-32C")
+	verifyContent := fs.Bool("verify-content", false, "accept a daemon whose checkpoint files were replaced or copied but keep the same headers, once every tensor read from this checkpoint matches the daemon's CRC-32C (reads the whole checkpoint)")
 	hold := fs.Duration("hold", 0, "keep the weights (and a zero_copy lease) this long before exiting")
 	engine := fs.String("engine", "", "attach the layout this engine published (with --engine-version)")
 	engineVersion := fs.String("engine-version", "", "the publishing engine's version")
@@ -78,6 +79,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 		client.WithRevision(*revision), client.WithDevice(*device), client.WithSocketDir(*socketDir),
 		client.WithConnectTimeout(*connectTimeout), client.WithStateTimeout(*stateTimeout),
 		client.WithClientName("weightcache attach"), client.WithEngine(*engine, *engineVersion), client.WithGroup(*group),
+		client.WithVerifyContent(*verifyContent),
 		client.WithParallel(*tpSize, *tpRank, *dpSize, *dpRank), client.WithShardingPlan(*shardingPlan))
 	var me *client.MissError
 	if errors.As(err, &me) {
@@ -134,7 +136,7 @@ func resultOf(src client.Source, w *client.Weights, el time.Duration) attachResu
 	r := attachResult{Source: src.Kind(), Reason: string(src.Reason), Detail: src.Detail, Fields: src.Fields,
 		Socket: src.Socket, AttachSeconds: el.Seconds()}
 	if w != nil {
-		r.Tensors, r.Bytes = len(w.Tensors), w.Bytes()
+		r.Tensors, r.Bytes = w.Len(), w.Bytes()
 	}
 	return r
 }
@@ -169,7 +171,10 @@ var touchSink uint64
 // GPU tensors are copied to the host first.
 func touchAll(w *client.Weights) error {
 	var x uint64
-	for _, t := range w.Tensors {
+	for t, err := range w.All() {
+		if err != nil {
+			return err
+		}
 		d, err := w.Read(t)
 		if err != nil {
 			return err
@@ -186,7 +191,10 @@ func touchAll(w *client.Weights) error {
 }
 
 func verifyAll(w *client.Weights) (bool, string, error) {
-	for _, t := range w.Tensors {
+	for t, err := range w.All() {
+		if err != nil {
+			return false, "", err
+		}
 		d, err := w.Read(t)
 		if err != nil {
 			return false, t.Name, err

@@ -60,8 +60,11 @@ func (c readChecks) run(e env, w *client.Weights, res *attachResult) error {
 		}
 	}
 	if c.digest {
-		res.Digest = make(map[string]string, len(w.Tensors))
-		for _, t := range w.Tensors {
+		res.Digest = make(map[string]string, w.Len())
+		for t, err := range w.All() {
+			if err != nil {
+				return err
+			}
 			d, err := w.Read(t)
 			if err != nil {
 				return err
@@ -84,7 +87,7 @@ func rereadAfter(ctx context.Context, e env, w *client.Weights, hold time.Durati
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	res := attachResult{Source: w.Source.Kind(), Tensors: len(w.Tensors), Bytes: w.Bytes(), gpuResult: gpuResult{Device: w.Device, Reread: true}}
+	res := attachResult{Source: w.Source.Kind(), Tensors: w.Len(), Bytes: w.Bytes(), gpuResult: gpuResult{Device: w.Device, Reread: true}}
 	if err := c.run(e, w, &res); err != nil {
 		return fmt.Errorf("reread: %w", err)
 	}

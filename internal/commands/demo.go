@@ -61,7 +61,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 		}
 		el := time.Since(start)
 		defer w.Close()
-		return w.Source, el, len(w.Tensors), nil
+		return w.Source, el, w.Len(), nil
 	}
 
 	fmt.Fprintln(e.stdout, "2. cold start: the engine loads from disk (no daemon yet)")

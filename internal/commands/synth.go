@@ -24,6 +24,7 @@ func runSynth(ctx context.Context, e env, args []string) error {
 	out := fs.String("out", "", "output directory; must not exist or be empty (required)")
 	shards := fs.Int("shards", 1, "number of safetensors shards")
 	dtype := fs.String("dtype", "bf16", "tensor dtype: bf16|f16|f32")
+	tensors := fs.Int("tensors", 0, "instead of a preset: this many tiny (8x8 bf16) mixture-of-experts tensors, for per-tensor costs")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -40,7 +41,11 @@ func runSynth(ctx context.Context, e env, args []string) error {
 		return usageErrorf("--shards %d: want at least 1", *shards)
 	}
 	start := time.Now()
-	if err := checkpoint.SynthContext(ctx, *out, *preset, *shards, *dtype); err != nil {
+	if *tensors > 0 {
+		if err := checkpoint.SynthMany(ctx, *out, *tensors, *shards); err != nil {
+			return err
+		}
+	} else if err := checkpoint.SynthContext(ctx, *out, *preset, *shards, *dtype); err != nil {
 		return err
 	}
 	secs := time.Since(start).Seconds()

@@ -5,31 +5,32 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // Adopt serves segments that another process filled and sealed (the
 // launcher, which reads the checkpoint once for every local rank) instead
-// of loading them with Load. It takes ownership of segs and moves the
-// daemon to ready. loadTime is how long the launcher took; readBytes is
-// what it read from the checkpoint, reported as this rank's progress.
-func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTime time.Duration, readBytes int64) error {
-	l := &layout{segments: segs, tensors: tensors}
-	for _, s := range segs {
-		l.bytes += s.Size()
-	}
-	if err := l.encode(d.cfg.Backend.Device()); err != nil {
+// of loading them with Load. It takes ownership of segs and of index, the
+// sealed manifest index of count tensors (data bytes) placed in them, and
+// moves the daemon to ready. loadTime is how long the launcher took;
+// readBytes is what it read from the checkpoint, reported as this rank's
+// progress; identity is the checkpoint files' stat identity, unchanged
+// over the launcher's load (nil when it changed).
+func (d *Daemon) Adopt(segs []backend.Segment, index backend.Segment, count int, data int64, identity checkpoint.Identity, loadTime time.Duration, readBytes int64) error {
+	l, err := indexedLayout(d.cfg.Backend.Device(), segs, index, count, data)
+	if err != nil {
 		for _, s := range segs {
 			_ = s.Free()
 		}
+		_ = index.Free()
 		return err
 	}
+	l.identity = identity
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.state != protocol.StateLoading {
-		for _, s := range segs {
-			_ = s.Free()
-		}
+		l.free()
 		return errors.New("daemon stopped before its segments arrived")
 	}
 	d.loaded.Store(readBytes)
@@ -37,6 +38,6 @@ func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTi
 	d.loadSecs = loadTime.Seconds()
 	d.state = protocol.StateReady
 	close(d.readyCh)
-	d.log.Info("ready", "tensors", len(tensors), "bytes", l.bytes, "segments", len(segs), "load_seconds", d.loadSecs)
+	d.log.Info("ready", "tensors", count, "bytes", l.bytes, "segments", len(segs), "load_seconds", d.loadSecs)
 	return nil
 }

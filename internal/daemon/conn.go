@@ -137,7 +137,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	s.hello = &h
-	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: state, Device: dev, Daemon: Version}, nil, true
+	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: state, Device: dev, Daemon: Version, Identity: d.identity()}, nil, true
 }
 
 func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
@@ -161,7 +161,7 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, boo
 		}
 		select {
 		case <-d.readyCh:
-			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
+			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady, Identity: d.identity()}, nil, true
 		case <-changed:
 			continue
 		case <-d.stopCh:
@@ -196,7 +196,7 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 		d.count(protocol.ResultMismatch, diff)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
-	files, err := exportFiles(l.segments, l.descs)
+	files, err := exportFiles(l)
 	if err != nil {
 		d.count(protocol.ResultError, nil)
 		return protocol.Errorf(protocol.CodeInternal, "%v", err), nil, false

@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -24,8 +23,8 @@ const Version = "weightcache/0.1"
 
 // Config describes one daemon.
 type Config struct {
-	Model        string // as the operator named it, for stats
-	Checkpoint   *checkpoint.Checkpoint
+	Model        string                 // as the operator named it, for stats
+	Checkpoint   *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
 	Fingerprint  checkpoint.Fingerprint
 	DType        string // served dtype, normalized; "" serves tensors as stored
 	Backend      backend.Backend
@@ -73,33 +72,12 @@ type Daemon struct {
 	stopLeft int
 }
 
-// layout is what Load produced: the segments and the manifest entries.
-type layout struct {
-	segments []backend.Segment
-	tensors  []protocol.Tensor
-	bytes    int64
-	descs    []protocol.Segment // how clients import each segment
-	manifest json.RawMessage    // the encoded manifest frame
-}
-
-// encode prepares the manifest frame once: every engine gets the same one,
-// so it is not re-encoded per attach.
-func (l *layout) encode(device string) error {
-	var err error
-	if l.descs, err = describeSegments(l.segments); err != nil {
-		return err
-	}
-	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs, Tensors: l.tensors}
-	l.manifest, err = json.Marshal(m)
-	return err
-}
-
 // Start checks the socket directory, takes the device's socket and starts
 // accepting connections in state loading. It fails, naming the live daemon,
 // when the device is already served.
 func Start(cfg Config) (*Daemon, error) {
-	if cfg.Checkpoint == nil || cfg.Backend == nil {
-		return nil, errors.New("daemon: a checkpoint and a backend are required")
+	if cfg.Backend == nil {
+		return nil, errors.New("daemon: a backend is required")
 	}
 	if cfg.Group == "" {
 		cfg.Group = "main"
@@ -140,7 +118,9 @@ func Start(cfg Config) (*Daemon, error) {
 		conns:      map[*net.UnixConn]struct{}{},
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
-		total:      cfg.Checkpoint.Size(),
+	}
+	if cfg.Checkpoint != nil {
+		d.total = cfg.Checkpoint.Size()
 	}
 	d.wg.Add(1)
 	go d.accept()
@@ -234,11 +214,7 @@ func (d *Daemon) free() {
 	d.layout = nil
 	d.mu.Unlock()
 	if l != nil {
-		for _, s := range l.segments {
-			if err := s.Free(); err != nil {
-				d.log.Warn("free segment", "err", err)
-			}
-		}
+		l.free()
 	}
 	if err := d.cfg.Backend.Close(); err != nil {
 		d.log.Warn("close backend", "err", err)
@@ -259,7 +235,6 @@ func (d *Daemon) Stats() protocol.Stats {
 		Model:          d.cfg.Model,
 		Fingerprint:    d.cfg.Fingerprint,
 		FingerprintSum: d.cfg.Fingerprint.Sum(),
-		Tensors:        d.cfg.Checkpoint.NumTensors(),
 		LoadedBytes:    d.loaded.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
@@ -268,14 +243,14 @@ func (d *Daemon) Stats() protocol.Stats {
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
 	}
-	if d.cfg.PublishOnly {
-		st.Tensors = 0 // until an engine commits its own
+	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
+		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in
 	}
 	if d.pub.fp != nil {
 		st.Fingerprint, st.FingerprintSum = *d.pub.fp, d.pub.fp.Sum()
 	}
 	if d.layout != nil {
-		st.Tensors = len(d.layout.tensors)
+		st.Tensors = d.layout.tensors
 		st.Bytes = d.layout.bytes
 		st.Segments = len(d.layout.segments)
 	}

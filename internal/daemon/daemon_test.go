@@ -48,6 +48,12 @@ func start(t *testing.T, model, dir, device string, mut func(*Config)) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startCheckpoint(t, ckpt, model, dir, device, mut)
+}
+
+// startCheckpoint is start for a checkpoint resolved already.
+func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+	t.Helper()
 	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -88,13 +94,24 @@ func attach(t *testing.T, model, dir string, opts ...client.Opt) *client.Weights
 	return w
 }
 
+// tensorsOf is every tensor of w, read from its index.
+func tensorsOf(t *testing.T, w *client.Weights) []client.Tensor {
+	t.Helper()
+	ts, err := w.Tensors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
 func sameTensors(t *testing.T, got, want *client.Weights) {
 	t.Helper()
-	if len(got.Tensors) != len(want.Tensors) {
-		t.Fatalf("%d tensors, want %d", len(got.Tensors), len(want.Tensors))
+	if got.Len() != want.Len() {
+		t.Fatalf("%d tensors, want %d", got.Len(), want.Len())
 	}
-	for i := range got.Tensors {
-		g, w := got.Tensors[i], want.Tensors[i]
+	gs, ws := tensorsOf(t, got), tensorsOf(t, want)
+	for i := range gs {
+		g, w := gs[i], ws[i]
 		if g.Name != w.Name || g.DType != w.DType || !bytes.Equal(g.Data, w.Data) {
 			t.Fatalf("tensor %d: got %s %s (%d bytes), want %s %s (%d bytes)", i, g.Name, g.DType, len(g.Data), w.Name, w.DType, len(w.Data))
 		}
@@ -114,7 +131,7 @@ func TestHitServesTheCheckpointBytes(t *testing.T) {
 	}
 	sameTensors(t, hit, disk)
 	table := crc32.MakeTable(crc32.Castagnoli)
-	for _, tn := range hit.Tensors {
+	for _, tn := range tensorsOf(t, hit) {
 		if crc32.Checksum(tn.Data, table) != tn.CRC32C {
 			t.Fatalf("tensor %s: CRC-32C mismatch", tn.Name)
 		}
@@ -142,8 +159,8 @@ func TestFingerprintMismatch(t *testing.T) {
 	if w.Source.Reason != client.ReasonFingerprintMismatch || len(w.Source.Fields) != 1 || w.Source.Fields[0].Field != "dtype" {
 		t.Fatalf("source = %s, want fingerprint_mismatch on dtype", w.Source)
 	}
-	if w.Tensors[0].DType != "F32" {
-		t.Fatalf("fallback served %s, want F32", w.Tensors[0].DType)
+	if tensorsOf(t, w)[0].DType != "F32" {
+		t.Fatalf("fallback served %s, want F32", tensorsOf(t, w)[0].DType)
 	}
 	_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false), client.WithParallel(1, 0, 2, 1))
 	if !errors.Is(err, client.ErrFingerprintMismatch) || !errors.Is(err, client.ErrMiss) {
@@ -336,7 +353,9 @@ func TestProtocolAbuse(t *testing.T) {
 		{"wait before hello", protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady)}, protocol.ErrBadRequest},
 		{"other version", protocol.Head{Type: protocol.TypeStats, Version: 99}, protocol.ErrVersion},
 		{"bad mode", protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Mode: "borrow"}, protocol.ErrBadRequest},
-		{"hello not an object", map[string]any{"type": "hello", "version": 1, "fingerprint": 7}, protocol.ErrBadFrame},
+		{"hello not an object", map[string]any{"type": "hello", "version": protocol.Version, "fingerprint": 7}, protocol.ErrBadFrame},
+		// What a client of protocol version 1 (JSON manifests) sends.
+		{"version 1 client", map[string]any{"type": "hello", "version": 1, "device": "host", "mode": "zero_copy"}, protocol.ErrVersion},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

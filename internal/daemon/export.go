@@ -31,12 +31,13 @@ func describeSegments(segments []backend.Segment) ([]protocol.Segment, error) {
 }
 
 // exportFiles exports a fresh descriptor, for one client, of every segment
-// that travels as one: all but legacy CUDA IPC segments, whose handle bytes
-// ride in the manifest. On error nothing stays open.
-func exportFiles(segments []backend.Segment, descs []protocol.Segment) ([]*os.File, error) {
-	files := make([]*os.File, 0, len(segments))
-	for i, seg := range segments {
-		if descs[i].Handle == protocol.HandleCUDAIPC {
+// that travels as one (all but legacy CUDA IPC segments, whose handle bytes
+// ride in the manifest), then of the manifest index. On error nothing
+// stays open.
+func exportFiles(l *layout) ([]*os.File, error) {
+	files := make([]*os.File, 0, len(l.segments)+1)
+	for i, seg := range append(l.segments[:len(l.segments):len(l.segments)], l.index) {
+		if i < len(l.descs) && l.descs[i].Handle == protocol.HandleCUDAIPC {
 			continue
 		}
 		f, err := seg.Export()

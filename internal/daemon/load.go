@@ -20,6 +20,9 @@ func (d *Daemon) Load(ctx context.Context) error {
 	if d.cfg.PublishOnly {
 		return nil // engines fill it: see publish.go
 	}
+	if d.cfg.Checkpoint == nil {
+		return errors.New("daemon: Load needs a checkpoint")
+	}
 	start := time.Now()
 	l, err := d.load(ctx)
 	d.mu.Lock()
@@ -30,16 +33,14 @@ func (d *Daemon) Load(ctx context.Context) error {
 	}
 	if d.state != protocol.StateLoading {
 		// Shutdown began while the last segments were sealed.
-		for _, s := range l.segments {
-			_ = s.Free()
-		}
+		l.free()
 		return errors.New("daemon stopped while loading")
 	}
 	d.layout = l
 	d.loadSecs = time.Since(start).Seconds()
 	d.state = protocol.StateReady
 	close(d.readyCh)
-	d.log.Info("ready", "tensors", len(l.tensors), "bytes", l.bytes, "segments", len(l.segments), "load_seconds", d.loadSecs)
+	d.log.Info("ready", "tensors", l.tensors, "bytes", l.bytes, "segments", len(l.segments), "load_seconds", d.loadSecs)
 	return nil
 }
 
@@ -59,11 +60,12 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 	if err := d.plan(segSizes); err != nil {
 		return nil, err
 	}
-	l := &layout{tensors: make([]protocol.Tensor, len(served))}
+	tensors := make([]protocol.Tensor, len(served))
+	var segs []backend.Segment
 	ok := false
 	defer func() {
 		if !ok {
-			for _, s := range l.segments {
+			for _, s := range segs {
 				_ = s.Free()
 			}
 		}
@@ -73,7 +75,7 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 		if err != nil {
 			return nil, fmt.Errorf("allocate segment %d of %d bytes on %s: %w", i, n, d.cfg.Backend.Device(), err)
 		}
-		l.segments = append(l.segments, seg)
+		segs = append(segs, seg)
 	}
 	files, err := d.cfg.Checkpoint.OpenShards()
 	if err != nil {
@@ -112,12 +114,12 @@ func (d *Daemon) load(ctx context.Context) (*layout, error) {
 			}()
 			for i := range jobs {
 				s, p := served[i], places[i]
-				crc, err := cp.copy(s, l.segments[p.Segment], p.Offset, progress)
+				crc, err := cp.copy(s, segs[p.Segment], p.Offset, progress)
 				if err != nil {
 					cancel(err)
 					continue
 				}
-				l.tensors[i] = protocol.Tensor{
+				tensors[i] = protocol.Tensor{
 					Name: s.Tensor.Name, DType: string(s.DType), Shape: s.Tensor.Shape,
 					Segment: p.Segment, Offset: p.Offset, NBytes: s.NBytes, CRC32C: crc,
 				}
@@ -137,15 +139,19 @@ feed:
 	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
-	for i, s := range l.segments {
+	for i, s := range segs {
 		if err := s.Seal(); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w", i, err)
 		}
-		l.bytes += segSizes[i]
 	}
-	if err := l.encode(d.cfg.Backend.Device()); err != nil {
+	l, err := newLayout(d.cfg.Backend.Device(), segs, tensors)
+	if err != nil {
 		return nil, err
 	}
 	ok = true
+	var change string
+	if l.identity, change = d.cfg.Checkpoint.StableIdentity(); l.identity == nil {
+		d.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "change", change)
+	}
 	return l, nil
 }

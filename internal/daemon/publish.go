@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -24,6 +25,8 @@ type publishState struct {
 	// fp is the fingerprint hellos must match exactly: the writer's while
 	// it publishes, the committed one afterwards; nil while empty.
 	fp *checkpoint.Fingerprint
+	// identity is what the writer says its checkpoint files are.
+	identity checkpoint.Identity
 	// changed is closed and replaced whenever the writer or the layout
 	// changes, to wake waiting writers and readers.
 	changed chan struct{}
@@ -56,19 +59,35 @@ func initialState(cfg Config) string {
 // serves. A publish-only daemon that is still empty accepts any engine
 // name and version (the first writer decides them); once a writer claims
 // it, or a layout is committed, the match must be exact.
+// An engine that sends no checkpoint hash compares stat identities
+// instead (protocol.OK), so the hash is left out.
 func (d *Daemon) fingerprintDiff(want checkpoint.Fingerprint) []checkpoint.FieldDiff {
-	if !d.cfg.PublishOnly {
-		return checkpoint.Diff(want, d.cfg.Fingerprint)
+	got := d.cfg.Fingerprint
+	if d.cfg.PublishOnly {
+		d.mu.Lock()
+		fp := d.pub.fp
+		d.mu.Unlock()
+		if fp != nil {
+			got = *fp
+		} else {
+			got.Engine, got.EngineVersion, got.EngineConfig = want.Engine, want.EngineVersion, want.EngineConfig
+		}
 	}
+	if want.CheckpointHash == "" {
+		got.CheckpointHash = ""
+	}
+	return checkpoint.Diff(want, got)
+}
+
+// identity is the stat identity offered to engines: the layout's, or nil
+// while there is none.
+func (d *Daemon) identity() checkpoint.Identity {
 	d.mu.Lock()
-	fp := d.pub.fp
-	d.mu.Unlock()
-	if fp != nil {
-		return checkpoint.Diff(want, *fp)
+	defer d.mu.Unlock()
+	if d.layout == nil {
+		return nil
 	}
-	base := d.cfg.Fingerprint
-	base.Engine, base.EngineVersion, base.EngineConfig = want.Engine, want.EngineVersion, want.EngineConfig
-	return checkpoint.Diff(want, base)
+	return d.layout.identity
 }
 
 func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
@@ -87,10 +106,11 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 		if state == protocol.StateEmpty {
 			fp := s.hello.Fingerprint
 			d.pub.writer, d.pub.fp, d.state = s, &fp, protocol.StatePublishing
+			d.pub.identity = p.Identity
 			d.pub.signal()
 			d.mu.Unlock()
 			s.writer = true
-			return d.grantSegments(s, p.Sizes)
+			return d.grantSegments(s, p.Sizes, p.IndexSize)
 		}
 		d.mu.Unlock()
 		switch {
@@ -124,6 +144,8 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 		return protocol.Errorf(protocol.CodeBadRequest, "daemon on %s serves checkpoint %s as preloaded; start it with preload --publish-only to publish", d.ln.path, d.cfg.Model)
 	case s.hello.Fingerprint.Engine == "":
 		return protocol.Errorf(protocol.CodeBadRequest, "publish: hello fingerprint field engine is empty; a published layout carries the engine's name and version")
+	case s.hello.Fingerprint.CheckpointHash == "":
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: hello fingerprint field checkpoint_hash is empty; a published layout is matched by it")
 	case len(p.Sizes) == 0 || len(p.Sizes) > protocol.MaxFDs:
 		return protocol.Errorf(protocol.CodeBadRequest, "publish: field sizes has %d segments, want 1 to %d", len(p.Sizes), protocol.MaxFDs)
 	}
@@ -132,12 +154,20 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 			return protocol.Errorf(protocol.CodeBadRequest, "publish: sizes[%d] is %d, want a positive byte count", i, n)
 		}
 	}
+	if p.IndexSize < protocol.IndexHeaderLen || p.IndexSize > maxPublishIndex {
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: field index_size is %d, want %d to %d bytes", p.IndexSize, protocol.IndexHeaderLen, int64(maxPublishIndex))
+	}
 	return nil
 }
 
-// grantSegments allocates the writer's segments. On failure the claim is
-// dropped and the daemon is empty again.
-func (d *Daemon) grantSegments(s *session, sizes []int64) (any, []*os.File, bool) {
+// maxPublishIndex bounds the index a writer may ask room for: 4 GiB, some
+// tens of millions of tensors.
+const maxPublishIndex = 4 << 30
+
+// grantSegments allocates the writer's segments, and after them a host
+// memfd of indexSize bytes for the writer's manifest index. On failure the
+// claim is dropped and the daemon is empty again.
+func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any, []*os.File, bool) {
 	var segs []backend.Segment
 	var files []*os.File
 	fail := func(err error) (any, []*os.File, bool) {
@@ -150,10 +180,18 @@ func (d *Daemon) grantSegments(s *session, sizes []int64) (any, []*os.File, bool
 		d.abortPublish(s, err.Error())
 		return protocol.ToWire(err), nil, false
 	}
-	for i, n := range sizes {
-		seg, err := d.cfg.Backend.Alloc(n)
+	hb, err := host.New("host")
+	if err != nil {
+		return fail(err)
+	}
+	for i, n := range append(sizes[:len(sizes):len(sizes)], indexSize) {
+		be := d.cfg.Backend
+		if i == len(sizes) {
+			be = hb
+		}
+		seg, err := be.Alloc(n)
 		if err != nil {
-			return fail(fmt.Errorf("allocate publish segment %d of %d bytes on %s: %w", i, n, d.cfg.Backend.Device(), err))
+			return fail(fmt.Errorf("allocate publish segment %d of %d bytes on %s: %w", i, n, be.Device(), err))
 		}
 		segs = append(segs, seg)
 		ws, ok := seg.(writableSegment)
@@ -170,7 +208,7 @@ func (d *Daemon) grantSegments(s *session, sizes []int64) (any, []*os.File, bool
 	d.pub.segments = segs
 	d.mu.Unlock()
 	reply := protocol.PublishSegments{Head: protocol.NewHead(protocol.TypePublishSegments), Device: d.cfg.Backend.Device()}
-	for i, seg := range segs {
+	for i, seg := range segs[:len(sizes)] {
 		reply.Segments = append(reply.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
 	d.log.Info("publishing", "client", s.hello.Client, "engine", s.hello.Fingerprint.Engine, "engine_version", s.hello.Fingerprint.EngineVersion, "segments", len(segs))
@@ -213,7 +251,14 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.mu.Lock()
 	segs := d.pub.segments
 	d.mu.Unlock()
-	l, err := sealLayout(d.cfg.Backend.Device(), segs, c.Tensors)
+	// The last segment is the writer's index: read once sealed, then
+	// replaced by the daemon's own, checksums included.
+	segs, idx := segs[:len(segs)-1], segs[len(segs)-1]
+	tensors, err := readIndex(idx, c.Tensors)
+	var l *layout
+	if err == nil {
+		l, err = sealLayout(d.cfg.Backend.Device(), segs, tensors)
+	}
 	if err != nil {
 		// Seals cannot be undone, so a failed commit cannot be retried:
 		// nothing of it is kept.
@@ -223,20 +268,23 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.mu.Lock()
 	if d.state != protocol.StatePublishing || d.pub.writer != s {
 		d.mu.Unlock()
+		_ = l.index.Free()
 		d.abortPublish(s, "daemon stopped during commit")
 		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped during commit", d.ln.path), nil, false
 	}
+	l.identity = d.pub.identity
 	d.layout = l
 	d.state = protocol.StateReady
 	d.pub.writer, d.pub.segments = nil, nil
+	_ = idx.Free()
 	fp := *d.pub.fp
 	close(d.readyCh)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", len(l.tensors), "bytes", l.bytes, "fingerprint", fp.Sum())
+	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
 	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
-		Tensors: len(l.tensors), Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
+		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
 }
 
 // sealLayout checks the writer's manifest against its segments, seals them
@@ -259,16 +307,14 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 			return nil, err
 		}
 	}
-	l := &layout{segments: segs, tensors: tensors}
 	for i, s := range segs {
 		if err := s.Seal(); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w (unmap every writable mapping of it before commit)", i, err)
 		}
-		l.bytes += s.Size()
 	}
 	buf := make([]byte, 4<<20)
-	for i := range l.tensors {
-		t := &l.tensors[i]
+	for i := range tensors {
+		t := &tensors[i]
 		r, ok := segs[t.Segment].(io.ReaderAt)
 		if !ok {
 			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
@@ -280,7 +326,7 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 		}
 		t.CRC32C = crc
 	}
-	return l, l.encode(device)
+	return newLayout(device, segs, tensors)
 }
 
 // checkPlacement refuses an entry outside its segment, or whose size does
@@ -310,4 +356,35 @@ func checksum(r io.ReaderAt, off, n int64, buf []byte) (uint32, error) {
 		done += int64(len(chunk))
 	}
 	return crc, nil
+}
+
+// readIndex seals the writer's index segment (so that it cannot change
+// under us), reads it and decodes every entry; count is how many the
+// commit says there are.
+func readIndex(seg backend.Segment, count int) ([]protocol.Tensor, error) {
+	if err := seg.Seal(); err != nil {
+		return nil, fmt.Errorf("seal the index segment: %w (unmap every writable mapping of it before commit)", err)
+	}
+	r, ok := seg.(io.ReaderAt)
+	if !ok {
+		return nil, errors.New("the index segment cannot be read")
+	}
+	buf := make([]byte, seg.Size())
+	if _, err := r.ReadAt(buf, 0); err != nil {
+		return nil, fmt.Errorf("read the index segment: %w", err)
+	}
+	x, err := protocol.OpenIndex(buf)
+	if err != nil {
+		return nil, err
+	}
+	if x.Len() != count {
+		return nil, fmt.Errorf("commit lists %d tensors, the index %d", count, x.Len())
+	}
+	out := make([]protocol.Tensor, x.Len())
+	for i := range out {
+		if out[i], err = x.Entry(i); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -39,7 +39,7 @@ func engineWeights(t *testing.T, model string) ([]client.TensorSpec, map[string]
 	defer w.Close()
 	var specs []client.TensorSpec
 	data := map[string][]byte{}
-	for i, tn := range w.Tensors {
+	for i, tn := range tensorsOf(t, w) {
 		b := append([]byte(nil), tn.Data...)
 		if i == 0 {
 			for j := 1; j < len(b); j += 2 {
@@ -82,11 +82,11 @@ func TestPublishThenAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := attach(t, model, dir, engine, client.WithFallback(false))
-	if len(w.Tensors) != len(specs) {
-		t.Fatalf("%d tensors, want %d", len(w.Tensors), len(specs))
+	if w.Len() != len(specs) {
+		t.Fatalf("%d tensors, want %d", w.Len(), len(specs))
 	}
 	table := crc32.MakeTable(crc32.Castagnoli)
-	for i, tn := range w.Tensors {
+	for i, tn := range tensorsOf(t, w) {
 		if tn.Name != specs[i].Name || string(tn.Data) != string(data[tn.Name]) {
 			t.Fatalf("tensor %s: not the bytes published", tn.Name)
 		}
@@ -194,7 +194,7 @@ func TestOneWriterAtATime(t *testing.T) {
 		t.Fatalf("waiting writer: %v, want ErrPublished", err)
 	}
 	w := <-read
-	if w == nil || !w.Source.Hit || len(w.Tensors) != len(specs) {
+	if w == nil || !w.Source.Hit || w.Len() != len(specs) {
 		t.Fatal("waiting reader did not get the published layout")
 	}
 	w.Close()
@@ -227,17 +227,14 @@ func TestPublishRefused(t *testing.T) {
 	if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
 		t.Fatal(err)
 	}
-	fr, err := c.Call(ctx, protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}}, protocol.TypePublishSegments)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fr := rawPublish(t, c, []protocol.Tensor{{Name: "x", DType: "U8", Shape: []int64{16}, NBytes: 16}})
 	m, err := unix.Mmap(int(fr.Files[0].Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(m)
 	fr.CloseFiles()
-	commit := protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: []protocol.Tensor{{Name: "x", DType: "U8", Shape: []int64{16}, NBytes: 16}}}
+	commit := protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: 1}
 	if _, err := c.Call(ctx, commit, protocol.TypeCommitted); !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "seal") {
 		t.Fatalf("commit while mapped writable: %v", err)
 	}
@@ -265,12 +262,8 @@ func TestCommitChecksEntries(t *testing.T) {
 			if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
 				t.Fatal(err)
 			}
-			fr, err := c.Call(ctx, protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}}, protocol.TypePublishSegments)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fr.CloseFiles()
-			_, err = c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: []protocol.Tensor{tc.t}}, protocol.TypeCommitted)
+			rawPublish(t, c, []protocol.Tensor{tc.t}).CloseFiles()
+			_, err := c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: 1}, protocol.TypeCommitted)
 			if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("commit: %v, want %q", err, tc.want)
 			}
@@ -310,4 +303,26 @@ func TestManifestAfterOtherEnginePublished(t *testing.T) {
 	if fr.Type != protocol.TypeMismatch || fr.Decode(&m) != nil || len(m.Fields) != 2 || m.Fields[0].Field != "engine_config" || m.Fields[1].Field != "engine_version" {
 		t.Fatalf("manifest after another engine published: %s", fr.Body)
 	}
+}
+
+// rawPublish asks for one 4096-byte segment and writes the index of ts into
+// the index memfd that comes after it.
+func rawPublish(t *testing.T, c *protocol.Conn, ts []protocol.Tensor) *protocol.Frame {
+	t.Helper()
+	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexSize(ts)}
+	fr, err := c.Call(context.Background(), req, protocol.TypePublishSegments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(fr.Files) != 2 {
+		t.Fatalf("%d descriptors, want a segment and the index", len(fr.Files))
+	}
+	buf := make([]byte, req.IndexSize)
+	if err := protocol.EncodeIndex(buf, ts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fr.Files[1].WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	return fr
 }

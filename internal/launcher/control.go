@@ -49,14 +49,19 @@ type listening struct {
 	PID    int    `json:"pid"`
 }
 
-// segments hands a rank its sealed segments; the fds ride on the frame in
-// Segments order.
+// segments hands a rank its sealed segments and its manifest index (a
+// sealed memfd of IndexSize bytes placing Tensors tensors of DataBytes in
+// all, as the daemon serves it): the fds ride on the frame in Segments
+// order, then the index's. Nothing per tensor travels as JSON.
 type segments struct {
 	protocol.Head
-	Segments  []protocol.Segment `json:"segments"`
-	Tensors   []protocol.Tensor  `json:"tensors"`
-	LoadMS    int64              `json:"load_ms"`
-	ReadBytes int64              `json:"read_bytes"`
+	Segments  []protocol.Segment  `json:"segments"`
+	Tensors   int                 `json:"tensors"`
+	DataBytes int64               `json:"data_bytes"`
+	IndexSize int64               `json:"index_size"`
+	Identity  checkpoint.Identity `json:"identity,omitempty"`
+	LoadMS    int64               `json:"load_ms"`
+	ReadBytes int64               `json:"read_bytes"`
 }
 
 type ready struct {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
@@ -19,6 +22,10 @@ func (l *launcher) loadAll(ctx context.Context) error {
 			return err
 		}
 	}
+	// The per-tensor tables of the load (jobs, manifests) are garbage now
+	// and the launcher lives as long as the ranks: give their pages back
+	// rather than hold them for a heap that will not grow again.
+	debug.FreeOSMemory()
 	return nil
 }
 
@@ -53,12 +60,16 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}
 	l.report.add(g, res)
+	identity, change := g.Checkpoint.StableIdentity()
+	if identity == nil {
+		l.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "dir", g.Checkpoint.Dir, "change", change)
+	}
 	if err := awaitListening(ctx, procs); err != nil {
 		res.Free()
 		return err
 	}
 	for i, p := range procs {
-		err := handOff(p, res.Ranks[i], res)
+		err := handOff(p, res.Ranks[i], res, identity)
 		// The rank holds its own descriptors now (or failed): the
 		// launcher's references go, so that only the rank keeps the memory.
 		for _, s := range res.Ranks[i].Segments {
@@ -105,25 +116,37 @@ func (l *launcher) groupProcs(group string) []*proc {
 	return out
 }
 
-// handOff sends a rank its sealed segments, one read-only descriptor each.
-func handOff(p *proc, rk scatter.Rank, res *scatter.Result) error {
-	if len(rk.Segments) > protocol.MaxFDs {
-		return fmt.Errorf("%s: %d segments exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
+// handOff sends a rank its sealed segments, one read-only descriptor each,
+// and its manifest index, written here once.
+func handOff(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) error {
+	if len(rk.Segments)+1 > protocol.MaxFDs {
+		return fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
-	m := segments{Head: headOf(typeSegments), Tensors: rk.Tensors, LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes}
-	files := make([]*os.File, 0, len(rk.Segments))
+	index, err := daemon.WriteIndex(rk.Tensors)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	defer index.Free()
+	m := segments{Head: headOf(typeSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
+	for _, t := range rk.Tensors {
+		m.DataBytes += t.NBytes
+	}
+	files := make([]*os.File, 0, len(rk.Segments)+1)
 	defer func() {
 		for _, f := range files {
 			_ = f.Close()
 		}
 	}()
-	for i, s := range rk.Segments {
+	for i, s := range append(rk.Segments[:len(rk.Segments):len(rk.Segments)], index) {
 		f, err := s.Export()
 		if err != nil {
 			return fmt.Errorf("%s: export segment %d: %w", p, i, err)
 		}
 		files = append(files, f)
-		m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+		if i < len(rk.Segments) {
+			m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+		}
 	}
 	if err := p.ctl.Send(m, files...); err != nil {
 		return fmt.Errorf("%s: send segments: %w", p, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -88,9 +89,14 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 }
 
 func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
-	ckpt, err := checkpoint.Resolve(spec.Dir, spec.Revision)
-	if err != nil {
-		return nil, err
+	// Only a rank that loads itself reads the checkpoint: the launcher
+	// parsed every header once for the others.
+	var ckpt *checkpoint.Checkpoint
+	if spec.SelfLoad && !spec.PublishOnly {
+		var err error
+		if ckpt, err = checkpoint.Resolve(spec.Dir, spec.Revision); err != nil {
+			return nil, err
+		}
 	}
 	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
@@ -117,9 +123,9 @@ func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
 		fr.CloseFiles()
 		return err
 	}
-	if len(m.Segments) != len(fr.Files) {
+	if len(m.Segments)+1 != len(fr.Files) {
 		fr.CloseFiles()
-		return fmt.Errorf("rank %s: %d segments named, %d descriptors sent", spec.Device, len(m.Segments), len(fr.Files))
+		return fmt.Errorf("rank %s: %d segments and an index named, %d descriptors sent", spec.Device, len(m.Segments), len(fr.Files))
 	}
 	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
@@ -145,13 +151,28 @@ func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
 		}
 		segs = append(segs, seg)
 	}
+	var index backend.Segment
+	if ierr == nil {
+		// The index is host memory whatever the rank's device.
+		hb, err := host.New("host")
+		if err == nil {
+			index, err = hb.Import(fr.Files[len(m.Segments)], m.IndexSize)
+		} else {
+			_ = fr.Files[len(m.Segments)].Close()
+		}
+		if err != nil {
+			ierr = fmt.Errorf("rank %s: manifest index: %w", spec.Device, err)
+		}
+	} else {
+		_ = fr.Files[len(m.Segments)].Close()
+	}
 	if ierr != nil {
 		for _, s := range segs {
 			_ = s.Free()
 		}
 		return ierr
 	}
-	if err := d.Adopt(segs, m.Tensors, time.Duration(m.LoadMS)*time.Millisecond, m.ReadBytes); err != nil {
+	if err := d.Adopt(segs, index, m.Tensors, m.DataBytes, m.Identity, time.Duration(m.LoadMS)*time.Millisecond, m.ReadBytes); err != nil {
 		return errors.Join(fmt.Errorf("rank %s", spec.Device), err)
 	}
 	return nil

@@ -53,6 +53,10 @@ func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (
 		}
 		return nil, &we
 	}
+	if fr.Version != Version {
+		fr.CloseFiles()
+		return nil, fmt.Errorf("%w: %s reply in protocol version %d, this client speaks %d", ErrVersion, fr.Type, fr.Version, Version)
+	}
 	if fr.Type == want {
 		return fr, nil
 	}

@@ -16,8 +16,9 @@ import (
 )
 
 // Version is the protocol version every frame carries. A peer that speaks
-// another version is refused with CodeVersion.
-const Version = 1
+// another version is refused with CodeVersion. Version 2: the manifest
+// places tensors through a mapped binary index (index.go).
+const Version = 2
 
 // Frame size caps. Requests are small; replies carry manifests, which grow
 // with the number of tensors (about 200 bytes each).

@@ -39,7 +39,9 @@ type Head struct {
 // NewHead stamps a frame of type t with this protocol version.
 func NewHead(t string) Head { return Head{Type: t, Version: Version} }
 
-// Hello opens a session: the engine says what it needs.
+// Hello opens a session: the engine says what it needs. An empty
+// Fingerprint.CheckpointHash asks the daemon to leave the hash out of the
+// comparison: the engine compares stat identities instead (see OK).
 type Hello struct {
 	Head
 	Fingerprint checkpoint.Fingerprint `json:"fingerprint"`
@@ -49,11 +51,19 @@ type Hello struct {
 }
 
 // OK accepts a hello. State says whether the tensors can be had now.
+// Identity, once the daemon serves a layout, is the stat identity of the
+// files it was loaded from, offered only if they did not change while it
+// loaded them: an engine whose files have the same identity may attach
+// without its checkpoint hash (Hello.Fingerprint.CheckpointHash empty);
+// any other engine must send the hash, and equal headers over files of
+// another identity are a checkpoint_changed miss unless it verifies the
+// content.
 type OK struct {
 	Head
-	State  string `json:"state"`
-	Device string `json:"device"`
-	Daemon string `json:"daemon"`
+	State    string              `json:"state"`
+	Device   string              `json:"device"`
+	Daemon   string              `json:"daemon"`
+	Identity checkpoint.Identity `json:"identity,omitempty"`
 }
 
 // Mismatch refuses a hello, naming each differing field with both values.
@@ -70,10 +80,11 @@ type WaitReady struct {
 	TimeoutMS int64 `json:"timeout_ms"`
 }
 
-// Ready answers WaitReady.
+// Ready answers WaitReady, with the identity OK would have carried.
 type Ready struct {
 	Head
-	State string `json:"state"`
+	State    string              `json:"state"`
+	Identity checkpoint.Identity `json:"identity,omitempty"`
 }
 
 // Segment describes one allocation. Its descriptor rides on the manifest
@@ -111,13 +122,17 @@ type Tensor struct {
 	CRC32C  uint32  `json:"crc32c"`
 }
 
-// Manifest is the reply to a manifest request: the layout, with one
-// descriptor per segment attached in Segments order.
+// Manifest is the reply to a manifest request. Its descriptors come in
+// Segments order, one per segment that travels as a descriptor, and then
+// one more: the sealed memfd holding the manifest index (index.go), of
+// IndexSize bytes, which places every tensor.
 type Manifest struct {
 	Head
-	Device   string    `json:"device"`
-	Segments []Segment `json:"segments"`
-	Tensors  []Tensor  `json:"tensors"`
+	Device    string    `json:"device"`
+	Segments  []Segment `json:"segments"`
+	Tensors   int       `json:"tensors"`
+	Bytes     int64     `json:"bytes"` // sum of the tensors' sizes
+	IndexSize int64     `json:"index_size"`
 }
 
 // Stats describes a daemon for `weightcache status` and health checks.

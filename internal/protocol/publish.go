@@ -1,5 +1,7 @@
 package protocol
 
+import "github.com/weightcache/weightcache/internal/checkpoint"
+
 // Publish path: an engine whose daemon is empty (preload --publish-only)
 // asks for segments, writes its own post-processed tensors into them and
 // commits a manifest under its fingerprint. One writer at a time; nothing
@@ -32,10 +34,19 @@ type Publish struct {
 	Head
 	Sizes  []int64 `json:"sizes"`
 	WaitMS int64   `json:"wait_ms"`
+	// IndexSize is the size of the writer's manifest index (index.go):
+	// the daemon grants one more descriptor, a host memfd of that size, in
+	// which the writer encodes every tensor's entry (CRC32C 0) before it
+	// commits, so that a commit costs the same at any tensor count.
+	IndexSize int64 `json:"index_size"`
+	// Identity is the stat identity of the checkpoint files the engine
+	// loaded; the daemon offers it with the committed layout.
+	Identity checkpoint.Identity `json:"identity,omitempty"`
 }
 
 // PublishSegments hands the writer its segments; the descriptors ride on
-// this frame in Segments order and are writable until commit. On the host
+// this frame in Segments order, then the index memfd's, and are writable
+// until commit. On the host
 // tier they are memfds: write them with pwrite, or unmap every writable
 // mapping before commit (sealing refuses a segment that is still mapped
 // for writing).
@@ -45,11 +56,12 @@ type PublishSegments struct {
 	Segments []Segment `json:"segments"`
 }
 
-// Commit lists every tensor the writer placed. CRC32C is ignored: the
-// daemon checksums the sealed bytes itself.
+// Commit says that the segments and the index are written; Tensors is
+// the index's entry count. CRC32C in the entries is ignored: the daemon
+// checksums the sealed bytes itself.
 type Commit struct {
 	Head
-	Tensors []Tensor `json:"tensors"`
+	Tensors int `json:"tensors"`
 }
 
 // Committed answers Commit once the layout is sealed and served.

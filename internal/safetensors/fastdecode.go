@@ -12,6 +12,9 @@ import (
 // token walk would refuse, and errors always come from the token walk, so
 // both paths report the same thing.
 func decodeHeader(raw []byte) (*Header, error) {
+	if h, ok := scanHeader(raw); ok {
+		return h, nil
+	}
 	if h, ok := fastDecode(raw); ok {
 		return h, nil
 	}

@@ -2,8 +2,10 @@ package safetensors
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzParseHeader checks that the parser never panics, that every error
@@ -33,21 +35,31 @@ func FuzzParseHeader(f *testing.F) {
 		{`{"__metadata__":{"k":"v","k":"w"}}`, 0},
 		{`{"__metadata__":null}`, 0},
 		{`{"a\"b":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}`, 1},
+		{` {"a" : { "shape" : [ 1 , 2 ] , "data_offsets":[0,2],"dtype":"I8"} , "__metadata__":{}}  `, 2},
+		{`{"a":{"dtype":"I8","shape":[01],"data_offsets":[0,1]}}`, 1},
+		{`{"a":{"dtype":"I8","shape":[1e0],"data_offsets":[0,1]}}`, 1},
+		{`{"a":{"dtype":"I8","shape":[99999999999999999999],"data_offsets":[0,1]}}`, 1},
+		{`{"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}x`, 1},
+		{`{"":{"dtype":"I8","shape":[1],"data_offsets":[0,1]},"__metadata__":{"":""}}`, 1},
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s.raw), s.size)
 	}
 	f.Fuzz(func(t *testing.T, raw []byte, size int64) {
-		// The fast path must never accept what the strict path refuses,
+		// The fast paths must never accept what the strict path refuses,
 		// nor read it differently.
-		if fast, ok := fastDecode(raw); ok && len(raw) > 0 && raw[0] == '{' {
+		for _, fastPath := range []func([]byte) (*Header, bool){fastDecode, scanHeader} {
+			fast, ok := fastPath(raw)
+			if !ok || len(raw) == 0 || raw[0] != '{' || !utf8.Valid(raw) {
+				continue
+			}
 			strict, err := strictDecode(raw)
 			if err != nil {
 				t.Fatalf("fast path accepted %q, strict path says %v", raw, err)
 			}
 			checkLayout(fast.Tensors, size)
 			checkLayout(strict.Tensors, size)
-			if !slices.EqualFunc(fast.Tensors, strict.Tensors, tensorEqual) || len(fast.Metadata) != len(strict.Metadata) {
+			if !slices.EqualFunc(fast.Tensors, strict.Tensors, tensorEqual) || !maps.Equal(fast.Metadata, strict.Metadata) {
 				t.Fatalf("fast and strict paths differ on %q:\n%+v\n%+v", raw, fast, strict)
 			}
 		}

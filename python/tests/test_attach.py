@@ -19,7 +19,8 @@ import torch
 from conftest import status, wait_for
 from weightcache import MissError, attach
 from weightcache.fallback import load_from_disk
-from weightcache.checkpoint import resolve
+from weightcache import identity, index, protocol
+from weightcache.checkpoint import INDEX_NAME, resolve
 
 
 def raw(t):
@@ -122,6 +123,17 @@ def test_kill_9_during_attach(synth, daemon, sock_dir):
     assert time.monotonic() - t0 < 30 and len(w) == 75
 
 
+def refused(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
 def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
     d = daemon(model)
     w, info = attach(model, socket_dir=sock_dir)
@@ -130,9 +142,12 @@ def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
     d.stop(signal.SIGKILL)
     for n, t in w.items():
         assert torch.equal(t, before[n])
+    # The rank daemon dies of its parent's death (Pdeathsig) a moment after
+    # the launcher: wait for it, or the next attach may meet it dying.
+    wait_for(lambda: refused(os.path.join(sock_dir, "main-host.sock")))
     # The next engine falls back: the stale socket is refused, not trusted.
     _, info = attach(model, socket_dir=sock_dir)
-    assert info.reason == "no_daemon"
+    assert info.reason == "no_daemon", info
 
 
 class FakeDaemon:
@@ -167,6 +182,23 @@ def frame(msg):
     return struct.pack(">I", len(body)) + body
 
 
+def ok_frame(model, device="host"):
+    """The ok a daemon serving model sends: with its files' stat identity."""
+    names = sorted(n for n in os.listdir(model) if n.endswith(".safetensors") or n == INDEX_NAME)
+    names.sort(key=lambda n: (n != INDEX_NAME, n))
+    return frame({"type": "ok", "version": protocol.VERSION, "state": "ready", "device": device, "daemon": "fake",
+                  "identity": identity.stat_identity(model, names)})
+
+
+def index_memfd(entries):
+    """A sealed memfd holding the manifest index of entries, as a daemon
+    sends it: (fd, size)."""
+    data = index.encode(entries)
+    fd = os.memfd_create("fake-index", os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    return fd, len(data)
+
+
 def read_frame(c):
     n = struct.unpack(">I", c.recv(4, socket.MSG_WAITALL))[0]
     return json.loads(c.recv(n, socket.MSG_WAITALL))
@@ -177,11 +209,18 @@ def fd_count():
 
 
 @pytest.mark.parametrize("serve,reason,detail", [
-    (lambda c: (read_frame(c), c.sendall(frame({"type": "mismatch", "version": 1, "fields": [
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "mismatch", "version": 2, "fields": [
         {"field": "device", "want": "host", "got": "host:1"}]}))), "device_mismatch", ""),
     (lambda c: (read_frame(c), c.sendall(struct.pack(">I", 300 << 20))), "protocol_error", "limit"),
     (lambda c: (read_frame(c), c.sendall(b"\x00\x00\x00\x05hello")), "protocol_error", ""),
-    (lambda c: (read_frame(c), c.sendall(frame({"type": "error", "version": 1, "code": "draining", "message": "bye"}))), "no_daemon", "bye"),
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "error", "version": 2, "code": "draining", "message": "bye"}))), "no_daemon", "bye"),
+    # A daemon of protocol version 1 refuses a version 2 hello.
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "error", "version": 1, "code": "version",
+                                                "message": "client speaks protocol version 2, daemon weightcache/0.1 speaks 1"}))),
+     "protocol_error", "protocol version 2, daemon weightcache/0.1 speaks 1 (version)"),
+    # A reply stamped with another version is refused as such.
+    (lambda c: (read_frame(c), c.sendall(frame({"type": "ok", "version": 1, "state": "ready", "device": "host"}))),
+     "protocol_error", "in protocol version 1, this client speaks 2"),
     (lambda c: read_frame(c), "protocol_error", "closed"),
 ])
 def test_fake_daemon_failures(model, sock_dir, serve, reason, detail):
@@ -201,11 +240,14 @@ def test_unexpected_descriptors_are_closed(model, sock_dir):
         read_frame(c)
         r, w = os.pipe()
         # An "ok" frame carrying descriptors nobody asked for.
-        socket.send_fds(c, [frame({"type": "ok", "version": 1, "state": "ready", "device": "host", "daemon": "fake"})], [r, w])
+        socket.send_fds(c, [ok_frame(model)], [r, w])
         os.close(r)
         os.close(w)
         read_frame(c)
-        c.sendall(frame({"type": "manifest", "version": 1, "device": "host", "segments": [{"index": 0, "size": 4096}], "tensors": []}))
+        fd, n = index_memfd([])
+        socket.send_fds(c, [frame({"type": "manifest", "version": 2, "device": "host", "segments": [{"index": 0, "size": 4096}],
+                                   "tensors": 0, "index_size": n})], [fd])
+        os.close(fd)
         time.sleep(0.2)
     fake = FakeDaemon(sock_dir, serve)
     before = fd_count()

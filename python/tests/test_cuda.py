@@ -147,23 +147,25 @@ def write_checkpoint(d):
     return str(d)
 
 
-def serve_gpu_manifest(sock_dir, key, fd, size, tensor):
+def serve_gpu_manifest(sock_dir, key, fd, size, tensor, model):
     """A fake daemon whose manifest names one GPU segment (the CUDA backend
     is another branch's): ok, manifest with fd, released."""
     import socket as so
-    from test_attach import FakeDaemon, frame, read_frame
-    manifest = {"type": "manifest", "version": 1, "device": key, "segments": [{"index": 0, "size": size}],
-                "tensors": [dict(tensor, name="w", segment=0, offset=0, crc32c=0)]}
+    from test_attach import FakeDaemon, frame, index_memfd, ok_frame, read_frame
 
     def serve(c):
         hello = read_frame(c)
         assert hello["device"] == key
-        c.sendall(frame({"type": "ok", "version": 1, "state": "ready", "device": key, "daemon": "fake"}))
+        c.sendall(ok_frame(model, key))
         read_frame(c)
-        so.send_fds(c, [frame(manifest)], [fd])
+        ifd, isize = index_memfd([dict(tensor, name="w", segment=0, offset=0, crc32c=0)])
+        manifest = {"type": "manifest", "version": 2, "device": key, "segments": [{"index": 0, "size": size}],
+                    "tensors": 1, "index_size": isize}
+        so.send_fds(c, [frame(manifest)], [fd, ifd])
+        os.close(ifd)
         try:
             read_frame(c)  # release, in copy mode
-            c.sendall(frame({"type": "released", "version": 1}))
+            c.sendall(frame({"type": "released", "version": 2}))
         except Exception:
             pass
     return FakeDaemon(sock_dir, serve, device=key)
@@ -187,7 +189,7 @@ def test_gpu_attach_end_to_end(tmp_path, sock_dir):
         cases.append(("F8_E4M3", [8, 8], bytes(range(64)), torch.arange(64, dtype=torch.uint8).view(f8).reshape(8, 8)))
     for dtype, shape, raw, expect in cases:
         fd, size = export_segment(raw)
-        fake = serve_gpu_manifest(sock_dir, key, fd, size, {"dtype": dtype, "shape": shape, "nbytes": len(raw)})
+        fake = serve_gpu_manifest(sock_dir, key, fd, size, {"dtype": dtype, "shape": shape, "nbytes": len(raw)}, model)
         try:
             for mode in ("zero_copy", "copy"):
                 w, info = attach(model, device="cuda:0", socket_dir=sock_dir, mode=mode, fallback=False)

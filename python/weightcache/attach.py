@@ -2,14 +2,16 @@
 engine's device, zero-copy, or load them from disk with a named reason.
 The behaviour is that of the Go client (client/attach.go)."""
 
+import functools
 import mmap
 import os
 import socket
 import time
+from collections.abc import Mapping
 
 import torch
 
-from . import cuda, dtypes, protocol, safetensors, source
+from . import cuda, dtypes, identity, index, protocol, safetensors, source
 from .checkpoint import resolve
 from .fallback import load_from_disk
 from .source import AttachInfo, MissError, miss
@@ -17,8 +19,12 @@ from .source import AttachInfo, MissError, miss
 MODES = ("zero_copy", "copy")
 
 
-class Weights(dict):
+class Weights(Mapping):
     """name -> torch.Tensor, plus the lease.
+
+    On a hit the tensors are views of the daemon's memory made on first
+    access from the mapped manifest index: attach itself does nothing per
+    tensor. Iteration is in the daemon's order; dict(w) makes them all.
 
     In zero_copy mode the open connection to the daemon is the lease: keep
     this object alive as long as the tensors are used, and close() it (or
@@ -27,11 +33,71 @@ class Weights(dict):
     lease.
     """
 
-    def __init__(self, tensors=(), info=None, conn=None, segments=None):
-        super().__init__(tensors)
+    def __init__(self, tensors=(), info=None, conn=None, segments=None, index=None, bases=None, sizes=None):
+        self._dict = dict(tensors)
         self.info = info
         self._conn = conn
         self._segments = segments or []  # keeps GPU mappings alive with the lease
+        self._index, self._bases, self._sizes = index, bases, sizes
+        self._made = {}  # name -> tensor, made once
+        self._where = {}  # name -> entry number, learnt while iterating
+
+    def __len__(self):
+        return len(self._index) if self._index is not None else len(self._dict)
+
+    def __iter__(self):
+        if self._index is None:
+            yield from self._dict
+            return
+        for i in range(len(self._index)):
+            name = self._index.name(i)
+            self._where[name] = i
+            yield name
+
+    def _entry_number(self, name):
+        i = self._where.get(name)
+        if i is None and isinstance(name, str):
+            i = self._index.find(name)
+        return -1 if i is None else i
+
+    def __contains__(self, name):
+        if self._index is None:
+            return name in self._dict
+        return name in self._made or self._entry_number(name) >= 0
+
+    def __getitem__(self, name):
+        if self._index is None:
+            return self._dict[name]
+        t = self._made.get(name)
+        if t is None:
+            i = self._entry_number(name)
+            if i < 0:
+                raise KeyError(name)
+            t = self._made[name] = self._view(i)
+        return t
+
+    def _view(self, i):
+        name, dt, shape, seg, off, n, _ = self._index.entry(i)
+        if not 0 <= seg < len(self._bases):
+            raise protocol.ProtocolError(f"tensor {name}: segment {seg} does not exist")
+        if off + n > self._sizes[seg]:
+            raise protocol.ProtocolError(f"tensor {name}: bytes [{off},{off}+{n}) outside segment {seg} of {self._sizes[seg]} bytes")
+        try:
+            want = dtypes.nbytes(dt, shape)
+        except (ValueError, TypeError) as e:
+            raise protocol.ProtocolError(f"tensor {name}: {e}") from None
+        if want != n:
+            raise protocol.ProtocolError(f"tensor {name}: {n} bytes do not match dtype {dt} and shape {list(shape)}")
+        return self._bases[seg][off:off + n].view(dtypes.to_torch(dt)).reshape(shape)
+
+    def crc32c(self, name):
+        """The daemon's CRC-32C of a tensor's bytes as served (0 from disk)."""
+        if self._index is None:
+            return 0
+        i = self._entry_number(name)
+        if i < 0:
+            raise KeyError(name)
+        return self._index.entry(i)[6]
 
     def close(self):
         if self._conn is not None:
@@ -66,7 +132,7 @@ def device_key(device):
 def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout_s=5.0,
            state_timeout_s=300.0, dtype="auto", revision=None, socket_dir=None, tp_size=1,
            tp_rank=0, dp_size=1, dp_rank=0, group="main", engine="", engine_version="",
-           engine_config="", client_name="weightcache-python"):
+           engine_config="", client_name="weightcache-python", verify_content=False):
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
@@ -74,23 +140,62 @@ def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout
     in the checkpoint itself (missing, malformed) raise as they are.
     engine, engine_version and engine_config select a layout that engine
     published.
+    verify_content accepts a daemon whose files were replaced or copied but
+    keep the same headers, once every tensor read from this checkpoint has
+    the daemon's CRC-32C (it reads the whole checkpoint); without it that
+    is a checkpoint_changed miss.
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
     start = time.monotonic()
-    ckpt = resolve(model, revision)
-    fp = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+    args = (model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+    # A hit needs config.json and the files' stat identity; headers are
+    # hashed only when the files are not the daemon's.
+    fp, directory = identity.light_fingerprint(*args)
     key = device_key(device)
-    weights, info = _attach_daemon(fp, key, mode, socket_dir or protocol.default_socket_dir(), group,
-                                   connect_timeout_s, state_timeout_s, client_name)
+    try_daemon = functools.partial(_attach_daemon, key=key, mode=mode, sock_dir=socket_dir or protocol.default_socket_dir(),
+                                   group=group, connect_timeout=connect_timeout_s, state_timeout=state_timeout_s, name=client_name)
+    weights, info = try_daemon(fp, directory, "")
+    if info.reason == _REHASH:
+        fp, directory = identity.quick_fingerprint(*args)
+        weights, info = try_daemon(fp, directory, info.detail)
+        if info.hit:
+            weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
     if not info.hit:
         if not fallback:
             raise MissError(info)
+        ckpt = resolve(model, revision)
         weights = Weights(load_from_disk(ckpt, fp.dtype, _torch_device(device, key)), info)
     info.device = key
     info.seconds = time.monotonic() - start
     weights.info = info
     return weights, info
+
+
+# Internal to attach(): the files are not the daemon's; try again with the
+# checkpoint hash.
+_REHASH = "rehash"
+
+
+def _verify(weights, info, verify_content, model, revision, dtype, tp_size):
+    """The second try found equal headers over other files: a hit only if
+    verify_content is on and every tensor is the daemon's."""
+    change, sock = info.detail, info.socket
+    why = ""
+    if not verify_content:
+        why = f"{change}; the headers are the same (verify_content would compare every tensor)"
+    elif tp_size > 1:
+        why = f"{change}; verify_content is not supported with tensor parallelism (tp_size {tp_size})"
+    else:
+        try:
+            identity.verify_content(weights, resolve(model, revision), dtype)
+        except ValueError as e:
+            why = f"{change}; verify_content: {e}"
+    if not why:
+        info.detail = ""
+        return weights, info
+    weights.close()
+    return None, miss(source.CHECKPOINT_CHANGED, why, socket=sock)
 
 
 def _torch_device(device, key):
@@ -101,7 +206,7 @@ def _torch_device(device, key):
     return torch.device(device)
 
 
-def _attach_daemon(fp, key, mode, sock_dir, group, connect_timeout, state_timeout, name):
+def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_timeout, state_timeout, name):
     try:
         path = protocol.socket_path(sock_dir, group, key)
         protocol.check_socket_dir(sock_dir)
@@ -112,13 +217,15 @@ def _attach_daemon(fp, key, mode, sock_dir, group, connect_timeout, state_timeou
     except (OSError, socket.timeout) as e:
         return None, miss(source.NO_DAEMON, f"connect {path}: {e}", socket=path)
     try:
-        weights, info = _handshake(conn, fp, key, mode, connect_timeout, state_timeout, name)
+        weights, info = _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name)
     except BaseException:
         conn.close()
         raise
     info.socket = path
     if not info.hit or mode == "copy":
         conn.close()
+    if info.hit and change:
+        info.detail = change  # for _verify
     return weights, info
 
 
@@ -140,70 +247,90 @@ def _mismatch(fr):
     return miss(reason, fields=fields)
 
 
-def _handshake(conn, fp, key, mode, connect_timeout, state_timeout, name):
+def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name):
     hello = protocol.head("hello", fingerprint=fp.to_wire(), device=key, mode=mode, client=name)
     try:
         fr = conn.call(hello, "ok", "mismatch", timeout=connect_timeout)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
         state = fr.body.get("state")
+        offered = fr.body.get("identity")
         if state == "empty":
             return None, miss(source.EMPTY, "daemon holds no weights yet: load from disk and publish")
         if state != "ready":
             try:
-                conn.call(protocol.head("wait_ready", timeout_ms=int(state_timeout * 1000)), "ready",
-                          timeout=state_timeout + connect_timeout)
+                fr = conn.call(protocol.head("wait_ready", timeout_ms=int(state_timeout * 1000)), "ready",
+                               timeout=state_timeout + connect_timeout)
             except protocol.Timeout as e:
                 return None, miss(source.NOT_READY_TIMEOUT, e)
+            offered = fr.body.get("identity")
+        if not change:
+            differs = identity.files_change(offered, directory)
+            if differs:
+                return None, AttachInfo("fallback", _REHASH, detail=differs)
         fr = conn.call(protocol.head("manifest"), "manifest", "mismatch", timeout=connect_timeout, fds_expected=True)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
     except _EXCHANGE_ERRORS as e:
         return None, _classify(e)
     try:
-        tensors, segments = map_manifest(fr)
+        idx, bases, sizes, maps = map_manifest(fr)
     except (OSError, ValueError, TypeError, protocol.ProtocolError, cuda.CudaError) as e:
         return None, miss(source.PROTOCOL_ERROR, e)
     if mode == "copy":
-        tensors = {n: t.clone() for n, t in tensors.items()}
-        segments = None  # the views, and with them the mappings, go now
+        # Whole segments and the index, copied once; the mappings go with
+        # the originals.
+        idx = index.Index(bytes(idx.buf))
+        bases = [b.clone() for b in bases]
+        maps = None
         try:
             conn.call(protocol.head("release"), "released", timeout=connect_timeout)
         except _EXCHANGE_ERRORS as e:
             return None, _classify(e)
-        return Weights(tensors, None, None), AttachInfo("hit")
+        return Weights(index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
     conn.sock.settimeout(None)  # the lease must not time out
-    return Weights(tensors, None, conn, segments), AttachInfo("hit")
+    return Weights(conn=conn, segments=maps, index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
 
 
 def map_manifest(fr):
-    """Check a manifest against its descriptors and map them: read-only host
-    views, or imported GPU allocations. Every descriptor is closed on return
-    (a mapping does not need it)."""
+    """Map a manifest's segments (read-only host views, or imported GPU
+    allocations) and its index; nothing per tensor is done here. Returns
+    (index, base tensors, segment sizes, mappings). Every descriptor is
+    closed on return (a mapping does not need it)."""
     try:
         m = fr.body
         segs = m.get("segments") or []
-        if len(segs) != len(fr.fds):
-            raise protocol.ProtocolError(f"manifest names {len(segs)} segments but {len(fr.fds)} descriptors came with it")
+        if not fr.fds:
+            raise protocol.ProtocolError("manifest came without its index descriptor")
+        fds, index_fd = fr.fds[:-1], fr.fds[-1]
+        if len(segs) != len(fds):
+            raise protocol.ProtocolError(f"manifest names {len(segs)} segments but {len(fds)} descriptors came with it")
         for i, s in enumerate(segs):
             if s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
                 raise protocol.ProtocolError(f"manifest segment {i} is malformed: {s}")
+        isize = m.get("index_size")
+        if not isinstance(isize, int) or isize < index.HEADER_LEN:
+            raise protocol.ProtocolError(f"manifest index of {isize!r} bytes")
+        idx_map = _map_host(index_fd, isize, "index")
+        try:
+            idx = index.Index(idx_map)
+        except index.IndexError_ as e:
+            raise protocol.ProtocolError(str(e)) from None
+        if len(idx) != m.get("tensors"):
+            raise protocol.ProtocolError(f"manifest says {m.get('tensors')} tensors, its index holds {len(idx)}")
         device = str(m.get("device", ""))
         if device.startswith("GPU-"):
             ordinal = cuda.ordinal_of(device)
-            maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fr.fds, segs)]
+            maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fds, segs)]
             bases = [cuda.as_tensor(mp) for mp in maps]
         else:
-            maps = [_map_host(fd, s["size"], i) for i, (fd, s) in enumerate(zip(fr.fds, segs))]
+            maps = [_map_host(fd, s["size"], i) for i, (fd, s) in enumerate(zip(fds, segs))]
             # PROT_READ on purpose: a stray write faults instead of
             # corrupting the daemon's memory for every engine.
             bases = [safetensors.readonly_bytes(mp) for mp in maps]
     finally:
         fr.close_fds()
-    tensors = {}
-    for t in m.get("tensors") or []:
-        tensors[t["name"]] = _view(t, bases, segs)
-    return tensors, maps
+    return idx, bases, [s["size"] for s in segs], maps
 
 
 def _map_host(fd, size, i):
@@ -211,20 +338,3 @@ def _map_host(fd, size, i):
     if st.st_size < size:
         raise protocol.ProtocolError(f"segment {i} has {st.st_size} bytes, manifest says {size}")
     return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-
-
-def _view(t, bases, segs):
-    name = t.get("name")
-    seg, off, n, dt, shape = t.get("segment"), t.get("offset"), t.get("nbytes"), t.get("dtype"), t.get("shape")
-    if not isinstance(seg, int) or not 0 <= seg < len(segs):
-        raise protocol.ProtocolError(f"tensor {name}: segment {seg} does not exist")
-    if not isinstance(off, int) or not isinstance(n, int) or off < 0 or n < 0 or off + n > segs[seg]["size"]:
-        raise protocol.ProtocolError(f"tensor {name}: bytes [{off},{off}+{n}) outside segment {seg} of {segs[seg]['size']} bytes")
-    try:
-        want = dtypes.nbytes(dt, shape)
-    except (ValueError, TypeError) as e:
-        raise protocol.ProtocolError(f"tensor {name}: {e}") from None
-    if want != n:
-        raise protocol.ProtocolError(f"tensor {name}: {n} bytes do not match dtype {dt} and shape {shape}")
-    raw = bases[seg][off:off + n]
-    return raw.view(dtypes.to_torch(dt)).reshape(tuple(shape))

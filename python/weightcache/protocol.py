@@ -13,8 +13,8 @@ import stat
 import struct
 import hashlib
 
-VERSION = 1
-MAX_REPLY_FRAME = 256 << 20  # manifests grow with the number of tensors
+VERSION = 2  # 2: manifests place tensors through a mapped binary index (index.py)
+MAX_REPLY_FRAME = 256 << 20
 MAX_FDS = 253  # SCM_MAX_FD
 _MAX_SOCKET_PATH = 107
 
@@ -171,6 +171,9 @@ class Conn:
             fr.close_fds()
         if fr.type == "error":
             raise WireError(str(fr.body.get("code", "")), str(fr.body.get("message", "")))
+        if fr.body.get("version") != VERSION:
+            fr.close_fds()
+            raise WireError("version", f"{fr.type} reply from {self.path} in protocol version {fr.body.get('version')}, this client speaks {VERSION}")
         if fr.type != want and fr.type not in also:
             fr.close_fds()
             raise ProtocolError(f'got a "{fr.type}" reply from {self.path}, want "{want}"')

@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from . import cuda, dtypes, protocol
-from .checkpoint import resolve
+from . import cuda, dtypes, identity, index, protocol
+from .checkpoint import INDEX_NAME, resolve
 
 ALIGNMENT = 256  # backend.Alignment
 MAX_SEGMENT = 4 << 30  # backend.DefaultMaxSegment
@@ -66,6 +66,12 @@ class Publisher:
             raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
         ckpt = resolve(model, revision)
         self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+        # What later engines compare their files with instead of hashing
+        # headers (Go's Checkpoint.Identity).
+        names = [s.name for s in ckpt.shards]
+        if os.path.exists(os.path.join(ckpt.dir, INDEX_NAME)):
+            names.insert(0, INDEX_NAME)
+        self.identity = identity.stat_identity(ckpt.dir, names)
         self.device = device
         self.dir = socket_dir or protocol.default_socket_dir()
         self.group = group
@@ -88,6 +94,7 @@ class Publisher:
             e["segment"], e["offset"] = seg, off
         self.conn = None
         self.fds = []
+        self.index_fd = -1  # the daemon's memfd for our manifest index
         self.gpu = []  # writable GPU mappings, closed before commit
 
     def open(self):
@@ -106,7 +113,8 @@ class Publisher:
         fr = self.conn.call(hello, "ok", "mismatch", timeout=self.timeout)
         if fr.type == "mismatch":
             raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.body.get('fields')}")
-        req = protocol.head("publish", sizes=self.sizes, wait_ms=int(self.wait_s * 1000))
+        req = protocol.head("publish", sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
+                            index_size=index.size(list(self.entries.values())), identity=self.identity)
         try:
             fr = self.conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
         except protocol.WireError as e:
@@ -116,11 +124,11 @@ class Publisher:
         if fr.type == "ready":
             raise AlreadyPublished(f"publish to {self.conn.path}: a layout is already committed")
         segs = fr.body.get("segments") or []
-        if len(segs) != len(self.sizes) or len(fr.fds) != len(self.sizes) or any(
+        if len(segs) != len(self.sizes) or len(fr.fds) != len(self.sizes) + 1 or any(
                 s.get("index") != i or s.get("size", 0) < self.sizes[i] for i, s in enumerate(segs)):
             fr.close_fds()
-            raise protocol.ProtocolError(f"asked {self.conn.path} for segments {self.sizes}, got {segs} with {len(fr.fds)} descriptors")
-        self.fds, fr.fds = fr.fds, []
+            raise protocol.ProtocolError(f"asked {self.conn.path} for segments {self.sizes} and an index, got {segs} with {len(fr.fds)} descriptors")
+        self.fds, self.index_fd, fr.fds = fr.fds[:-1], fr.fds[-1], []
         if str(fr.body.get("device", "")).startswith("GPU-"):
             ordinal = cuda.ordinal_of(fr.body["device"])
             self.gpu = [cuda.Mapping(fd, s["size"], ordinal, writable=True) for fd, s in zip(self.fds, segs)]
@@ -155,8 +163,9 @@ class Publisher:
             for m in self.gpu:
                 m.close()
             self.gpu = []
+            self._write_index()
             self._close_fds()
-            req = protocol.head("commit", tensors=list(self.entries.values()))
+            req = protocol.head("commit", tensors=len(self.entries))
             try:
                 fr = self.conn.call(req, "committed", timeout=timeout_s)
             except protocol.WireError as e:
@@ -165,10 +174,19 @@ class Publisher:
         finally:
             self.close()
 
+    def _write_index(self):
+        data = memoryview(index.encode(list(self.entries.values())))
+        off = 0
+        while off < len(data):
+            off += os.pwrite(self.index_fd, data[off:], off)
+
     def _close_fds(self):
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+        if self.index_fd >= 0:
+            os.close(self.index_fd)
+            self.index_fd = -1
 
     def close(self):
         for m in self.gpu:

@@ -7,8 +7,13 @@ DEVICE_MISMATCH = "device_mismatch"
 PROTOCOL_ERROR = "protocol_error"
 # A publish-only daemon holds nothing yet: load from disk, then publish.
 EMPTY = "empty"
+# The engine's checkpoint files are not the ones the daemon loaded
+# (replaced, rewritten in place, or copied elsewhere) although their
+# headers are the same; attach(verify_content=True) accepts them once
+# every tensor's CRC-32C matches.
+CHECKPOINT_CHANGED = "checkpoint_changed"
 
-REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY)
+REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY, CHECKPOINT_CHANGED)
 
 
 class AttachInfo:

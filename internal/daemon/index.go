@@ -1,0 +1,118 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// layout is what Load, Adopt or a commit produced: the segments, and the
+// manifest index that places every tensor in them, written once into a
+// sealed memfd that every client maps. The per-tensor entries are not kept
+// in the daemon's own memory.
+type layout struct {
+	segments []backend.Segment
+	index    backend.Segment
+	tensors  int
+	bytes    int64              // sum of the segment sizes
+	descs    []protocol.Segment // how clients import each segment
+	manifest json.RawMessage    // the encoded manifest frame
+	// identity is what hello offers: the stat identity of the files the
+	// layout came from, nil when they changed while loading.
+	identity checkpoint.Identity
+}
+
+// newLayout writes the index of tensors and prepares the manifest frame.
+// On error the segments are the caller's to free.
+func newLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
+	index, err := WriteIndex(tensors)
+	if err != nil {
+		return nil, err
+	}
+	var data int64
+	for _, t := range tensors {
+		data += t.NBytes
+	}
+	l, err := indexedLayout(device, segs, index, len(tensors), data)
+	if err != nil {
+		_ = index.Free()
+	}
+	return l, err
+}
+
+// indexedLayout prepares the manifest frame of segments placed by a
+// written index of count tensors and data bytes, once: every engine gets
+// the same frame, so nothing is re-encoded per attach. On error the
+// segments and the index are the caller's to free.
+func indexedLayout(device string, segs []backend.Segment, index backend.Segment, count int, data int64) (*layout, error) {
+	l := &layout{segments: segs, index: index, tensors: count}
+	for _, s := range segs {
+		l.bytes += s.Size()
+	}
+	var err error
+	if l.descs, err = describeSegments(segs); err != nil {
+		return nil, err
+	}
+	m := protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: device, Segments: l.descs,
+		Tensors: count, Bytes: data, IndexSize: index.Size()}
+	if l.manifest, err = json.Marshal(m); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *layout) free() {
+	for _, s := range l.segments {
+		_ = s.Free()
+	}
+	if l.index != nil {
+		_ = l.index.Free()
+	}
+}
+
+// WriteIndex encodes the manifest index of tensors straight into a shared
+// mapping of a fresh memfd (so the table never sits in private memory),
+// then seals it. The launcher writes its ranks' indexes with it.
+func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
+	hb, err := host.New("host")
+	if err != nil {
+		return nil, err
+	}
+	size := protocol.IndexSize(tensors)
+	seg, err := hb.Alloc(size)
+	if err != nil {
+		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
+	}
+	if err := fillIndex(seg, size, tensors); err != nil {
+		_ = seg.Free()
+		return nil, err
+	}
+	if err := seg.Seal(); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	return seg, nil
+}
+
+func fillIndex(seg backend.Segment, size int64, tensors []protocol.Tensor) error {
+	f, err := seg.(writableSegment).ExportWritable()
+	if err != nil {
+		return fmt.Errorf("manifest index: %w", err)
+	}
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map manifest index of %d bytes: %w", size, err)
+	}
+	err = protocol.EncodeIndex(b, tensors)
+	if uerr := unix.Munmap(b); err == nil && uerr != nil {
+		err = fmt.Errorf("unmap manifest index: %w", uerr)
+	}
+	return err
+}

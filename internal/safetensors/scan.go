@@ -1,0 +1,221 @@
+package safetensors
+
+import "math"
+
+// scanHeader reads the plain form every writer produces, byte by byte:
+// entries of exactly "dtype", "shape" and "data_offsets", names and
+// strings without escapes, dims and offsets as plain non-negative
+// integers. At 100,000 tensors it is several times faster than
+// encoding/json. Anything else, including every malformed header, makes
+// it give up (ok false) and leave the verdict to fastDecode and the strict
+// token walk; it accepts nothing the strict walk would refuse (the fuzz
+// test holds it to that).
+func scanHeader(raw []byte) (*Header, bool) {
+	s := scanner{b: raw}
+	if !s.byte('{') {
+		return nil, false
+	}
+	h := &Header{}
+	seen := map[string]struct{}{}
+	if !s.peek('}') {
+		for {
+			name, ok := s.str()
+			if !ok || !s.byte(':') {
+				return nil, false
+			}
+			key := string(name)
+			if _, dup := seen[key]; dup {
+				return nil, false
+			}
+			seen[key] = struct{}{}
+			if key == metadataKey {
+				if h.Metadata, ok = s.metadata(); !ok {
+					return nil, false
+				}
+			} else {
+				t, ok := s.entry(key)
+				if !ok {
+					return nil, false
+				}
+				h.Tensors = append(h.Tensors, t)
+			}
+			if s.byte(',') {
+				continue
+			}
+			break
+		}
+	}
+	if !s.byte('}') {
+		return nil, false
+	}
+	s.ws()
+	return h, s.i == len(s.b)
+}
+
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// byte consumes c after any whitespace.
+func (s *scanner) byte(c byte) bool {
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+func (s *scanner) peek(c byte) bool {
+	s.ws()
+	return s.i < len(s.b) && s.b[s.i] == c
+}
+
+// str reads a string without escapes or control characters.
+func (s *scanner) str() ([]byte, bool) {
+	if !s.byte('"') {
+		return nil, false
+	}
+	start := s.i
+	for ; s.i < len(s.b); s.i++ {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return s.b[start : s.i-1], true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// uint reads a non-negative integer in JSON's form (no leading zeros, no
+// fraction or exponent).
+func (s *scanner) uint() (int64, bool) {
+	s.ws()
+	start := s.i
+	var n int64
+	for ; s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9'; s.i++ {
+		d := int64(s.b[s.i] - '0')
+		if n > (math.MaxInt64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	digits := s.i - start
+	if digits == 0 || digits > 1 && s.b[start] == '0' {
+		return 0, false
+	}
+	if s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		return 0, false
+	}
+	return n, true
+}
+
+// ints reads [n, n, ...].
+func (s *scanner) ints() ([]int64, bool) {
+	if !s.byte('[') {
+		return nil, false
+	}
+	out := []int64{}
+	if s.byte(']') {
+		return out, true
+	}
+	for {
+		n, ok := s.uint()
+		if !ok {
+			return nil, false
+		}
+		out = append(out, n)
+		if s.byte(',') {
+			continue
+		}
+		return out, s.byte(']')
+	}
+}
+
+func (s *scanner) entry(name string) (Tensor, bool) {
+	t := Tensor{Name: name}
+	if !s.byte('{') {
+		return t, false
+	}
+	var have [3]bool
+	for k := 0; k < 3; k++ {
+		if k > 0 && !s.byte(',') {
+			return t, false
+		}
+		key, ok := s.str()
+		if !ok || !s.byte(':') {
+			return t, false
+		}
+		switch string(key) {
+		case "dtype":
+			var d []byte
+			d, ok = s.str()
+			t.DType = DType(d)
+			ok = ok && !have[0]
+			have[0] = true
+		case "shape":
+			t.Shape, ok = s.ints()
+			ok = ok && !have[1]
+			have[1] = true
+		case "data_offsets":
+			var off []int64
+			off, ok = s.ints()
+			ok = ok && !have[2] && len(off) == 2
+			if ok {
+				t.Begin, t.End = off[0], off[1]
+			}
+			have[2] = true
+		default:
+			return t, false
+		}
+		if !ok {
+			return t, false
+		}
+	}
+	if !s.byte('}') || !t.DType.Valid() || checkEntry(t) != nil {
+		return t, false
+	}
+	return t, true
+}
+
+func (s *scanner) metadata() (map[string]string, bool) {
+	if !s.byte('{') {
+		return nil, false
+	}
+	m := map[string]string{}
+	if s.byte('}') {
+		return m, true
+	}
+	for {
+		k, ok := s.str()
+		if !ok || !s.byte(':') {
+			return nil, false
+		}
+		v, ok := s.str()
+		if !ok {
+			return nil, false
+		}
+		if _, dup := m[string(k)]; dup {
+			return nil, false
+		}
+		m[string(k)] = string(v)
+		if s.byte(',') {
+			continue
+		}
+		return m, s.byte('}')
+	}
+}

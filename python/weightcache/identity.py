@@ -1,0 +1,157 @@
+"""The attach path's view of a checkpoint, as Go's internal/checkpoint
+statid.go: the fingerprint without the checkpoint hash (config.json only),
+the files' stat identity that a daemon offers in place of the hash, the
+hash itself from raw header bytes when the files are not the daemon's, and
+the content check (CRC-32C of every tensor) that --verify-content runs."""
+
+import os
+import posixpath
+import struct
+
+from . import checkpoint, dtypes, safetensors
+from .checkpoint import INDEX_NAME, Checkpoint, CheckpointError
+
+_FIELDS = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+
+
+def _local(name):
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
+        return False
+    clean = posixpath.normpath(name)
+    return clean == name and clean not in (".", "..") and not clean.startswith("../")
+
+
+def stat_identity(directory, names):
+    """[{name, dev, ino, size, mtime_ns, ctime_ns}] of names (relative,
+    slash-separated) under directory."""
+    out = []
+    for n in names:
+        if not _local(n):
+            raise CheckpointError(f"invalid checkpoint: {n!r} is not a file inside the checkpoint")
+        st = os.stat(os.path.join(directory, *n.split("/")))
+        out.append({"name": n, "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns})
+    return out
+
+
+def files_change(offered, directory):
+    """How the files under directory differ from the identity a daemon
+    offered: "" when they are the same files, unchanged (Go's filesChange)."""
+    if not offered:
+        return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
+    try:
+        mine = stat_identity(directory, [f.get("name") for f in offered])
+    except (OSError, CheckpointError) as e:
+        return str(e)
+    for a, b in zip(offered, mine):
+        n = b["name"]
+        if (a.get("dev"), a.get("ino")) != (b["dev"], b["ino"]):
+            return f"{n} is another file (device {b['dev']} inode {b['ino']}, was device {a.get('dev')} inode {a.get('ino')})"
+        if a.get("size") != b["size"]:
+            return f"{n} has {b['size']} bytes, was {a.get('size')}"
+        if (a.get("mtime_ns"), a.get("ctime_ns")) != (b["mtime_ns"], b["ctime_ns"]):
+            return f"{n} was modified (mtime {b['mtime_ns']} ns, ctime {b['ctime_ns']} ns; was {a.get('mtime_ns')}, {a.get('ctime_ns')})"
+    return ""
+
+
+def _locate(model, revision):
+    """(directory, revision) as resolve() finds them, or None to leave the
+    errors to resolve()."""
+    if os.path.isdir(model):
+        return os.path.abspath(model), revision or ""
+    if not os.path.exists(model) and checkpoint._HUB_ID.match(model) and ".." not in model:
+        try:
+            return checkpoint._resolve_hub(model, revision or "")
+        except CheckpointError:
+            return None
+    return None
+
+
+def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
+    """(fingerprint without checkpoint_hash, directory): config.json is all
+    it reads. Where the served dtype must come from the tensors, or the
+    model is not found, it is quick_fingerprint (hash included)."""
+    loc = _locate(model, revision) if model else None
+    if loc is not None:
+        c = Checkpoint(*loc)
+        checkpoint._read_config(c)
+        if dtypes.normalize(dtype or "") or c.torch_dtype:
+            return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+    return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+
+
+def _shard_names(directory):
+    idx = os.path.join(directory, INDEX_NAME)
+    if os.path.exists(idx):
+        return checkpoint._parse_index(idx)[1]
+    return checkpoint._glob_shards(directory)
+
+
+class _RawShard:
+    """A shard's name, size and raw header bytes: all the hash covers."""
+
+    def __init__(self, name, path):
+        with open(path, "rb") as f:
+            self.size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"invalid checkpoint: {path}: shorter than a safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > safetensors.MAX_HEADER_SIZE or n > self.size - 8:
+                raise CheckpointError(f"invalid checkpoint: {path}: bad header length {n}")
+            raw = f.read(n)
+        self.name = name
+        self.header = type("RawHeader", (), {"raw": raw})()
+
+
+def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
+    """The full fingerprint, hashing raw header bytes without parsing them
+    (Go's QuickFingerprint); it resolves the checkpoint in full where the
+    served dtype must come from the tensors or anything looks off."""
+    loc = _locate(model, revision) if model else None
+    if loc is not None:
+        c = Checkpoint(*loc)
+        checkpoint._read_config(c)
+        if dtypes.normalize(dtype or "") or c.torch_dtype:
+            try:
+                shards = [_RawShard(n, os.path.join(c.dir, *n.split("/"))) for n in _shard_names(c.dir)]
+            except (OSError, CheckpointError):
+                shards = None
+            if shards is not None:
+                c.hash = checkpoint.hash_shards(shards)
+                return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+    c = checkpoint.resolve(model, revision)
+    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+
+
+def verify_content(weights, ckpt, dtype):
+    """Raise ValueError naming the first tensor whose CRC-32C, read from
+    ckpt as served in dtype, differs from the daemon's."""
+    try:
+        import crcmod.predefined
+    except ImportError:
+        raise ValueError("verify_content needs crcmod (Debian: python3-crcmod) for CRC-32C") from None
+    crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+    import torch
+    served = ckpt.served(dtype)
+    if len(served) != len(weights):
+        raise ValueError(f"the checkpoint has {len(served)} tensors, the daemon {len(weights)}")
+    by_shard = {}
+    for shard, entry, to in served:
+        by_shard.setdefault(shard.path, (shard, []))[1].append((entry, to))
+    for path, (shard, entries) in by_shard.items():
+        mm = safetensors.map_file(path)
+        try:
+            for entry, to in entries:
+                a = shard.header.data_start + entry.begin
+                with memoryview(mm)[a:a + entry.end - entry.begin] as raw:
+                    if to != entry.dtype:
+                        t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtypes.to_torch(entry.dtype))
+                        crc = crc32c(t.to(dtypes.to_torch(to)).view(torch.uint8).numpy().tobytes())
+                    else:
+                        crc = crc32c(raw)
+                want = weights.crc32c(entry.name)
+                if crc != want:
+                    raise ValueError(f"tensor {entry.name}: CRC-32C {crc:08x} in {shard.name}, {want:08x} in the daemon")
+        finally:
+            mm.close()
