@@ -17,6 +17,7 @@ import torch
 
 from conftest import ROOT, status
 from test_attach import FakeDaemon, frame, read_frame
+from weightcache import protocol
 
 FAKE = os.environ.get("WC_FAKEVLLM") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
 PROMPT = [1, 5, 9, 100, 7, 300, 2, 64]
@@ -221,7 +222,7 @@ def test_fallback_false_stops_with_the_reason(model, sock_dir):
 def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):
     def serve(c):
         read_frame(c)
-        c.sendall(frame({"type": "ok", "version": 1, "state": "ready", "device": "host", "daemon": "fake"}))
+        c.sendall(frame({"type": "ok", "version": protocol.VERSION, "state": "ready", "device": "host", "daemon": "fake"}))
         read_frame(c)  # the manifest request: the daemon dies before answering
     fake = FakeDaemon(sock_dir, serve)
     try:
@@ -392,13 +393,13 @@ def test_tier2_publish_error_keeps_the_engine(model, daemon, sock_dir, caplog):
 
     def serve(c):
         read_frame(c)
-        c.sendall(frame({"type": "ok", "version": 1, "state": "empty", "device": "host:0", "daemon": "fake"}))
+        c.sendall(frame({"type": "ok", "version": protocol.VERSION, "state": "empty", "device": "host:0", "daemon": "fake"}))
         try:
             req = read_frame(c)
         except Exception:
             return
         if req.get("type") == "publish":
-            c.sendall(frame({"type": "error", "version": 1, "code": "unsupported",
+            c.sendall(frame({"type": "error", "version": protocol.VERSION, "code": "unsupported",
                              "message": "cannot export writable segments"}))
     fake = FakeDaemon(sock_dir, serve, device="host:0")
     try:
