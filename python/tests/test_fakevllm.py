@@ -236,11 +236,13 @@ def test_tp2_forward_across_two_processes(tiny, tmp_path):
         import torch
         from vllm import _fake
         from vllm.config import ModelConfig, ParallelConfig, VllmConfig
+        from vllm.distributed import destroy_distributed_environment
         rank, ws = _fake.init_from_env()
         cfg = VllmConfig(model_config=ModelConfig(model={tiny!r}, dtype="float32"),
                          parallel_config=ParallelConfig(tensor_parallel_size=ws))
         model, _ = _fake.load_model(cfg)
         torch.save(_fake.prefill_logits(model, {PROMPT!r}), {str(tmp_path)!r} + f"/r{{rank}}.pt")
+        destroy_distributed_environment()
     """)
     for rc, out, err in _fake.spawn_ranks(code, 2, str(tmp_path)):
         assert rc == 0, err

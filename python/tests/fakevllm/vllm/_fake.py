@@ -80,10 +80,11 @@ def init_from_env():
     return rank, world_size
 
 
-def spawn_ranks(code, world_size, workdir, timeout=120, env=None):
+def spawn_ranks(code, world_size, workdir, timeout=300, env=None):
     """Runs `code` (Python source) in world_size processes, one per rank, with
     the fake importable and init_from_env's variables set; waits for all.
-    Returns their CompletedProcess-like (returncode, stdout, stderr)."""
+    Returns [(returncode, stdout, stderr)] by rank; a rank still running
+    after timeout seconds is killed with the others, and that is an error."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,12 +96,15 @@ def spawn_ranks(code, world_size, workdir, timeout=120, env=None):
                               stderr=subprocess.PIPE, text=True) for r in range(world_size)]
     out = []
     try:
-        for p in procs:
-            so, se = p.communicate(timeout=timeout)
+        for rank, p in enumerate(procs):
+            try:
+                so, se = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"fake vLLM: rank {rank} of {world_size} still running after {timeout}s")
             out.append((p.returncode, so, se))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                p.communicate()
     return out

@@ -73,7 +73,8 @@ def get_architecture_class_name(model_config):
 
 
 def configure_quant_config(quant_config, model_class):
-    # utils.py:270: the fused-module map the quant config checks skips against
+    # utils.py:270: the fused-module map the quant config checks skips
+    # against, passed by reference
     packed_mapping = getattr(model_class, "packed_modules_mapping", None)
     if packed_mapping is not None:
-        quant_config.packed_modules_mapping = dict(packed_mapping)
+        quant_config.packed_modules_mapping = packed_mapping
