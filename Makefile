@@ -14,11 +14,12 @@ test: build
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 9m ./...
 	$(MAKE) test-python
 
-# Installs Debian's torch and pytest when they are missing (root and apt).
+# Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
+# when they are missing (root and apt).
 python-deps:
-	@$(PYTHON) -c 'import torch, pytest' 2>/dev/null || { \
-		[ "$$(id -u)" = 0 ] || { echo "python3-torch and python3-pytest are missing: apt-get install them as root" >&2; exit 1; }; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch python3-pytest; }
+	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || { \
+		[ "$$(id -u)" = 0 ] || { echo "python3-torch, python3-pytest and python3-crcmod are missing: apt-get install them as root" >&2; exit 1; }; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch python3-pytest python3-crcmod; }
 
 test-python: build python-deps
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
