@@ -6,8 +6,11 @@ export CGO_ENABLED ?= 0
 
 .PHONY: build test test-python python-deps demo bench bench-python fuzz deps clean
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
+
 build:
-	$(GO) build -o $(BIN) ./cmd/weightcache
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
 
 # Race detection needs cgo; the product itself builds without it.
 test: build
@@ -26,8 +29,9 @@ test-python: build python-deps
 bench-python: build python-deps
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
 
+# DEMO_ARGS='--model /path/to/your/model' runs it on your own checkpoint.
 demo: build
-	./$(BIN) demo
+	./$(BIN) demo $(DEMO_ARGS)
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
