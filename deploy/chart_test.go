@@ -46,7 +46,7 @@ runAsGroup: 1000
 gpu: {ipc: legacy}
 priorityClassName: system-node-critical
 metrics: {serviceMonitor: {enabled: true, labels: {release: prometheus}}}
-examples: {vllm: {enabled: true, pluginFromImageVolume: false}, leaderWorkerSet: {enabled: true, size: 4}}
+examples: {vllm: {enabled: true, pluginFromImageVolume: false}, leaderWorkerSet: {enabled: true, size: 4, gpusPerNode: 4}}
 `,
 	"host tier, no GPU runtime": `
 gpu: {enabled: false}

@@ -140,11 +140,23 @@ func checkLWS(t *testing.T, lws *lwsv1.LeaderWorkerSet) {
 			t.Errorf("%s: --node-rank %q --master-addr %q: the leader must be node 0 of the rendezvous", role, wc["--node-rank"], wc["--master-addr"])
 		}
 		checkEngine(t, pod, "vllm")
-		engine := flags(t, container(t, pod.Containers, "vllm"))
+		vllm := container(t, pod.Containers, "vllm")
+		engine := flags(t, vllm)
+		// vLLM numbers data-parallel ranks node by node, as preload does with
+		// --nnodes: node n starts at n x its local ranks.
+		start := engine["--data-parallel-start-rank"]
+		if role == "worker" {
+			start = fmt.Sprintf("--data-parallel-start-rank=$((LWS_WORKER_INDEX * %s))", engine["--data-parallel-size-local"])
+			if !strings.Contains(strings.Join(vllm.Command, " "), start) {
+				t.Errorf("worker: vLLM command %q does not start at %s", vllm.Command, start)
+			}
+		} else if start != "0" {
+			t.Errorf("leader: vLLM --data-parallel-start-rank %q, want 0", start)
+		}
 		if wc["--weight-cache-master-port"] == engine["--master-port"] {
 			t.Errorf("%s: --weight-cache-master-port equals the engine's --master-port", role)
 		}
-		for _, f := range []string{"--tensor-parallel-size", "--data-parallel-size", "--data-parallel-size-local"} {
+		for _, f := range []string{"--tensor-parallel-size", "--data-parallel-size"} {
 			if wc[f] != engine[f] {
 				t.Errorf("%s: weightcache %s %q, engine %q: the fingerprints would differ", role, f, wc[f], engine[f])
 			}

@@ -6,6 +6,9 @@ container; node i serves data-parallel rank i.
 {{- define "weightcache.lwsPod" -}}
 {{- $root := .root -}}
 {{- $ex := .ex -}}
+{{- with $root.Values.gpu.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 securityContext:
   runAsUser: {{ $root.Values.runAsUser }}
   runAsGroup: {{ $root.Values.runAsGroup }}
@@ -17,18 +20,13 @@ initContainers:
       - preload
       - --model={{ .m.model }}
       - --dtype={{ .m.dtype | default "auto" }}
-      - --devices={{ .devices }}
-      - --tensor-parallel-size={{ $ex.tensorParallelSize }}
-      - --data-parallel-size=$(LWS_GROUP_SIZE)
-      - --data-parallel-size-local=1
+      # One rank per GPU; with --nnodes, node n's GPU i is dp_rank n x {{ $ex.gpusPerNode }} + i.
+      - --data-parallel-size={{ .dp }}
+      - --nnodes={{ $ex.size }}
       {{- if .leader }}
       # The leader is node 0: it hosts the rendezvous the workers dial.
-      - --data-parallel-start-rank=0
-      - --nnodes=$(LWS_GROUP_SIZE)
       - --node-rank=0
       {{- else }}
-      - --data-parallel-start-rank=$(LWS_WORKER_INDEX)
-      - --nnodes=$(LWS_GROUP_SIZE)
       - --node-rank=$(LWS_WORKER_INDEX)
       {{- end }}
       - --master-addr=$(LWS_LEADER_ADDRESS)
@@ -42,6 +40,12 @@ initContainers:
         valueFrom:
           fieldRef:
             fieldPath: status.podIP
+      # The engine container holds the node's GPUs through the device plugin;
+      # the sidecar sees them through the NVIDIA runtime without a request.
+      - name: NVIDIA_VISIBLE_DEVICES
+        value: all
+      - name: NVIDIA_DRIVER_CAPABILITIES
+        value: compute,utility
     ports:
       - name: wc-rendezvous
         containerPort: {{ $ex.weightCacheMasterPort }}
@@ -54,9 +58,9 @@ initContainers:
       periodSeconds: 5
     resources:
       requests:
-        memory: {{ add $ex.residentMiB $root.Values.memoryOverheadMiB }}Mi
+        memory: {{ $root.Values.memoryOverheadMiB }}Mi
       limits:
-        memory: {{ add $ex.residentMiB $root.Values.memoryOverheadMiB }}Mi
+        memory: {{ $root.Values.memoryOverheadMiB }}Mi
     securityContext:
       allowPrivilegeEscalation: false
       readOnlyRootFilesystem: true
@@ -71,21 +75,28 @@ initContainers:
 containers:
   - name: vllm
     image: {{ $ex.image }}
+    {{- if not .leader }}
+    # Worker n's first data-parallel rank is n x {{ $ex.gpusPerNode }}: computed by the shell,
+    # since the worker index is known only in the pod.
+    command:
+      - sh
+      - -c
+      - exec vllm serve "$@" --headless --data-parallel-start-rank=$((LWS_WORKER_INDEX * {{ $ex.gpusPerNode }}))
+      - vllm
+    {{- end }}
     args:
       - {{ .m.model }}
       - --dtype={{ .m.dtype | default "auto" }}
       - --load-format=weightcache
       - '--model-loader-extra-config={"mode": "zero_copy", "fallback": true}'
-      - --tensor-parallel-size={{ $ex.tensorParallelSize }}
-      - --data-parallel-size=$(LWS_GROUP_SIZE)
-      - --data-parallel-size-local=1
-      - --data-parallel-start-rank=$(LWS_WORKER_INDEX)
+      - --data-parallel-size={{ .dp }}
+      - --data-parallel-size-local={{ $ex.gpusPerNode }}
+      {{- if .leader }}
+      - --data-parallel-start-rank=0
+      {{- end }}
       - --data-parallel-address=$(LWS_LEADER_ADDRESS)
       - --data-parallel-rpc-port=13345
       - --master-port=29500
-      {{- if not .leader }}
-      - --headless
-      {{- end }}
     env:
       - name: XDG_RUNTIME_DIR
         value: /run/xdg
@@ -103,7 +114,7 @@ containers:
     {{- end }}
     resources:
       limits:
-        nvidia.com/gpu: {{ $ex.tensorParallelSize }}
+        nvidia.com/gpu: {{ $ex.gpusPerNode }}
     volumeMounts:
       - name: xdg
         mountPath: /run/xdg
@@ -128,7 +139,7 @@ volumes:
     image:
       reference: {{ include "weightcache.image" $root }}
       pullPolicy: {{ $root.Values.image.pullPolicy }}
-  # NCCL between the tensor-parallel workers of one node.
+  # vLLM's processes on one node share memory through /dev/shm.
   - name: dshm
     emptyDir:
       medium: Memory
