@@ -258,37 +258,33 @@ func TestAuditCleanAtError(t *testing.T) {
 	}
 }
 
-func container(t *testing.T, cs []corev1.Container, name string) corev1.Container {
+// find returns the one item that matches, and fails the test naming what
+// was looked for when none does.
+func find[T any](t *testing.T, what string, items []T, match func(T) bool) T {
 	t.Helper()
-	for _, c := range cs {
-		if c.Name == name {
-			return c
+	for _, it := range items {
+		if match(it) {
+			return it
 		}
 	}
-	t.Fatalf("no container %s", name)
-	return corev1.Container{}
+	t.Fatalf("no %s", what)
+	var zero T
+	return zero
+}
+
+func container(t *testing.T, cs []corev1.Container, name string) corev1.Container {
+	t.Helper()
+	return find(t, "container "+name, cs, func(c corev1.Container) bool { return c.Name == name })
 }
 
 func volume(t *testing.T, pod corev1.PodSpec, name string) corev1.Volume {
 	t.Helper()
-	for _, v := range pod.Volumes {
-		if v.Name == name {
-			return v
-		}
-	}
-	t.Fatalf("no volume %s", name)
-	return corev1.Volume{}
+	return find(t, "volume "+name, pod.Volumes, func(v corev1.Volume) bool { return v.Name == name })
 }
 
 func mountOf(t *testing.T, c corev1.Container, volume string) corev1.VolumeMount {
 	t.Helper()
-	for _, m := range c.VolumeMounts {
-		if m.Name == volume {
-			return m
-		}
-	}
-	t.Fatalf("container %s does not mount %s", c.Name, volume)
-	return corev1.VolumeMount{}
+	return find(t, "mount of "+volume+" in container "+c.Name, c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == volume })
 }
 
 // mountAt returns the mount that makes path visible: at path or at a parent,
@@ -311,13 +307,9 @@ func mountAt(t *testing.T, c corev1.Container, path, stop string) corev1.VolumeM
 
 func containerPort(t *testing.T, c corev1.Container, name string) int32 {
 	t.Helper()
-	for _, p := range c.Ports {
-		if p.Name == name || fmt.Sprint(p.ContainerPort) == name {
-			return p.ContainerPort
-		}
-	}
-	t.Fatalf("container %s has no port %s", c.Name, name)
-	return 0
+	return find(t, "port "+name+" in container "+c.Name, c.Ports, func(p corev1.ContainerPort) bool {
+		return p.Name == name || fmt.Sprint(p.ContainerPort) == name
+	}).ContainerPort
 }
 
 func env(c corev1.Container, name string) string {
