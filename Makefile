@@ -4,15 +4,19 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps demo bench bench-python bench-vllm bench-scale fuzz deps clean
+.PHONY: build test test-python python-deps test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale fuzz deps clean
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
 
 build:
-	$(GO) build -o $(BIN) ./cmd/weightcache
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
 
 # Race detection needs cgo; the product itself builds without it.
 test: build
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 9m ./...
 	$(MAKE) test-python
+	$(MAKE) test-deploy
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
 # when they are missing (root and apt).
@@ -24,14 +28,39 @@ python-deps:
 test-python: build python-deps
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
+# The chart, rendered manifests, systemd unit and image, tested in their own
+# Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
+test-deploy: deploy-deps
+	cd deploy && $(GO) test -count=1 -timeout 9m ./...
+
+# podman builds the image, systemd-analyze checks the unit (root and apt).
+deploy-deps:
+	@command -v podman >/dev/null && command -v systemd-analyze >/dev/null || { \
+		[ "$$(id -u)" = 0 ] || { echo "podman and systemd are missing: apt-get install them as root (their tests skip meanwhile)" >&2; exit 0; }; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y podman systemd; }
+
+# Rewrites deploy/kubernetes/*.yaml from the chart.
+manifests:
+	cd deploy && $(GO) test -count=1 -run TestRenderedManifests ./... -update
+
+# No registry is needed: the root filesystem is staged here and copied into
+# a FROM scratch image (see Containerfile).
+IMAGE ?= localhost/weightcache:$(VERSION)
+PODMAN ?= podman --storage-driver vfs
+image:
+	scripts/image-rootfs.sh bin/image-rootfs $(VERSION)
+	$(PODMAN) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile .
+
 bench-python: build python-deps
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
 
 bench-vllm: build python-deps
 	$(PYTHON) python/bench_vllm.py --bin $(BIN)
 
+
+# DEMO_ARGS='--model /path/to/your/model' runs it on your own checkpoint.
 demo: build
-	./$(BIN) demo
+	./$(BIN) demo $(DEMO_ARGS)
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

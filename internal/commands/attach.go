@@ -16,7 +16,13 @@ import (
 )
 
 func init() {
-	register(command{name: "attach", summary: "attach to a daemon as an engine would, and report hit or fallback", run: runAttach})
+	register(command{name: "attach", summary: "attach to a daemon as an engine would, and report hit or fallback", run: runAttach,
+		usage: "attach --model M [flags]", fallbackGroup: "serving",
+		examples: []string{
+			"weightcache attach --model /models/Llama-3.1-8B --device cuda:0",
+			"weightcache attach --model /models/m --fallback=false --json   # exit 3 on a miss",
+			"weightcache attach --model /models/m --tensor-parallel-size 2 --tp-rank 1 --device host:1 --verify",
+		}})
 }
 
 type attachResult struct {

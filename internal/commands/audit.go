@@ -18,6 +18,11 @@ func init() {
 		name:    "audit",
 		summary: "find settings an engine upgrade removed, renamed or gated in deploy files",
 		run:     runAudit,
+		usage:   "audit [PATH...] [flags]   (PATH default: the current directory)",
+		examples: []string{
+			"weightcache audit deploy/",
+			"weightcache audit --format sarif --fail-on warning . > audit.sarif",
+		},
 	})
 }
 
@@ -33,10 +38,6 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	rulesFile := fs.String("rules", "", "YAML `file` of rules that add to or replace the built-in ones by id")
 	target := fs.String("target-version", "0.31", "vLLM `release` being upgraded to: rules from later releases are left out")
 	verbose := fs.Bool("verbose", false, "also list the files and folders skipped, and why (JSON and SARIF always do)")
-	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: weightcache audit [PATH...] [flags]\n\nScans PATHs (default: the current directory) for deploy settings vLLM 0.29-0.31 removed, renamed or gated.")
-		fs.PrintDefaults()
-	}
 	paths, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err

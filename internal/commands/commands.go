@@ -10,7 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -27,6 +27,8 @@ const (
 type env struct {
 	stdout io.Writer
 	stderr io.Writer
+	// capture, when set, receives the command's flag set (see commandFlags).
+	capture **flag.FlagSet
 }
 
 type command struct {
@@ -34,6 +36,13 @@ type command struct {
 	summary string
 	hidden  bool
 	run     func(ctx context.Context, e env, args []string) error
+	// usage is the synopsis after "weightcache " (default: name [flags]);
+	// examples are printed under the flags by --help.
+	usage    string
+	examples []string
+	// fallbackGroup is the help heading for flags flagGroups does not
+	// name (default: other).
+	fallbackGroup string
 }
 
 var registry = map[string]command{}
@@ -64,11 +73,21 @@ func Main(args []string) int {
 }
 
 func run(ctx context.Context, e env, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0:
 		printUsage(e.stderr)
-		if len(args) == 0 {
-			return exitUsage
-		}
+		return exitUsage
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "-help":
+		printUsage(e.stdout)
+		return exitOK
+	case args[0] == "--version" || args[0] == "-version":
+		printVersion(e.stdout)
+		return exitOK
+	case args[0] == "help" && len(args) > 1:
+		// "help preload" is "preload --help".
+		args = []string{args[1], "--help"}
+	case args[0] == "help":
+		printUsage(e.stdout)
 		return exitOK
 	}
 	c, ok := registry[args[0]]
@@ -88,32 +107,53 @@ func run(ctx context.Context, e env, args []string) int {
 	fmt.Fprintf(e.stderr, "weightcache %s: %v\n", c.name, err)
 	var ee *exitError
 	if errors.As(err, &ee) {
+		if ee.code == exitUsage {
+			fmt.Fprintf(e.stderr, "(weightcache help %s lists its flags)\n", c.name)
+		}
 		return ee.code
 	}
 	return exitFail
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: weightcache <command> [flags]\n\ncommands:")
-	names := make([]string, 0, len(registry))
-	for n, c := range registry {
-		if !c.hidden {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, registry[n].summary)
-	}
-}
-
 // newFlags returns a flag set that reports errors instead of exiting, so that
 // a bad flag becomes a usage error with exit code 2.
+// On -h or --help it prints the command's help on stdout; on a bad flag it
+// prints nothing, and Main prints the error once.
 func newFlags(name string, e env) *flag.FlagSet {
 	fs := flag.NewFlagSet("weightcache "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	// The flag package writes a parse error to Output before it calls Usage,
+	// and writes nothing before Usage on -h: that tells the two apart.
+	var failed countWriter
+	fs.SetOutput(&failed)
+	fs.Usage = func() {
+		if failed == 0 {
+			printCommandHelp(e.stdout, registry[name], fs)
+		}
+	}
+	if e.capture != nil {
+		*e.capture = fs
+	}
 	return fs
 }
+
+type countWriter int
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+// commandFlags returns c's flags as its run function defines them: it runs c
+// with --help and its output discarded, which returns before any work.
+func commandFlags(c command) *flag.FlagSet {
+	var fs *flag.FlagSet
+	_ = c.run(context.Background(), env{stdout: io.Discard, stderr: io.Discard, capture: &fs}, []string{"--help"})
+	if fs == nil {
+		fs = flag.NewFlagSet(c.name, flag.ContinueOnError)
+	}
+	return fs
+}
+
+// dashDash respells the flag package's "-name" in its errors as "--name",
+// the spelling help and the README use.
+var dashDash = strings.NewReplacer("defined: -", "defined: --", "flag -", "flag --", "argument: -", "argument: --", "for -", "for --")
 
 // parseFlags parses args and refuses stray positional arguments unless the
 // command accepts them.
@@ -122,7 +162,7 @@ func parseFlags(fs *flag.FlagSet, args []string, allowArgs bool) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &exitError{code: exitUsage, err: err}
+		return &exitError{code: exitUsage, err: errors.New(dashDash.Replace(err.Error()))}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErrorf("unexpected argument %q", fs.Arg(0))

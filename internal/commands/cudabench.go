@@ -12,7 +12,8 @@ import (
 )
 
 func init() {
-	register(command{name: "cuda-bench", hidden: true, summary: "measure host-to-device bandwidth on the bytes of a checkpoint", run: runCUDABench})
+	register(command{name: "cuda-bench", hidden: true, summary: "measure host-to-device bandwidth on the bytes of a checkpoint", run: runCUDABench,
+		examples: []string{"weightcache cuda-bench --model /tmp/llama-medium --device cuda:0"}})
 }
 
 // benchResult is cuda-bench's output: the baselines a GPU preload is

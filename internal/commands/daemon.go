@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	register(command{name: "daemon", hidden: true, summary: "one rank daemon, started by preload", run: runDaemon})
+	register(command{name: "daemon", hidden: true, summary: "one rank daemon, started by preload", run: runDaemon, usage: "daemon (started by preload with a socketpair on fd 3)"})
 }
 
 // runDaemon is one rank: preload starts it with a socketpair on fd 3 and

@@ -344,11 +344,11 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
-	out, stderr, code := runWC(t, "demo")
+	out, stderr, code := runWC(t, "demo", "--preset", "tiny")
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"restart through the daemon (hit)", "fingerprint_mismatch", "dtype"} {
+	for _, want := range []string{"restart through the daemon (hit)", "fingerprint_mismatch", "dtype", "█", "restart/cold: 0.", "demo --model"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out)
 		}

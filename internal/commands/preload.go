@@ -17,7 +17,14 @@ import (
 )
 
 func init() {
-	register(command{name: "preload", summary: "load a checkpoint once and serve it to engines until stopped", run: runPreload})
+	register(command{name: "preload", summary: "load a checkpoint once and serve it to engines until stopped", run: runPreload,
+		usage: "preload --model M [flags]", fallbackGroup: "serving",
+		examples: []string{
+			"weightcache preload --model /models/Llama-3.1-8B --devices cuda:0",
+			"weightcache preload --model meta-llama/Llama-3.1-8B --revision main --weight-cache-health-port 9400",
+			"weightcache preload --model /models/m --devices host:0,host:1 --tensor-parallel-size 2",
+			"weightcache preload --model /models/m --publish-only",
+		}})
 }
 
 // readyLine is the one JSON line preload prints on stdout once every rank

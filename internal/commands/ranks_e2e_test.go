@@ -337,7 +337,7 @@ func TestDaemonCommandNeedsLauncher(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "started by preload") {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	if _, usage, _ := runWC(t, "help"); !strings.Contains(usage, "preload") || strings.Contains(usage, "\n  daemon ") {
+	if usage, _, _ := runWC(t, "help"); !strings.Contains(usage, "preload") || strings.Contains(usage, "\n  daemon ") {
 		t.Fatalf("help should list preload and hide daemon:\n%s", usage)
 	}
 }

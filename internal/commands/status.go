@@ -13,7 +13,8 @@ import (
 )
 
 func init() {
-	register(command{name: "status", summary: "show every daemon in the socket directory", run: runStatus})
+	register(command{name: "status", summary: "show every daemon in the socket directory", run: runStatus,
+		examples: []string{"weightcache status", "weightcache status --socket-dir /run/weightcache --json"}})
 }
 
 func runStatus(ctx context.Context, e env, args []string) error {

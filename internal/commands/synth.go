@@ -14,6 +14,11 @@ func init() {
 		name:    "synth",
 		summary: "write a synthetic Llama-shaped checkpoint (tiny, small, medium)",
 		run:     runSynth,
+		usage:   "synth --out DIR [flags]",
+		examples: []string{
+			"weightcache synth --preset small --out /tmp/llama-small",
+			"weightcache synth --preset medium --shards 4 --dtype f16 --out /tmp/llama-medium",
+		},
 	})
 }
 
