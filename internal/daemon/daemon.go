@@ -40,12 +40,15 @@ type Config struct {
 	// PublishOnly starts the daemon empty: it loads nothing from disk and
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool
+	Limits      Limits
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
 // it with Shutdown.
 type Daemon struct {
 	cfg     Config
+	limits  Limits
+	budget  inflight
 	ln      *listener
 	log     *slog.Logger
 	started time.Time
@@ -62,7 +65,8 @@ type Daemon struct {
 	loadSecs   float64
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
-	conns      map[*net.UnixConn]struct{}
+	conns      map[*net.UnixConn]*connState
+	evicted    int64
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
@@ -137,11 +141,13 @@ func Start(cfg Config) (*Daemon, error) {
 		state:      initialState(cfg),
 		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
-		conns:      map[*net.UnixConn]struct{}{},
+		conns:      map[*net.UnixConn]*connState{},
+		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
 		total:      cfg.Checkpoint.Size(),
 	}
+	d.budget.limit = d.limits.MaxInflightBytes
 	d.wg.Add(1)
 	go d.accept()
 	return d, nil
@@ -162,19 +168,26 @@ func (d *Daemon) Leases() int {
 
 func (d *Daemon) accept() {
 	defer d.wg.Done()
+	var backoff acceptBackoff
 	for {
 		uc, err := d.ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			d.log.Warn("accept failed", "err", err)
-			time.Sleep(10 * time.Millisecond)
+			select {
+			case <-time.After(backoff.fail(d, err)):
+			case <-d.stopCh:
+			}
 			continue
 		}
-		d.mu.Lock()
-		d.conns[uc] = struct{}{}
-		d.mu.Unlock()
+		backoff.ok()
+		if !d.admit(uc) {
+			_ = uc.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = protocol.NewConn(uc, 0).Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d connections, all leased (limit %d)", d.ln.path, d.limits.MaxConnections, d.limits.MaxConnections))
+			_ = uc.Close()
+			continue
+		}
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()

@@ -79,7 +79,7 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 	if err := d.checkPublish(s, p); err != nil {
 		return err, nil, false
 	}
-	deadline := time.NewTimer(time.Duration(max(p.WaitMS, 0)) * time.Millisecond)
+	deadline := time.NewTimer(msDuration(p.WaitMS))
 	defer deadline.Stop()
 	for {
 		d.mu.Lock()
@@ -131,6 +131,9 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 		if n <= 0 {
 			return protocol.Errorf(protocol.CodeBadRequest, "publish: sizes[%d] is %d, want a positive byte count", i, n)
 		}
+	}
+	if err := d.checkPublishSize(p.Sizes); err != nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
 	return nil
 }
@@ -213,7 +216,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.mu.Lock()
 	segs := d.pub.segments
 	d.mu.Unlock()
-	l, err := sealLayout(d.cfg.Backend.Device(), segs, c.Tensors)
+	l, err := sealLayout(d.cfg.Backend.Device(), segs, c.Tensors, d.stopCh)
 	if err != nil {
 		// Seals cannot be undone, so a failed commit cannot be retried:
 		// nothing of it is kept.
@@ -241,7 +244,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 
 // sealLayout checks the writer's manifest against its segments, seals them
 // and checksums every tensor as it will be served.
-func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
+func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor, stop <-chan struct{}) (*layout, error) {
 	sizes := make([]protocol.Segment, len(segs))
 	for i, s := range segs {
 		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
@@ -274,7 +277,7 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
 			continue
 		}
-		crc, err := checksum(r, t.Offset, t.NBytes, buf)
+		crc, err := checksum(r, t.Offset, t.NBytes, buf, stop)
 		if err != nil {
 			return nil, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
 		}
@@ -299,9 +302,16 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 	return nil
 }
 
-func checksum(r io.ReaderAt, off, n int64, buf []byte) (uint32, error) {
+// checksum stops when stop is closed (SIGTERM): a large layout must not
+// hold up the drain.
+func checksum(r io.ReaderAt, off, n int64, buf []byte, stop <-chan struct{}) (uint32, error) {
 	var crc uint32
 	for done := int64(0); done < n; {
+		select {
+		case <-stop:
+			return 0, errors.New("daemon stopped during commit")
+		default:
+		}
 		chunk := buf[:min(int64(len(buf)), n-done)]
 		if _, err := r.ReadAt(chunk, off+done); err != nil {
 			return 0, err
