@@ -264,18 +264,29 @@ func TestSIGTERMDrainsLiveLease(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err := holder.Wait(); err != nil {
-		t.Fatalf("holder: %v", err)
-	}
-	held := time.Now()
-	if err := p.cmd.Wait(); err != nil {
-		t.Fatalf("preload: %v: %s", err, p.stderr)
-	}
-	if time.Since(held) > 5*time.Second {
-		t.Fatal("preload lingered after the lease ended")
+	// Which exits first is the point: preload must outlive the lease.
+	exited := make(chan string, 2)
+	go func() {
+		if err := p.cmd.Wait(); err != nil {
+			t.Errorf("preload: %v: %s", err, p.stderr)
+		}
+		exited <- "preload"
+	}()
+	go func() {
+		if err := holder.Wait(); err != nil {
+			t.Errorf("holder: %v", err)
+		}
+		exited <- "holder"
+	}()
+	if first, second := <-exited, <-exited; first != "holder" || second != "preload" {
+		t.Fatalf("%s exited before %s: preload did not wait for the lease", first, second)
 	}
 	if !strings.Contains(p.stderr.String(), "draining") {
 		t.Fatalf("preload did not say it was draining: %s", p.stderr)
+	}
+	// It stopped because the lease ended, not at the drain timeout.
+	if strings.Contains(p.stderr.String(), "drain timeout") || strings.Contains(p.stderr.String(), "live leases") {
+		t.Fatalf("preload waited for the drain timeout: %s", p.stderr)
 	}
 	noSockets(t, dir)
 }
