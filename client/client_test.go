@@ -122,6 +122,20 @@ func TestFallbackReasons(t *testing.T) {
 				Segments: []protocol.Segment{{Index: 0, Size: 4096}},
 				Tensors:  []protocol.Tensor{{Name: "w", DType: "F32", Shape: []int64{10}, NBytes: 10}}}, f)
 		}, ReasonProtocolError, "do not match dtype F32"},
+		{"segment not sealed", func(c *protocol.Conn) {
+			okReady(c)
+			b, _ := host.New("host")
+			seg, err := b.Alloc(4096)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer seg.Free()
+			f, _ := seg.Export() // never sealed: the daemon could still change it
+			defer f.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: "host",
+				Segments: []protocol.Segment{{Index: 0, Size: 4096}}}, f)
+		}, ReasonProtocolError, "want write, shrink, grow and seal"},
 		{"daemon refuses: permission", func(c *protocol.Conn) {
 			answer(c, protocol.Errorf(protocol.CodePermission, "uid 0 only"))
 		}, ReasonProtocolError, "permission_denied"},
