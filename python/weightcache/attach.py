@@ -2,14 +2,12 @@
 engine's device, zero-copy, or load them from disk with a named reason.
 The behaviour is that of the Go client (client/attach.go)."""
 
-import mmap
-import os
 import socket
 import time
 
 import torch
 
-from . import cuda, dtypes, protocol, safetensors, source
+from . import cuda, dtypes, hostmap, protocol, source
 from .checkpoint import resolve
 from .fallback import load_from_disk
 from .source import AttachInfo, MissError, miss
@@ -193,23 +191,17 @@ def map_manifest(fr):
             maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fr.fds, segs)]
             bases = [cuda.as_tensor(mp) for mp in maps]
         else:
-            maps = [_map_host(fd, s["size"], i) for i, (fd, s) in enumerate(zip(fr.fds, segs))]
-            # PROT_READ on purpose: a stray write faults instead of
-            # corrupting the daemon's memory for every engine.
-            bases = [safetensors.readonly_bytes(mp) for mp in maps]
+            maps, bases = [], []
+            for i, (fd, s) in enumerate(zip(fr.fds, segs)):
+                mp, base = hostmap.map_segment(fd, s["size"], i)
+                maps.append(mp)
+                bases.append(base)
     finally:
         fr.close_fds()
     tensors = {}
     for t in m.get("tensors") or []:
         tensors[t["name"]] = _view(t, bases, segs)
     return tensors, maps
-
-
-def _map_host(fd, size, i):
-    st = os.fstat(fd)
-    if st.st_size < size:
-        raise protocol.ProtocolError(f"segment {i} has {st.st_size} bytes, manifest says {size}")
-    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
 
 def _view(t, bases, segs):
