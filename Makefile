@@ -32,8 +32,16 @@ demo: build
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
 
+# Every decoder of untrusted bytes, each for FUZZTIME (longer runs: make fuzz FUZZTIME=5m).
+FUZZTIME ?= 10s
+FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/protocol:FuzzRecv client:FuzzMapManifest \
+	internal/plan:FuzzParse internal/audit:FuzzLoadRules internal/launcher:FuzzHandoff
+
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/safetensors
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+	done
 
 clean:
 	rm -rf bin

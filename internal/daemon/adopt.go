@@ -18,7 +18,12 @@ func (d *Daemon) Adopt(segs []backend.Segment, tensors []protocol.Tensor, loadTi
 	for _, s := range segs {
 		l.bytes += s.Size()
 	}
-	if err := l.encode(d.cfg.Backend.Device()); err != nil {
+	// The launcher's hand-off is checked as an engine's publish would be.
+	err := CheckLayout(segmentSizes(segs), tensors)
+	if err == nil {
+		err = l.encode(d.cfg.Backend.Device())
+	}
+	if err != nil {
 		for _, s := range segs {
 			_ = s.Free()
 		}

@@ -245,22 +245,8 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 // sealLayout checks the writer's manifest against its segments, seals them
 // and checksums every tensor as it will be served.
 func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor, stop <-chan struct{}) (*layout, error) {
-	sizes := make([]protocol.Segment, len(segs))
-	for i, s := range segs {
-		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
-	}
-	seen := make(map[string]bool, len(tensors))
-	for _, t := range tensors {
-		if t.Name == "" {
-			return nil, errors.New("a tensor has an empty name")
-		}
-		if seen[t.Name] {
-			return nil, fmt.Errorf("tensor %s is listed twice", t.Name)
-		}
-		seen[t.Name] = true
-		if err := checkPlacement(t, sizes); err != nil {
-			return nil, err
-		}
+	if err := CheckLayout(segmentSizes(segs), tensors); err != nil {
+		return nil, err
 	}
 	l := &layout{segments: segs, tensors: tensors}
 	for i, s := range segs {
@@ -284,6 +270,34 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 		t.CRC32C = crc
 	}
 	return l, l.encode(device)
+}
+
+func segmentSizes(segs []backend.Segment) []protocol.Segment {
+	sizes := make([]protocol.Segment, len(segs))
+	for i, s := range segs {
+		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
+	}
+	return sizes
+}
+
+// CheckLayout refuses manifest entries that a daemon must not serve: an
+// empty or repeated name, bytes outside their segment, a size that does
+// not match dtype and shape.
+func CheckLayout(segs []protocol.Segment, tensors []protocol.Tensor) error {
+	seen := make(map[string]bool, len(tensors))
+	for _, t := range tensors {
+		if t.Name == "" {
+			return errors.New("a tensor has an empty name")
+		}
+		if seen[t.Name] {
+			return fmt.Errorf("tensor %s is listed twice", t.Name)
+		}
+		seen[t.Name] = true
+		if err := checkPlacement(t, segs); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkPlacement refuses an entry outside its segment, or whose size does

@@ -112,3 +112,52 @@ def test_unsealed_segment_refused(model, sock_dir, seals):
         fake.close()
     assert info.reason == "protocol_error" and "seals" in info.detail, info
     assert len(w) == 21
+
+
+def _mutations(rng, valid):
+    """Random variants of a valid manifest: fields dropped, retyped, or set
+    to edge values."""
+    edge = [None, -1, 0, 1, 4095, 4096, 1 << 62, 1 << 64, "", "x", [], {}, [-1], [0], [1 << 40, 1 << 40], 1.5, True]
+    for _ in range(2000):
+        m = json.loads(json.dumps(valid))
+        for _ in range(rng.randint(1, 4)):
+            lists = [m.get(k) for k in ("segments", "tensors")]
+            obj = rng.choice([m] + [v[0] for v in lists if isinstance(v, list) and v])
+            if not isinstance(obj, dict):
+                continue
+            key = rng.choice(list(obj) + ["extra"])
+            if rng.random() < 0.2:
+                obj.pop(key, None)
+            else:
+                obj[key] = rng.choice(edge)
+        yield m
+
+
+def test_manifest_random_is_refused_or_in_bounds():
+    """A bounded random test of the Python manifest decoder over one sealed
+    segment: a named error the attach path turns into protocol_error, or
+    tensors inside the mapping."""
+    import fcntl
+    import random
+    from weightcache import protocol
+    from weightcache.attach import map_manifest
+    fd = memfd(4096, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    valid = {"type": "manifest", "version": 1, "device": "host", "segments": [{"index": 0, "size": 4096}],
+             "tensors": [{"name": "w", "dtype": "F32", "shape": [2, 3], "segment": 0, "offset": 256, "nbytes": 24}]}
+    refused = 0
+    try:
+        for m in _mutations(random.Random(14), valid):
+            fr = protocol.Frame(m, [os.dup(fd)])
+            try:
+                tensors, _ = map_manifest(fr)
+            except (OSError, ValueError, TypeError, protocol.ProtocolError):
+                refused += 1
+                continue
+            finally:
+                assert fr.fds == []
+            for n, t in tensors.items():
+                assert t.numel() * t.element_size() <= 4096, n
+                raw(t)  # every byte readable
+    finally:
+        os.close(fd)
+    assert refused > 0

@@ -183,7 +183,7 @@ def map_manifest(fr):
         if len(segs) != len(fr.fds):
             raise protocol.ProtocolError(f"manifest names {len(segs)} segments but {len(fr.fds)} descriptors came with it")
         for i, s in enumerate(segs):
-            if s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
+            if not isinstance(s, dict) or s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
                 raise protocol.ProtocolError(f"manifest segment {i} is malformed: {s}")
         device = str(m.get("device", ""))
         if device.startswith("GPU-"):
@@ -200,6 +200,8 @@ def map_manifest(fr):
         fr.close_fds()
     tensors = {}
     for t in m.get("tensors") or []:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise protocol.ProtocolError(f"manifest tensor entry is malformed: {str(t)[:64]}")
         tensors[t["name"]] = _view(t, bases, segs)
     return tensors, maps
 
@@ -218,4 +220,7 @@ def _view(t, bases, segs):
     if want != n:
         raise protocol.ProtocolError(f"tensor {name}: {n} bytes do not match dtype {dt} and shape {shape}")
     raw = bases[seg][off:off + n]
-    return raw.view(dtypes.to_torch(dt)).reshape(tuple(shape))
+    try:
+        return raw.view(dtypes.to_torch(dt)).reshape(tuple(shape))
+    except RuntimeError as e:  # an offset not aligned for the dtype, say
+        raise protocol.ProtocolError(f"tensor {name}: {e}") from None
