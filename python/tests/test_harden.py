@@ -161,3 +161,28 @@ def test_manifest_random_is_refused_or_in_bounds():
     finally:
         os.close(fd)
     assert refused > 0
+
+
+def test_unreadable_checkpoint_names_the_file(model):
+    """An unreadable shard is a CheckpointError naming the file and the
+    cause, as Go's error names it, never a bare PermissionError. Run as
+    another uid when root, since root reads anything."""
+    import tempfile
+    top = tempfile.mkdtemp(prefix="wcperm")  # reachable by the other uid
+    os.chmod(top, 0o755)
+    m = os.path.join(top, "m")
+    shutil.copytree(model, m)
+    shard = sorted(f for f in os.listdir(m) if f.endswith(".safetensors"))[-1]
+    os.chmod(os.path.join(m, shard), 0)
+    script = ("import sys; sys.path.insert(0, sys.argv[2])\n"
+              "from weightcache import attach, CheckpointError\n"
+              "try:\n    attach(sys.argv[1], socket_dir='/nonexistent')\n"
+              "except CheckpointError as e:\n    print('CheckpointError', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    kw = {}
+    if os.geteuid() == 0:
+        kw = dict(user=65534, group=65534, extra_groups=[])
+    out = subprocess.run(["/usr/bin/python3", "-c", script, m, os.path.join(root, "python")],
+                         capture_output=True, text=True, **kw)
+    shutil.rmtree(top)
+    assert out.stdout.startswith("CheckpointError unreadable checkpoint") and shard in out.stdout, (out.stdout, out.stderr)
