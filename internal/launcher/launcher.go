@@ -129,6 +129,9 @@ func (l *launcher) start(parent context.Context) error {
 		return l.cause(parent, ctx, err)
 	}
 	l.started.Store(true)
+	for _, p := range l.procsSnapshot() {
+		go p.ping()
+	}
 	return nil
 }
 

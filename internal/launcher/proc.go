@@ -41,6 +41,8 @@ type proc struct {
 	bytes    int64 // resident, once ready
 	exitCode int
 	exitErr  error
+	pinging  bool      // liveness.go
+	lastPong time.Time // liveness.go
 }
 
 func (p *proc) String() string {
@@ -107,6 +109,10 @@ func (p *proc) read() {
 			return
 		}
 		fr.CloseFiles() // ranks send no descriptors
+		if fr.Type == typePong {
+			p.pong()
+			continue
+		}
 		p.frames <- fr
 	}
 }
@@ -173,7 +179,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 func (p *proc) rankState() metrics.RankState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.state, PID: p.pid, Socket: p.socket}
+	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.liveState(), PID: p.pid, Socket: p.socket}
 	if p.state == StateExited {
 		code := p.exitCode
 		rs.ExitCode = &code

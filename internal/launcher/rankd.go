@@ -43,6 +43,12 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				gone <- err
 				return
 			}
+			if fr.Type == typePing {
+				// Pings come only once this rank said ready, so this is
+				// the only sender left.
+				_ = ctl.Send(protocol.NewHead(typePong))
+				continue
+			}
 			frames <- fr
 		}
 	}()

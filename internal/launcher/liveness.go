@@ -1,0 +1,59 @@
+package launcher
+
+import (
+	"time"
+
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Once every rank serves, the launcher pings each over its control
+// channel; a rank that has not answered for livenessTimeout (stopped,
+// wedged, swapped out) is shown as unresponsive in /health and
+// weightcache_rank_ready until it answers again.
+const (
+	typePing = "rank_ping"
+	typePong = "rank_pong"
+
+	// StateUnresponsive is a ready rank that stopped answering.
+	StateUnresponsive = "unresponsive"
+)
+
+var (
+	pingEvery       = time.Second
+	livenessTimeout = 3 * time.Second
+)
+
+// ping sends a ping every pingEvery until the rank exits.
+func (p *proc) ping() {
+	p.mu.Lock()
+	p.lastPong = time.Now()
+	p.pinging = true
+	p.mu.Unlock()
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-t.C:
+			// A stopped rank stops reading too: the deadline keeps a
+			// full socket buffer from blocking this loop.
+			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
+			_ = p.ctl.Send(protocol.NewHead(typePing))
+		}
+	}
+}
+
+func (p *proc) pong() {
+	p.mu.Lock()
+	p.lastPong = time.Now()
+	p.mu.Unlock()
+}
+
+// liveState is state as /health shows it; callers hold p.mu.
+func (p *proc) liveState() string {
+	if p.state == StateReady && p.pinging && time.Since(p.lastPong) > livenessTimeout {
+		return StateUnresponsive
+	}
+	return p.state
+}
