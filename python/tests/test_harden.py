@@ -186,3 +186,12 @@ def test_unreadable_checkpoint_names_the_file(model):
                          capture_output=True, text=True, **kw)
     shutil.rmtree(top)
     assert out.stdout.startswith("CheckpointError unreadable checkpoint") and shard in out.stdout, (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "//"])
+def test_symlinked_socket_dir_refused(sock_dir, tmp_path, suffix):
+    from weightcache import protocol
+    link = str(tmp_path / "link")
+    os.symlink(sock_dir, link)
+    with pytest.raises(protocol.ProtocolError, match="symlink"):
+        protocol.check_socket_dir(link + suffix)
