@@ -1,6 +1,10 @@
 package commands
 
 import (
+	"context"
+	"strings"
+
+	"github.com/weightcache/weightcache/client"
 	"os"
 	"strconv"
 	"syscall"
@@ -40,4 +44,21 @@ func isZombie(pid int) bool {
 		}
 	}
 	return false
+}
+
+// While the launcher loads for its ranks, status shows how far it is, not
+// 0 B.
+func TestStatusShowsLoadingProgress(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--read-limit", "200000")
+	waitFor(t, "status shows bytes read while loading", func() bool {
+		st, err := client.Status(context.Background(), dir)
+		return err == nil && len(st) == 1 && st[0].State == "loading" && st[0].LoadedBytes > 0 && st[0].TotalBytes > st[0].LoadedBytes
+	})
+	out, _, code := runWC(t, "status", "--socket-dir", dir)
+	if code != 0 || !strings.Contains(out, "loading") || !strings.Contains(out, " of ") {
+		t.Fatalf("status while loading (exit %d):\n%s", code, out)
+	}
+	p.stop(t, syscall.SIGTERM)
+	noSockets(t, dir)
 }

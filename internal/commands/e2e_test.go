@@ -236,8 +236,13 @@ func TestKillDaemonDuringAttach(t *testing.T) {
 		// The status probe is a connection too.
 		return st.State == "loading" && st.Connections-1 >= 2
 	})
-	p.stop(t, syscall.SIGKILL)
+	// The rank that serves the socket dies, not the launcher (whose ranks
+	// would drain and say so).
+	if err := syscall.Kill(stats(t, dir).PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
 	l, s := <-lenient, <-strict
+	_ = p.cmd.Wait()
 	if l.code != 0 || l.r.Source != "fallback" || l.r.Reason != "protocol_error" || l.r.Tensors == 0 {
 		t.Fatalf("lenient engine: exit %d, %+v", l.code, l.r)
 	}

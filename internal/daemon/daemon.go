@@ -56,7 +56,7 @@ type Daemon struct {
 	stopCh  chan struct{} // closed when Shutdown begins
 
 	loaded atomic.Int64
-	total  int64
+	total  atomic.Int64
 
 	mu         sync.Mutex
 	state      string
@@ -145,8 +145,8 @@ func Start(cfg Config) (*Daemon, error) {
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
-		total:      cfg.Checkpoint.Size(),
 	}
+	d.total.Store(cfg.Checkpoint.Size())
 	d.budget.limit = d.limits.MaxInflightBytes
 	d.wg.Add(1)
 	go d.accept()
@@ -157,7 +157,14 @@ func Start(cfg Config) (*Daemon, error) {
 func (d *Daemon) Socket() string { return d.ln.path }
 
 // Progress reports checkpoint bytes read so far and in all.
-func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total }
+func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total.Load() }
+
+// SetProgress records a load that another process (the launcher) runs for
+// this daemon, so that status shows it while loading.
+func (d *Daemon) SetProgress(done, total int64) {
+	d.loaded.Store(done)
+	d.total.Store(total)
+}
 
 // Leases is the number of live leases.
 func (d *Daemon) Leases() int {
@@ -274,6 +281,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		FingerprintSum: d.cfg.Fingerprint.Sum(),
 		Tensors:        d.cfg.Checkpoint.NumTensors(),
 		LoadedBytes:    d.loaded.Load(),
+		TotalBytes:     d.total.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
 		Connections:    len(d.conns),

@@ -11,8 +11,9 @@ import (
 // wedged, swapped out) is shown as unresponsive in /health and
 // weightcache_rank_ready until it answers again.
 const (
-	typePing = "rank_ping"
-	typePong = "rank_pong"
+	typePing     = "rank_ping"
+	typePong     = "rank_pong"
+	typeProgress = "rank_progress" // launcher -> rank while it loads for it
 
 	// StateUnresponsive is a ready rank that stopped answering.
 	StateUnresponsive = "unresponsive"
@@ -56,4 +57,32 @@ func (p *proc) liveState() string {
 		return StateUnresponsive
 	}
 	return p.state
+}
+
+// progress tells a rank how far the launcher's load for it has come.
+type progress struct {
+	protocol.Head
+	Done  int64 `json:"done"`
+	Total int64 `json:"total"`
+}
+
+// reportProgress sends progress to procs every pingEvery until stop is
+// closed; done is closed once it no longer sends.
+func reportProgress(procs []*proc, read func() (int64, int64), stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(pingEvery / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		n, total := read()
+		for _, p := range procs {
+			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
+			_ = p.ctl.Send(progress{Head: protocol.NewHead(typeProgress), Done: n, Total: total})
+			_ = p.ctl.Unix().SetWriteDeadline(time.Time{})
+		}
+	}
 }

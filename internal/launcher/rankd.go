@@ -43,6 +43,13 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				gone <- err
 				return
 			}
+			if fr.Type == typeProgress {
+				var pr progress
+				if fr.Decode(&pr) == nil {
+					d.SetProgress(pr.Done, pr.Total)
+				}
+				continue
+			}
 			if fr.Type == typePing {
 				// Pings come only once this rank said ready, so this is
 				// the only sender left.
