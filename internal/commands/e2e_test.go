@@ -61,7 +61,7 @@ func synthModel(t *testing.T, preset string) string {
 	return dir
 }
 
-func sockDir(t *testing.T) string {
+func sockDir(t testing.TB) string {
 	t.Helper()
 	d, err := os.MkdirTemp("", "wc")
 	if err != nil {
@@ -80,7 +80,7 @@ type preloadProc struct {
 
 // startPreloadProc starts a preload process; with wait it returns once the
 // ready line is out.
-func startPreloadProc(t *testing.T, wait bool, args ...string) *preloadProc {
+func startPreloadProc(t testing.TB, wait bool, args ...string) *preloadProc {
 	t.Helper()
 	cmd := wc(append([]string{"preload"}, args...)...)
 	p := &preloadProc{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 16)}
