@@ -3,7 +3,6 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"time"
@@ -316,22 +315,3 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 	return nil
 }
 
-// checksum stops when stop is closed (SIGTERM): a large layout must not
-// hold up the drain.
-func checksum(r io.ReaderAt, off, n int64, buf []byte, stop <-chan struct{}) (uint32, error) {
-	var crc uint32
-	for done := int64(0); done < n; {
-		select {
-		case <-stop:
-			return 0, errors.New("daemon stopped during commit")
-		default:
-		}
-		chunk := buf[:min(int64(len(buf)), n-done)]
-		if _, err := r.ReadAt(chunk, off+done); err != nil {
-			return 0, err
-		}
-		crc = crc32.Update(crc, checkpoint.Castagnoli, chunk)
-		done += int64(len(chunk))
-	}
-	return crc, nil
-}
