@@ -314,4 +314,3 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 	}
 	return nil
 }
-
