@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,5 +135,32 @@ func TestPublishSizeBounded(t *testing.T) {
 	_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{tib, tib, tib, tib}}, protocol.TypePublishSegments)
 	if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "memory") {
 		t.Fatalf("4 x 1 TiB publish: %v", err)
+	}
+}
+
+// Accept errors back off up to a second and are logged at most once per
+// interval, with the count of those left out.
+func TestAcceptBackoff(t *testing.T) {
+	var logged strings.Builder
+	d := &Daemon{log: slog.New(slog.NewTextHandler(&logged, nil)), conns: map[*net.UnixConn]*connState{}}
+	var b acceptBackoff
+	var last time.Duration
+	for range 20 {
+		last = b.fail(d, syscall.EMFILE)
+	}
+	if last != acceptMaxDelay {
+		t.Fatalf("delay after 20 errors = %s, want %s", last, acceptMaxDelay)
+	}
+	if n := strings.Count(logged.String(), "accept failed"); n != 1 {
+		t.Fatalf("20 errors logged %d times, want once:\n%s", n, logged.String())
+	}
+	b.lastLog = time.Time{} // the interval has passed
+	b.fail(d, syscall.EMFILE)
+	if !strings.Contains(logged.String(), "suppressed=19") {
+		t.Fatalf("second line does not count the 19 left out:\n%s", logged.String())
+	}
+	b.ok()
+	if b.fail(d, syscall.EMFILE) != acceptMinDelay {
+		t.Fatal("delay not reset by a successful accept")
 	}
 }
