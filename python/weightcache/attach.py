@@ -69,7 +69,8 @@ def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
     With fallback=False a miss raises MissError carrying the reason. Errors
-    in the checkpoint itself (missing, malformed) raise as they are.
+    in the checkpoint itself (missing, malformed, unreadable) raise CheckpointError
+    naming the file.
     engine and engine_version select a layout that engine published.
     """
     if mode not in MODES:
@@ -174,8 +175,8 @@ def _handshake(conn, fp, key, mode, connect_timeout, state_timeout, name):
 
 
 def map_manifest(fr):
-    """Check a manifest against its descriptors and map them: read-only host
-    views, or imported GPU allocations. Every descriptor is closed on return
+    """Check a manifest against its descriptors and map them: copy-on-write
+    views of sealed host segments (hostmap.py), or imported GPU allocations. Every descriptor is closed on return
     (a mapping does not need it)."""
     try:
         m = fr.body
