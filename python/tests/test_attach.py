@@ -26,7 +26,7 @@ def raw(t):
     return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
-def test_hit_is_zero_copy_read_only_and_silent(model, daemon, sock_dir, wc_bin, capfd):
+def test_hit_is_zero_copy_copy_on_write_and_silent(model, daemon, sock_dir, wc_bin, capfd):
     daemon(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
