@@ -182,10 +182,9 @@ func (d *Daemon) accept() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			select {
-			case <-time.After(backoff.fail(d, err)):
-			case <-d.stopCh:
-			}
+			// At most a second: Shutdown closes the listener, and the next
+			// accept returns net.ErrClosed.
+			time.Sleep(backoff.fail(d, err))
 			continue
 		}
 		backoff.ok()
