@@ -28,6 +28,8 @@ func BenchmarkHostileClients(b *testing.B) {
 		b.Fatal(err)
 	}
 	for range b.N {
+		small := manyTensorModel(b, 100)
+		smallRun(b, small, stalled)
 		p := startPreloadProc(b, true, "--model", model, "--socket-dir", dir)
 		sock := p.ready["socket"].(string)
 		pid := int(p.ready["ranks"].([]any)[0].(map[string]any)["pid"].(float64))
@@ -75,4 +77,34 @@ func waitForB(b *testing.B, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// smallRun times an engine's attach to a 100-tensor daemon, idle and under
+// n connections that declare 16 MiB frames and stall: the attack's cost
+// without the 100k-tensor manifest's decoding in the client.
+func smallRun(b *testing.B, model string, n int) {
+	dir := sockDir(b)
+	p := startPreloadProc(b, true, "--model", model, "--socket-dir", dir)
+	attach := func() time.Duration {
+		var ds []time.Duration
+		for range 5 {
+			start := time.Now()
+			w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ds = append(ds, time.Since(start))
+			w.Close()
+		}
+		slices.Sort(ds)
+		return ds[2]
+	}
+	idle := attach()
+	conns := stallFrames(b, p.ready["socket"].(string), n, protocol.MaxRequestFrame)
+	under := attach()
+	closeAll(conns)
+	fmt.Fprintf(os.Stderr, "100-tensor daemon: engine attach %.2f ms idle, %.2f ms under %d stalled 16 MiB frames\n",
+		float64(idle.Microseconds())/1000, float64(under.Microseconds())/1000, n)
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	_ = p.cmd.Wait()
 }
