@@ -144,12 +144,12 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 	if h.Device != dev {
 		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
 		d.count(protocol.ResultDeviceMismatch, diff)
-		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", h.Device, "have", dev)
+		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", quote(h.Device), "have", dev)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
 		d.count(protocol.ResultMismatch, diff)
-		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diff)
+		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diffFields(diff))
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	s.hello = &h

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -237,4 +238,14 @@ func (d *Daemon) checkPublishSize(sizes []int64) error {
 		}
 	}
 	return nil
+}
+
+// diffFields names the fields of a mismatch, for a log line that does not
+// repeat what the client sent.
+func diffFields(diff []checkpoint.FieldDiff) []string {
+	out := make([]string, len(diff))
+	for i, f := range diff {
+		out[i] = f.Field
+	}
+	return out
 }

@@ -99,12 +99,12 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 		case state == protocol.StateDraining:
 			return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
 		case p.WaitMS <= 0:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, writer.hello.Client), nil, true
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, quote(writer.hello.Client)), nil, true
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q still publishing after %dms", d.ln.path, writer.hello.Client, p.WaitMS), nil, true
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s still publishing after %dms", d.ln.path, quote(writer.hello.Client), p.WaitMS), nil, true
 		case <-d.stopCh:
 			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while waiting to publish", d.ln.path), nil, false
 		}
@@ -175,7 +175,7 @@ func (d *Daemon) grantSegments(s *session, sizes []int64) (any, []*os.File, bool
 	for i, seg := range segs {
 		reply.Segments = append(reply.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
-	d.log.Info("publishing", "client", s.hello.Client, "engine", s.hello.Fingerprint.Engine, "engine_version", s.hello.Fingerprint.EngineVersion, "segments", len(segs))
+	d.log.Info("publishing", "client", quote(s.hello.Client), "engine", quote(s.hello.Fingerprint.Engine), "engine_version", quote(s.hello.Fingerprint.EngineVersion), "segments", len(segs))
 	return reply, files, true
 }
 
@@ -200,7 +200,7 @@ func (d *Daemon) abortPublish(s *session, why string) {
 			d.log.Warn("free publish segment", "err", err)
 		}
 	}
-	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", s.hello.Client, "reason", why)
+	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", quote(s.hello.Client), "reason", why)
 }
 
 func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
@@ -236,7 +236,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", len(l.tensors), "bytes", l.bytes, "fingerprint", fp.Sum())
+	d.log.Info("ready: published layout committed", "client", quote(s.hello.Client), "tensors", len(l.tensors), "bytes", l.bytes, "fingerprint", fp.Sum())
 	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
 		Tensors: len(l.tensors), Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
 }
@@ -287,6 +287,9 @@ func CheckLayout(segs []protocol.Segment, tensors []protocol.Tensor) error {
 	for _, t := range tensors {
 		if t.Name == "" {
 			return errors.New("a tensor has an empty name")
+		}
+		if len(t.Name) > MaxFieldBytes || len(t.DType) > MaxFieldBytes {
+			return fmt.Errorf("tensor %s: name or dtype over the limit of %d bytes", quote(t.Name), MaxFieldBytes)
 		}
 		if seen[t.Name] {
 			return fmt.Errorf("tensor %s is listed twice", t.Name)
