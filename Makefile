@@ -71,8 +71,16 @@ bench-scale: build python-deps
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/
 	$(PYTHON) python/bench_scale.py --bin $(BIN)
 
+# Every decoder of untrusted bytes, each for FUZZTIME (longer runs: make fuzz FUZZTIME=5m).
+FUZZTIME ?= 10s
+FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/protocol:FuzzRecv client:FuzzMapManifest \
+	internal/plan:FuzzParse internal/launcher:FuzzHandoff internal/audit:FuzzLoadRules
+
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/safetensors
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+	done
 
 clean:
 	rm -rf bin

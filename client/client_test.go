@@ -135,6 +135,22 @@ func TestFallbackReasons(t *testing.T) {
 			defer idx.Close()
 			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: 4096}, f, idx)
 		}, ReasonProtocolError, "manifest index: no \"WCINDEX\" header"},
+		{"segment not sealed", func(c *protocol.Conn) {
+			okReady(t, c, model)
+			b, _ := host.New("host")
+			seg, err := b.Alloc(4096)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer seg.Free()
+			f, _ := seg.Export() // never sealed: the daemon could still change it
+			defer f.Close()
+			idx, n := indexFile(t, nil)
+			defer idx.Close()
+			answer(c, protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: "host",
+				Segments: []protocol.Segment{{Index: 0, Size: 4096}}, IndexSize: n}, f, idx)
+		}, ReasonProtocolError, "want write, shrink, grow and seal"},
 		{"daemon refuses: permission", func(c *protocol.Conn) {
 			answer(c, protocol.Errorf(protocol.CodePermission, "uid 0 only"))
 		}, ReasonProtocolError, "permission_denied"},

@@ -14,15 +14,30 @@ func TestPacer(t *testing.T) {
 	if read.Load() != 1<<30 {
 		t.Fatalf("read = %d", read.Load())
 	}
-	// 1 MiB at 1 MiB/s is due a second after start: a reader that got
-	// there at once waits, and an ended context cuts the wait short.
+	// Reads that are not ahead of the rate do not wait (a wait here
+	// would hang the test, not slow it).
 	read.Store(0)
-	slow := Pacer{Rate: 1 << 20, Read: &read, Start: time.Now()}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	slow.Add(ctx, 1<<20)
-	if el := time.Since(start); el < 15*time.Millisecond || el > 900*time.Millisecond {
-		t.Fatalf("paced read returned after %v, want about 20ms (the context's end)", el)
+	behind := Pacer{Rate: 1 << 20, Read: &read, Start: time.Now().Add(-time.Hour)}
+	behind.Add(context.Background(), 1<<20)
+
+	// 3600 bytes at 1 byte/s are due in an hour: the reader waits until
+	// its context ends, and no sooner.
+	read.Store(0)
+	ahead := Pacer{Rate: 1, Read: &read, Start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		ahead.Add(ctx, 3600)
+		close(done)
+	}()
+	for read.Load() != 3600 {
+		time.Sleep(time.Millisecond) // until the reader has counted its bytes
 	}
+	select {
+	case <-done:
+		t.Fatal("a read an hour ahead of its rate did not wait")
+	default:
+	}
+	cancel()
+	<-done
 }

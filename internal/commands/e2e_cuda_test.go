@@ -102,7 +102,12 @@ func TestGPUZeroCopySurvivesDaemonDeath(t *testing.T) {
 	if !lines.Scan() || json.Unmarshal(lines.Bytes(), &first) != nil || first.Source != "hit" {
 		t.Fatalf("first result: %q", lines.Text())
 	}
-	p.stop(t, syscall.SIGKILL)
+	// The rank that serves the GPU dies (its launcher's death would let it drain).
+	rank := int(readyRanks(t, p)[0]["pid"].(float64))
+	if err := syscall.Kill(rank, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
 	if err := engine.Process.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -36,6 +37,7 @@ type preloadFlags struct {
 	drain                                      time.Duration
 	workers                                    int
 	readLimit                                  int64
+	limits                                     daemon.Limits
 	publishOnly                                bool
 	gpu                                        gpuFlags
 }
@@ -49,6 +51,12 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
 	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")
 	fs.Int64Var(&p.readLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
+	fs.IntVar(&p.limits.MaxConnections, "max-connections", daemon.DefaultMaxConnections, "open connections per rank; over it the longest idle one without a lease is closed")
+	fs.Int64Var(&p.limits.MaxInflightBytes, "max-inflight-bytes", daemon.DefaultMaxInflightBytes, "bytes of requests being read at once per rank")
+	fs.DurationVar(&p.limits.IdleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection without a lease that sends nothing for this long")
+	fs.DurationVar(&p.limits.HelloTimeout, "hello-timeout", daemon.DefaultHelloTimeout, "close a connection that has not said hello after this long")
+	fs.DurationVar(&p.limits.WriteTimeout, "write-timeout", daemon.DefaultWriteTimeout, "close a connection (dropping its lease) that does not take a reply in this long")
+	fs.Int64Var(&p.limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments one publish may allocate (0: what the device can hold)")
 	fs.BoolVar(&p.publishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 	p.gpu.register(fs)
 }

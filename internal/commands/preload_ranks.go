@@ -52,7 +52,7 @@ func (r *rankFlags) register(fs *flag.FlagSet) {
 func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, error) {
 	cfg := launcher.Config{
 		Layout:    launcher.Layout{TP: r.tp, DP: r.dp, DPStart: r.dpStart, DPLocal: r.dpLocal, NNodes: r.nnodes, NodeRank: r.nodeRank},
-		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, PublishOnly: p.publishOnly,
+		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, PublishOnly: p.publishOnly, Limits: p.limits,
 		MasterAddr: r.masterAddr, RendezvousTimeout: r.rendezvousTimeout,
 	}
 	if err := r.checkPorts(); err != nil {

@@ -46,9 +46,13 @@ func runStatus(ctx context.Context, e env, args []string) error {
 			continue
 		}
 		fp := d.Fingerprint
+		size := humanBytes(d.Bytes)
+		if d.State == protocol.StateLoading {
+			size = humanBytes(d.LoadedBytes) + " of " + humanBytes(d.TotalBytes)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\t%s\n",
 			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, fp.TPRank, fp.TPSize, fp.DPRank, fp.DPSize,
-			d.Tensors, humanBytes(d.Bytes), d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
+			d.Tensors, size, d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
 	}
 	return tw.Flush()
 }

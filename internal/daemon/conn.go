@@ -12,10 +12,6 @@ import (
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
-// requestTimeout bounds how long a connection that holds no lease may sit
-// between requests, so that idle or stuck peers cannot pile up.
-const requestTimeout = 60 * time.Second
-
 // session is one client connection's state.
 type session struct {
 	conn   *protocol.Conn
@@ -31,8 +27,10 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		_ = conn.Send(protocol.Errorf(protocol.CodePermission, "socket %s serves uid %d only; peer is uid %d", d.ln.path, os.Geteuid(), uid))
 		return
 	}
+	conn.SetBudget(&d.budget)
 	s := &session{conn: conn}
 	defer func() {
+		conn.Release()
 		if s.leased {
 			d.addLease(-1)
 		}
@@ -43,16 +41,22 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 	for {
 		// A writer may take long to fill its segments: like a lease, it is
 		// bounded by its connection, not by the idle timeout.
-		if !s.leased && !s.writer {
-			_ = uc.SetReadDeadline(time.Now().Add(requestTimeout))
-		} else {
+		switch {
+		case s.leased || s.writer:
 			_ = uc.SetReadDeadline(time.Time{})
+		case s.hello == nil:
+			_ = uc.SetReadDeadline(time.Now().Add(d.limits.HelloTimeout))
+		default:
+			_ = uc.SetReadDeadline(time.Now().Add(d.limits.IdleTimeout))
 		}
+		d.setConn(uc, true, s.leased || s.writer)
 		fr, err := conn.Recv()
+		d.setConn(uc, false, s.leased || s.writer)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 				d.log.Warn("bad frame", "err", err)
 				d.count(protocol.ResultError, nil)
+				_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
 				_ = conn.Send(protocol.ToWire(err))
 			}
 			return
@@ -60,11 +64,18 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		// Requests never carry descriptors.
 		fr.CloseFiles()
 		reply, files, keep := d.handle(s, fr)
+		// A client that does not take its reply (a manifest it never
+		// reads) is closed, and its lease with it.
+		_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
 		err = conn.Send(reply, files...)
 		for _, f := range files {
 			_ = f.Close()
 		}
-		if err != nil || !keep {
+		if err != nil {
+			d.log.Warn("closed a connection that did not take its reply", "type", fr.Type, "err", err)
+			return
+		}
+		if !keep {
 			return
 		}
 	}
@@ -113,9 +124,14 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 	if s.hello != nil {
 		return protocol.Errorf(protocol.CodeBadRequest, "hello sent twice on one connection"), nil, false
 	}
+	if err := helloFieldTooLong(&h); err != nil {
+		d.count(protocol.ResultError, nil)
+		d.log.Warn("hello refused", "err", err, "client", quote(h.Client))
+		return protocol.Errorf(protocol.CodeBadRequest, "%v", err), nil, false
+	}
 	if h.Mode != protocol.ModeZeroCopy && h.Mode != protocol.ModeCopy {
 		d.count(protocol.ResultError, nil)
-		return protocol.Errorf(protocol.CodeBadRequest, "hello: field mode is %q, want %s or %s", h.Mode, protocol.ModeZeroCopy, protocol.ModeCopy), nil, false
+		return protocol.Errorf(protocol.CodeBadRequest, "hello: field mode is %s, want %s or %s", quote(h.Mode), protocol.ModeZeroCopy, protocol.ModeCopy), nil, false
 	}
 	d.mu.Lock()
 	state := d.state
@@ -128,12 +144,12 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 	if h.Device != dev {
 		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
 		d.count(protocol.ResultDeviceMismatch, diff)
-		d.log.Info("hello refused: device differs", "client", h.Client, "want", h.Device, "have", dev)
+		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", quote(h.Device), "have", dev)
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
 		d.count(protocol.ResultMismatch, diff)
-		d.log.Info("hello refused: fingerprint differs", "client", h.Client, "fields", diff)
+		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diffFields(diff))
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	s.hello = &h
@@ -148,12 +164,16 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, boo
 	if s.hello == nil {
 		return protocol.Errorf(protocol.CodeBadRequest, "wait_ready before hello"), nil, false
 	}
-	timer := time.NewTimer(time.Duration(max(w.TimeoutMS, 0)) * time.Millisecond)
+	timer := time.NewTimer(msDuration(w.TimeoutMS))
 	defer timer.Stop()
 	for {
 		d.mu.Lock()
 		state, changed := d.state, d.pub.changed
 		d.mu.Unlock()
+		if state == protocol.StateReady {
+			// Ready already: answered before a zero timeout could race it.
+			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
+		}
 		if state == protocol.StateEmpty {
 			// Nobody is publishing: waiting cannot help.
 			d.count(protocol.ResultNotReady, nil)

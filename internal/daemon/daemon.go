@@ -39,12 +39,15 @@ type Config struct {
 	// PublishOnly starts the daemon empty: it loads nothing from disk and
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool
+	Limits      Limits
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
 // it with Shutdown.
 type Daemon struct {
 	cfg     Config
+	limits  Limits
+	budget  inflight
 	ln      *listener
 	log     *slog.Logger
 	started time.Time
@@ -52,7 +55,7 @@ type Daemon struct {
 	stopCh  chan struct{} // closed when Shutdown begins
 
 	loaded atomic.Int64
-	total  int64
+	total  atomic.Int64
 
 	mu         sync.Mutex
 	state      string
@@ -61,7 +64,8 @@ type Daemon struct {
 	loadSecs   float64
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
-	conns      map[*net.UnixConn]struct{}
+	conns      map[*net.UnixConn]*connState
+	evicted    int64
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
@@ -115,13 +119,15 @@ func Start(cfg Config) (*Daemon, error) {
 		state:      initialState(cfg),
 		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
-		conns:      map[*net.UnixConn]struct{}{},
+		conns:      map[*net.UnixConn]*connState{},
+		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
 	}
 	if cfg.Checkpoint != nil {
-		d.total = cfg.Checkpoint.Size()
+		d.total.Store(cfg.Checkpoint.Size())
 	}
+	d.budget.limit = d.limits.MaxInflightBytes
 	d.wg.Add(1)
 	go d.accept()
 	return d, nil
@@ -131,7 +137,14 @@ func Start(cfg Config) (*Daemon, error) {
 func (d *Daemon) Socket() string { return d.ln.path }
 
 // Progress reports checkpoint bytes read so far and in all.
-func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total }
+func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total.Load() }
+
+// SetProgress records a load that another process (the launcher) runs for
+// this daemon, so that status shows it while loading.
+func (d *Daemon) SetProgress(done, total int64) {
+	d.loaded.Store(done)
+	d.total.Store(total)
+}
 
 // Leases is the number of live leases.
 func (d *Daemon) Leases() int {
@@ -142,19 +155,25 @@ func (d *Daemon) Leases() int {
 
 func (d *Daemon) accept() {
 	defer d.wg.Done()
+	var backoff acceptBackoff
 	for {
 		uc, err := d.ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			d.log.Warn("accept failed", "err", err)
-			time.Sleep(10 * time.Millisecond)
+			// At most a second: Shutdown closes the listener, and the next
+			// accept returns net.ErrClosed.
+			time.Sleep(backoff.fail(d, err))
 			continue
 		}
-		d.mu.Lock()
-		d.conns[uc] = struct{}{}
-		d.mu.Unlock()
+		backoff.ok()
+		if !d.admit(uc) {
+			_ = uc.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = protocol.NewConn(uc, 0).Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d connections, all leased (limit %d)", d.ln.path, d.limits.MaxConnections, d.limits.MaxConnections))
+			_ = uc.Close()
+			continue
+		}
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
@@ -236,6 +255,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Fingerprint:    d.cfg.Fingerprint,
 		FingerprintSum: d.cfg.Fingerprint.Sum(),
 		LoadedBytes:    d.loaded.Load(),
+		TotalBytes:     d.total.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
 		Connections:    len(d.conns),

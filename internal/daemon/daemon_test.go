@@ -208,7 +208,8 @@ func TestNotReadyThenReady(t *testing.T) {
 		}
 		got <- w
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// Load only once the engine waits, so that the waiting path is the one tested.
+	waitFor(t, func() bool { return busyConns(d) == 1 })
 	if err := d.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -451,8 +452,10 @@ func TestOtherUIDRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The daemon answers a foreign peer before it reads anything.
+	// A timeout, so that a daemon which waits for a hello instead of
+	// refusing fails the test at once.
 	script := `import socket,struct,sys
-s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+s=socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
 n=struct.unpack(">I",s.recv(4))[0]; print(s.recv(n).decode())`
 	cmd := exec.Command(py, "-c", script, d.Socket())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}

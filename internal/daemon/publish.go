@@ -3,7 +3,6 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"time"
@@ -98,7 +97,7 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 	if err := d.checkPublish(s, p); err != nil {
 		return err, nil, false
 	}
-	deadline := time.NewTimer(time.Duration(max(p.WaitMS, 0)) * time.Millisecond)
+	deadline := time.NewTimer(msDuration(p.WaitMS))
 	defer deadline.Stop()
 	for {
 		d.mu.Lock()
@@ -120,12 +119,12 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 		case state == protocol.StateDraining:
 			return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
 		case p.WaitMS <= 0:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, writer.hello.Client), nil, true
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, quote(writer.hello.Client)), nil, true
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %q still publishing after %dms", d.ln.path, writer.hello.Client, p.WaitMS), nil, true
+			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s still publishing after %dms", d.ln.path, quote(writer.hello.Client), p.WaitMS), nil, true
 		case <-d.stopCh:
 			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while waiting to publish", d.ln.path), nil, false
 		}
@@ -156,6 +155,9 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 	}
 	if p.IndexSize < protocol.IndexHeaderLen || p.IndexSize > maxPublishIndex {
 		return protocol.Errorf(protocol.CodeBadRequest, "publish: field index_size is %d, want %d to %d bytes", p.IndexSize, protocol.IndexHeaderLen, int64(maxPublishIndex))
+	}
+	if err := d.checkPublishSize(p.Sizes); err != nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
 	return nil
 }
@@ -211,7 +213,7 @@ func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any,
 	for i, seg := range segs[:len(sizes)] {
 		reply.Segments = append(reply.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
-	d.log.Info("publishing", "client", s.hello.Client, "engine", s.hello.Fingerprint.Engine, "engine_version", s.hello.Fingerprint.EngineVersion, "segments", len(segs))
+	d.log.Info("publishing", "client", quote(s.hello.Client), "engine", quote(s.hello.Fingerprint.Engine), "engine_version", quote(s.hello.Fingerprint.EngineVersion), "segments", len(segs))
 	return reply, files, true
 }
 
@@ -236,7 +238,7 @@ func (d *Daemon) abortPublish(s *session, why string) {
 			d.log.Warn("free publish segment", "err", err)
 		}
 	}
-	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", s.hello.Client, "reason", why)
+	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", quote(s.hello.Client), "reason", why)
 }
 
 func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
@@ -257,7 +259,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	tensors, err := readIndex(idx, c.Tensors)
 	var l *layout
 	if err == nil {
-		l, err = sealLayout(d.cfg.Backend.Device(), segs, tensors)
+		l, err = sealLayout(d.cfg.Backend.Device(), segs, tensors, d.stopCh)
 	}
 	if err != nil {
 		// Seals cannot be undone, so a failed commit cannot be retried:
@@ -282,30 +284,16 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", s.hello.Client, "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
+	d.log.Info("ready: published layout committed", "client", quote(s.hello.Client), "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
 	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
 		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
 }
 
 // sealLayout checks the writer's manifest against its segments, seals them
 // and checksums every tensor as it will be served.
-func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
-	sizes := make([]protocol.Segment, len(segs))
-	for i, s := range segs {
-		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
-	}
-	seen := make(map[string]bool, len(tensors))
-	for _, t := range tensors {
-		if t.Name == "" {
-			return nil, errors.New("a tensor has an empty name")
-		}
-		if seen[t.Name] {
-			return nil, fmt.Errorf("tensor %s is listed twice", t.Name)
-		}
-		seen[t.Name] = true
-		if err := checkPlacement(t, sizes); err != nil {
-			return nil, err
-		}
+func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor, stop <-chan struct{}) (*layout, error) {
+	if err := CheckLayout(segmentSizes(segs), tensors); err != nil {
+		return nil, err
 	}
 	for i, s := range segs {
 		if err := s.Seal(); err != nil {
@@ -320,13 +308,44 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
 			continue
 		}
-		crc, err := checksum(r, t.Offset, t.NBytes, buf)
+		crc, err := checksum(r, t.Offset, t.NBytes, buf, stop)
 		if err != nil {
 			return nil, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
 		}
 		t.CRC32C = crc
 	}
 	return newLayout(device, segs, tensors)
+}
+
+func segmentSizes(segs []backend.Segment) []protocol.Segment {
+	sizes := make([]protocol.Segment, len(segs))
+	for i, s := range segs {
+		sizes[i] = protocol.Segment{Index: i, Size: s.Size()}
+	}
+	return sizes
+}
+
+// CheckLayout refuses manifest entries that a daemon must not serve: an
+// empty or repeated name, bytes outside their segment, a size that does
+// not match dtype and shape.
+func CheckLayout(segs []protocol.Segment, tensors []protocol.Tensor) error {
+	seen := make(map[string]bool, len(tensors))
+	for _, t := range tensors {
+		if t.Name == "" {
+			return errors.New("a tensor has an empty name")
+		}
+		if len(t.Name) > MaxFieldBytes || len(t.DType) > MaxFieldBytes {
+			return fmt.Errorf("tensor %s: name or dtype over the limit of %d bytes", quote(t.Name), MaxFieldBytes)
+		}
+		if seen[t.Name] {
+			return fmt.Errorf("tensor %s is listed twice", t.Name)
+		}
+		seen[t.Name] = true
+		if err := checkPlacement(t, segs); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkPlacement refuses an entry outside its segment, or whose size does
@@ -343,19 +362,6 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 		return fmt.Errorf("tensor %s: field nbytes %d does not match dtype %q and shape %v", t.Name, t.NBytes, t.DType, t.Shape)
 	}
 	return nil
-}
-
-func checksum(r io.ReaderAt, off, n int64, buf []byte) (uint32, error) {
-	var crc uint32
-	for done := int64(0); done < n; {
-		chunk := buf[:min(int64(len(buf)), n-done)]
-		if _, err := r.ReadAt(chunk, off+done); err != nil {
-			return 0, err
-		}
-		crc = crc32.Update(crc, checkpoint.Castagnoli, chunk)
-		done += int64(len(chunk))
-	}
-	return crc, nil
 }
 
 // readIndex seals the writer's index segment (so that it cannot change

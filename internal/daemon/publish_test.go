@@ -136,8 +136,7 @@ func TestAbandonedPublishLeavesNothing(t *testing.T) {
 			client.WithFallback(false), client.WithStateTimeout(time.Minute))
 		read <- err
 	}()
-	waitFor(t, func() bool { return d.Stats().Connections == 2 })
-	time.Sleep(50 * time.Millisecond) // let the reader reach wait_ready
+	waitFor(t, func() bool { return busyConns(d) == 1 }) // the reader waits in wait_ready
 	p.Close()
 	select {
 	case err := <-read:
@@ -155,7 +154,7 @@ func TestAbandonedPublishLeavesNothing(t *testing.T) {
 
 func TestOneWriterAtATime(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
-	startPublishOnly(t, model, dir)
+	d := startPublishOnly(t, model, dir)
 	specs, data := engineWeights(t, model)
 	ctx := context.Background()
 	first, err := client.Publish(ctx, model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"))
@@ -181,7 +180,7 @@ func TestOneWriterAtATime(t *testing.T) {
 		_, err := client.Publish(ctx, model, specs, client.WithSocketDir(dir), client.WithEngine("testengine", "1.0"), client.WithPublishWait(10*time.Second))
 		waited <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, func() bool { return busyConns(d) == 2 }) // the reader and the writer wait
 	for _, s := range specs {
 		if err := first.Write(s.Name, data[s.Name]); err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package launcher
 import (
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -37,10 +38,11 @@ type RankSpec struct {
 	// SelfLoad ranks read the checkpoint themselves through their
 	// backend's staged path (GPUs: pinned buffers and async copies), since
 	// the launcher's scatter fills host segments only.
-	SelfLoad  bool         `json:"self_load,omitempty"`
-	GPU       cuda.Options `json:"gpu"`
-	Workers   int          `json:"workers"`
-	ReadLimit int64        `json:"read_limit"`
+	SelfLoad  bool          `json:"self_load,omitempty"`
+	GPU       cuda.Options  `json:"gpu"`
+	Workers   int           `json:"workers"`
+	ReadLimit int64         `json:"read_limit"`
+	Limits    daemon.Limits `json:"limits"`
 }
 
 type listening struct {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/plan"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -40,6 +41,7 @@ type Config struct {
 	DrainTimeout      time.Duration
 	Workers           int
 	ReadLimit         int64
+	Limits            daemon.Limits // connection and request bounds of every rank
 	PublishOnly       bool          // ranks start empty; engines publish (see daemon/publish.go)
 	GPU               cuda.Options  // for GPU devices
 	MasterAddr        string        // multi-node rendezvous host
@@ -127,6 +129,9 @@ func (l *launcher) start(parent context.Context) error {
 		return l.cause(parent, ctx, err)
 	}
 	l.started.Store(true)
+	for _, p := range l.procsSnapshot() {
+		go p.ping()
+	}
 	return nil
 }
 
@@ -205,7 +210,7 @@ func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
 		PublishOnly: l.cfg.PublishOnly, SelfLoad: isGPU(r.Device), GPU: l.cfg.GPU,
-		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Head: headOf(typeSpec),
+		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(typeSpec),
 	}, nil
 }
 

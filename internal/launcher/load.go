@@ -55,7 +55,13 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		}
 		cfg.Targets = append(cfg.Targets, scatter.Target{Backend: be, TPRank: p.TPRank})
 	}
+	// Ranks serve their sockets while the launcher reads: status shows
+	// how far it has come (the sends stop before the hand-off's).
+	stop, sent := make(chan struct{}), make(chan struct{})
+	go reportProgress(procs, func() (int64, int64) { return l.read.Load(), g.Checkpoint.Size() }, stop, sent)
 	res, err := scatter.Load(ctx, cfg)
+	close(stop)
+	<-sent
 	if err != nil {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}

@@ -41,6 +41,8 @@ type proc struct {
 	bytes    int64 // resident, once ready
 	exitCode int
 	exitErr  error
+	pinging  bool      // liveness.go
+	lastPong time.Time // liveness.go
 }
 
 func (p *proc) String() string {
@@ -48,8 +50,9 @@ func (p *proc) String() string {
 }
 
 // spawn starts `exe daemon` with its end of a socketpair on fd 3 and sends
-// it spec. The daemon is killed if the launcher dies (Pdeathsig), and
-// stops by itself when the socketpair closes.
+// it spec. The daemon gets SIGTERM if the launcher dies (Pdeathsig), and
+// stops by itself when the socketpair closes: either way it drains and
+// removes its socket, which SIGKILL would leave behind.
 func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -65,7 +68,7 @@ func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
 	cmd := exec.Command(exe, "daemon")
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3 = ControlFD
 	cmd.Stdout, cmd.Stderr = stderr, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
 		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting}
 	if err := cmd.Start(); err != nil {
@@ -107,6 +110,10 @@ func (p *proc) read() {
 			return
 		}
 		fr.CloseFiles() // ranks send no descriptors
+		if fr.Type == typePong {
+			p.pong()
+			continue
+		}
 		p.frames <- fr
 	}
 }
@@ -173,7 +180,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 func (p *proc) rankState() metrics.RankState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.state, PID: p.pid, Socket: p.socket}
+	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.liveState(), PID: p.pid, Socket: p.socket}
 	if p.state == StateExited {
 		code := p.exitCode
 		rs.ExitCode = &code

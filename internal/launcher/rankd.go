@@ -44,6 +44,19 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				gone <- err
 				return
 			}
+			if fr.Type == typeProgress {
+				var pr progress
+				if fr.Decode(&pr) == nil {
+					d.SetProgress(pr.Done, pr.Total)
+				}
+				continue
+			}
+			if fr.Type == typePing {
+				// Pings come only once this rank said ready, so this is
+				// the only sender left.
+				_ = ctl.Send(protocol.NewHead(typePong))
+				continue
+			}
 			frames <- fr
 		}
 	}()
@@ -107,7 +120,7 @@ func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
 		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
 		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
 		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
-		PublishOnly: spec.PublishOnly,
+		PublishOnly: spec.PublishOnly, Limits: spec.Limits,
 	})
 }
 

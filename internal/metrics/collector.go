@@ -49,7 +49,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	stats := make([]*client.DaemonStatus, len(ranks))
 	var wg sync.WaitGroup
 	for i, r := range ranks {
-		if r.Socket == "" || r.State == "exited" || r.State == "starting" {
+		if r.Socket == "" || r.State == "exited" || r.State == "starting" || r.State == "unresponsive" {
 			continue
 		}
 		wg.Add(1)

@@ -24,7 +24,7 @@ type RankState struct {
 	Device   string `json:"device"`
 	TPRank   int    `json:"tp_rank"`
 	DPRank   int    `json:"dp_rank"`
-	State    string `json:"state"` // starting, loading, ready, exited
+	State    string `json:"state"` // starting, loading, ready, unresponsive, exited
 	PID      int    `json:"pid"`
 	Socket   string `json:"socket,omitempty"`
 	ExitCode *int   `json:"exit_code,omitempty"`

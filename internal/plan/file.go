@@ -37,7 +37,13 @@ func Load(path string) (*Plan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sharding plan: %w", err)
 	}
+	return parse(data, path)
+}
+
+// parse reads the plan file path holds data.
+func parse(data []byte, path string) (*Plan, error) {
 	var pf planFile
+	var err error
 	if strings.EqualFold(filepath.Ext(path), ".json") {
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()

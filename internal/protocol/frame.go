@@ -34,6 +34,33 @@ const (
 type Conn struct {
 	uc       *net.UnixConn
 	maxFrame int
+	budget   Budget
+	held     int64 // charged to budget by the last frame read
+}
+
+// A Budget bounds the bytes that frames being read hold across many
+// connections. Take charges n bytes or fails, saying why; Give returns them.
+type Budget interface {
+	Take(n int64) error
+	Give(n int64)
+}
+
+// freeStep is the part of a frame body read without charging the budget:
+// every request a well-behaved client sends fits in it, so a budget spent
+// by others never refuses one.
+const freeStep = 4 << 10
+
+// SetBudget makes Recv charge frame bodies beyond freeStep to b, from when
+// their bytes arrive until the next Recv or Release.
+func (c *Conn) SetBudget(b Budget) { c.budget = b }
+
+// Release returns what the last frame read holds to the budget; call it
+// from the goroutine that reads, once that frame is no longer used.
+func (c *Conn) Release() {
+	if c.budget != nil && c.held > 0 {
+		c.budget.Give(c.held)
+	}
+	c.held = 0
 }
 
 // NewConn wraps uc; frames longer than maxFrame are refused when read.
@@ -44,22 +71,26 @@ func NewConn(uc *net.UnixConn, maxFrame int) *Conn {
 // Unix returns the underlying socket, for deadlines and peer credentials.
 func (c *Conn) Unix() *net.UnixConn { return c.uc }
 
-// Close closes the socket.
+// Close closes the socket. It may be called while another goroutine is in
+// Recv, to end it.
 func (c *Conn) Close() error { return c.uc.Close() }
 
 // Send writes msg as one frame, with files attached. The files stay open:
-// the caller closes them once Send returns.
+// the caller closes them once Send returns. A json.RawMessage is sent as
+// it is, without a copy: a manifest encoded once goes to every engine.
 func (c *Conn) Send(msg any, files ...*os.File) error {
-	body, err := json.Marshal(msg)
-	if err != nil {
-		return fmt.Errorf("encode frame: %w", err)
+	body, ok := msg.(json.RawMessage)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(msg); err != nil {
+			return fmt.Errorf("encode frame: %w", err)
+		}
 	}
 	if len(files) > MaxFDs {
 		return fmt.Errorf("frame carries %d file descriptors, more than the limit of %d", len(files), MaxFDs)
 	}
-	buf := make([]byte, 4+len(body))
-	binary.BigEndian.PutUint32(buf, uint32(len(body)))
-	copy(buf[4:], body)
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], uint32(len(body)))
 	var oob []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
@@ -68,16 +99,17 @@ func (c *Conn) Send(msg any, files ...*os.File) error {
 		}
 		oob = syscall.UnixRights(fds...)
 	}
-	// A stream socket may take the frame in pieces; the descriptors travel
-	// with the first piece.
-	n, _, err := c.uc.WriteMsgUnix(buf, oob, nil)
+	// The descriptors travel with the length prefix; the body follows on
+	// the same stream, so a receiver collects them wherever they arrive.
+	n, _, err := c.uc.WriteMsgUnix(hdr[:], oob, nil)
+	if err == nil && n < len(hdr) {
+		_, err = c.uc.Write(hdr[n:])
+	}
+	if err == nil {
+		_, err = c.uc.Write(body)
+	}
 	if err != nil {
 		return fmt.Errorf("write frame: %w", err)
-	}
-	if n < len(buf) {
-		if _, err := c.uc.Write(buf[n:]); err != nil {
-			return fmt.Errorf("write frame: %w", err)
-		}
 	}
 	return nil
 }
@@ -110,6 +142,7 @@ func (f *Frame) CloseFiles() {
 // Recv reads one frame. io.EOF means the peer closed cleanly between frames.
 // Any descriptor that arrives with a frame that cannot be decoded is closed.
 func (c *Conn) Recv() (*Frame, error) {
+	c.Release()
 	var fds []int
 	closeFDs := func() {
 		for _, fd := range fds {
@@ -126,9 +159,10 @@ func (c *Conn) Recv() (*Frame, error) {
 		closeFDs()
 		return nil, fmt.Errorf("%w: frame of %d bytes (limit %d)", ErrBadFrame, size, c.maxFrame)
 	}
-	body := make([]byte, size)
-	if err := c.readFull(body, &fds, false); err != nil {
+	body, err := c.readBody(int(size), &fds)
+	if err != nil {
 		closeFDs()
+		c.Release()
 		return nil, err
 	}
 	var head struct {
@@ -147,6 +181,32 @@ func (c *Conn) Recv() (*Frame, error) {
 		fr.Files = append(fr.Files, os.NewFile(uintptr(fd), "weightcache-fd"))
 	}
 	return fr, nil
+}
+
+// readBody reads a body of size bytes, growing its buffer only as bytes
+// arrive: a length prefix alone costs freeStep, whatever it declares.
+func (c *Conn) readBody(size int, fds *[]int) ([]byte, error) {
+	buf := make([]byte, min(size, freeStep))
+	got := 0
+	for {
+		if err := c.readFull(buf[got:], fds, false); err != nil {
+			return nil, err
+		}
+		got = len(buf)
+		if got == size {
+			return buf, nil
+		}
+		grown := min(size, 2*len(buf))
+		if c.budget != nil {
+			if err := c.budget.Take(int64(grown - freeStep - int(c.held))); err != nil {
+				return nil, fmt.Errorf("%w: frame of %d bytes: %v", ErrBadFrame, size, err)
+			}
+			c.held = int64(grown - freeStep)
+		}
+		next := make([]byte, grown)
+		copy(next, buf)
+		buf = next
+	}
 }
 
 // readFull fills b, collecting any descriptors that arrive on the way.

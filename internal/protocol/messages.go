@@ -150,6 +150,7 @@ type Stats struct {
 	Bytes          int64                  `json:"bytes"`
 	Segments       int                    `json:"segments"`
 	LoadedBytes    int64                  `json:"loaded_bytes"`
+	TotalBytes     int64                  `json:"total_bytes,omitempty"` // what loading reads in all
 	LoadSeconds    float64                `json:"load_seconds"`
 	Leases         int                    `json:"leases"`
 	Connections    int                    `json:"connections"`

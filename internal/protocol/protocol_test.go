@@ -207,7 +207,7 @@ func TestSocketDir(t *testing.T) {
 	groupw := filepath.Join(root, "groupw")
 	os.Mkdir(groupw, 0o700)
 	os.Chmod(groupw, 0o770)
-	for _, dir := range []string{loose, link, file, groupw} {
+	for _, dir := range []string{loose, link, link + "/", link + "//", file, groupw} {
 		if err := CheckSocketDir(dir); !errors.Is(err, ErrSocketDir) || !strings.Contains(err.Error(), dir) {
 			t.Errorf("CheckSocketDir(%s) = %v, want ErrSocketDir naming it", dir, err)
 		}

@@ -40,7 +40,8 @@ func EnsureSocketDir(dir string) error {
 // or could write into: a symlink, not a directory, owned by another user, or
 // group- or world-writable.
 func CheckSocketDir(dir string) error {
-	st, err := os.Lstat(dir)
+	// Without Clean, a trailing slash makes Lstat follow a symlink.
+	st, err := os.Lstat(filepath.Clean(dir))
 	if err != nil {
 		return fmt.Errorf("socket directory %s: %w", dir, err)
 	}

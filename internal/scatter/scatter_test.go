@@ -67,8 +67,12 @@ func archTensors(arch string) map[string][]int64 {
 // and returns the checkpoint and each tensor's bytes.
 func writeModel(t *testing.T, arch string) (*checkpoint.Checkpoint, map[string][]byte) {
 	t.Helper()
+	return writeShapes(t, arch, archTensors(arch))
+}
+
+func writeShapes(t *testing.T, arch string, shapes map[string][]int64) (*checkpoint.Checkpoint, map[string][]byte) {
+	t.Helper()
 	dir := t.TempDir()
-	shapes := archTensors(arch)
 	names := slices.Sorted(func(yield func(string) bool) {
 		for n := range shapes {
 			if !yield(n) {

@@ -66,21 +66,21 @@ def test_publish_then_attach(model, daemon, sock_dir, wc_bin):
 
 
 WRITER = textwrap.dedent("""
-    import sys, time, torch
+    import sys, torch
     sys.path.insert(0, {python!r})
     from weightcache import Publisher
     p = Publisher({model!r}, [("a", torch.float32, (1024,)), ("b", torch.int64, (4,))],
                   "testengine", "1.0", socket_dir={sock!r}).open()
     p.write("a", torch.ones(1024))
     print("written", flush=True)
-    time.sleep(60)
+    sys.stdin.read()  # held until the test kills it
 """)
 
 
 def test_writer_killed_before_commit_leaves_nothing(model, daemon, sock_dir, wc_bin):
     daemon(model, "--publish-only")
     script = WRITER.format(python=os.path.join(ROOT, "python"), model=model, sock=sock_dir)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "written"
         assert status(wc_bin, sock_dir)[0]["state"] == "publishing"

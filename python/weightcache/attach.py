@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from . import cuda, dtypes, identity, index, protocol, safetensors, source
+from . import cuda, dtypes, hostmap, identity, index, protocol, source
 from .checkpoint import resolve
 from .fallback import load_from_disk
 from .source import AttachInfo, MissError, miss
@@ -88,7 +88,10 @@ class Weights(Mapping):
             raise protocol.ProtocolError(f"tensor {name}: {e}") from None
         if want != n:
             raise protocol.ProtocolError(f"tensor {name}: {n} bytes do not match dtype {dt} and shape {list(shape)}")
-        return self._bases[seg][off:off + n].view(dtypes.to_torch(dt)).reshape(shape)
+        try:
+            return self._bases[seg][off:off + n].view(dtypes.to_torch(dt)).reshape(shape)
+        except RuntimeError as e:  # an offset not aligned for the dtype, say
+            raise protocol.ProtocolError(f"tensor {name}: {e}") from None
 
     def crc32c(self, name):
         """The daemon's CRC-32C of a tensor's bytes as served (0 from disk)."""
@@ -137,7 +140,8 @@ def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
     With fallback=False a miss raises MissError carrying the reason. Errors
-    in the checkpoint itself (missing, malformed) raise as they are.
+    in the checkpoint itself (missing, malformed, unreadable) raise CheckpointError
+    naming the file.
     engine, engine_version and engine_config select a layout that engine
     published.
     verify_content accepts a daemon whose files were replaced or copied but
@@ -293,10 +297,11 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
 
 
 def map_manifest(fr):
-    """Map a manifest's segments (read-only host views, or imported GPU
-    allocations) and its index; nothing per tensor is done here. Returns
-    (index, base tensors, segment sizes, mappings). Every descriptor is
-    closed on return (a mapping does not need it)."""
+    """Map a manifest's segments (copy-on-write views of sealed host
+    segments, hostmap.py, or imported GPU allocations) and its index;
+    nothing per tensor is done here. Returns (index, base tensors, segment
+    sizes, mappings). Every descriptor is closed on return (a mapping does
+    not need it)."""
     try:
         m = fr.body
         segs = m.get("segments") or []
@@ -306,7 +311,7 @@ def map_manifest(fr):
         if len(segs) != len(fds):
             raise protocol.ProtocolError(f"manifest names {len(segs)} segments but {len(fds)} descriptors came with it")
         for i, s in enumerate(segs):
-            if s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
+            if not isinstance(s, dict) or s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
                 raise protocol.ProtocolError(f"manifest segment {i} is malformed: {s}")
         isize = m.get("index_size")
         if not isinstance(isize, int) or isize < index.HEADER_LEN:
@@ -324,16 +329,19 @@ def map_manifest(fr):
             maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fds, segs)]
             bases = [cuda.as_tensor(mp) for mp in maps]
         else:
-            maps = [_map_host(fd, s["size"], i) for i, (fd, s) in enumerate(zip(fds, segs))]
-            # PROT_READ on purpose: a stray write faults instead of
-            # corrupting the daemon's memory for every engine.
-            bases = [safetensors.readonly_bytes(mp) for mp in maps]
+            maps, bases = [], []
+            for i, (fd, s) in enumerate(zip(fds, segs)):
+                mp, base = hostmap.map_segment(fd, s["size"], i)
+                maps.append(mp)
+                bases.append(base)
     finally:
         fr.close_fds()
     return idx, bases, [s["size"] for s in segs], maps
 
 
 def _map_host(fd, size, i):
+    """The index, read-only and shared: it is only ever read."""
+    hostmap.check_sealed(fd, i)
     st = os.fstat(fd)
     if st.st_size < size:
         raise protocol.ProtocolError(f"segment {i} has {st.st_size} bytes, manifest says {size}")

@@ -184,6 +184,8 @@ def _read_config(c):
             cfg = json.loads(f.read())
     except FileNotFoundError:
         return
+    except OSError as e:
+        raise CheckpointError(f"unreadable checkpoint: {p}: {e.strerror or e}") from None
     except ValueError as e:
         raise CheckpointError(f"invalid checkpoint: {p}: not a JSON object: {e}") from None
     if not isinstance(cfg, dict):
@@ -237,6 +239,8 @@ def _load_shards(c):
             raise
         except safetensors.FormatError as e:
             raise CheckpointError(f"invalid checkpoint: invalid safetensors: {e}") from None
+        except OSError as e:
+            raise CheckpointError(f"unreadable checkpoint: {path}: {e.strerror or e}") from None
         c.shards.append(Shard(name, path, size, header))
     if weight_map is not None:
         by_name = {s.name: s for s in c.shards}
@@ -266,6 +270,8 @@ def _parse_index(idx_path):
             idx = json.loads(f.read())
     except ValueError as e:
         raise CheckpointError(f"invalid checkpoint: {idx_path}: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"unreadable checkpoint: {idx_path}: {e.strerror or e}") from None
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not wm:
         raise CheckpointError(f"invalid checkpoint: {idx_path} has no weight_map entries")

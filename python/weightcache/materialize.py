@@ -40,7 +40,7 @@ def materialize(module, tensors, aliases=None, check_shapes=True):
     """Install tensors (name -> tensor) as module's parameters and buffers.
 
     Parameters become requires_grad=False Parameters sharing the tensors'
-    memory (read-only views stay read-only). Names tied in the module (the
+    memory (copy-on-write host views stay so, read-only GPU views too). Names tied in the module (the
     same Parameter under two names, e.g. lm_head.weight and
     model.embed_tokens.weight) stay tied: the tensor given for either name
     fills both. aliases maps a name absent from tensors to the name that

@@ -47,7 +47,7 @@ def default_socket_dir():
 
 def check_socket_dir(path):
     """Refuse a directory another user could have planted or can write."""
-    st = os.lstat(path)
+    st = os.lstat(os.path.normpath(path))  # a trailing slash would follow a symlink
     if stat.S_ISLNK(st.st_mode):
         raise ProtocolError(f"unsafe socket directory: {path} is a symlink")
     if not stat.S_ISDIR(st.st_mode):

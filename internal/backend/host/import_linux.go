@@ -15,14 +15,9 @@ import (
 // F_SEAL_WRITE: a rank serves what it was handed, and only sealed memory
 // can be promised immutable to clients.
 func (b *Backend) Import(f *os.File, size int64) (backend.Segment, error) {
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
-	if err != nil {
+	if err := CheckSealed(f); err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("import segment %s on %s: not a memfd: %w", f.Name(), b.device, err)
-	}
-	if seals&unix.F_SEAL_WRITE == 0 {
-		_ = f.Close()
-		return nil, fmt.Errorf("import segment %s on %s: not sealed against writes", f.Name(), b.device)
+		return nil, fmt.Errorf("import segment on %s: %w", b.device, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Size < size {

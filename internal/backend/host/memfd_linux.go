@@ -3,9 +3,11 @@
 package host
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,12 +39,52 @@ func (s *segment) WriteAt(p []byte, off int64) (int, error) {
 	return s.f.WriteAt(p, off)
 }
 
+// Seals is what a served segment carries: no writes, no shrinking, no
+// growing, and no change to the seals.
+const Seals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+
+// How long Seal keeps trying while the kernel still holds transient
+// references to the pages (EBUSY).
+var (
+	sealTries = 40
+	sealPause = 25 * time.Millisecond
+	sealHook  func() // tests: runs before each retry
+)
+
 // Seal forbids writes, shrinking and growing for everyone, this process
-// included; F_SEAL_SEAL keeps anyone from undoing it.
+// included; F_SEAL_SEAL keeps anyone from undoing it. F_SEAL_WRITE fails
+// with EBUSY while a writable mapping exists or pages are still pinned
+// (an I/O in flight, say); pins are transient, so it retries for about a
+// second before giving up and naming the cause.
 func (s *segment) Seal() error {
-	seals := unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
-	if _, err := unix.FcntlInt(s.f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+	var err error
+	for try := 1; ; try++ {
+		if _, err = unix.FcntlInt(s.f.Fd(), unix.F_ADD_SEALS, Seals); !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		if try == sealTries {
+			return fmt.Errorf("seal %s: still busy after %d tries over %s: a writable mapping of it remains or its pages stay pinned: %w", s.f.Name(), try, time.Duration(try-1)*sealPause, err)
+		}
+		if sealHook != nil {
+			sealHook()
+		}
+		time.Sleep(sealPause)
+	}
+	if err != nil {
 		return fmt.Errorf("seal %s: %w", s.f.Name(), err)
+	}
+	return nil
+}
+
+// CheckSealed refuses a descriptor that is not a memfd carrying every one
+// of Seals: clients map only memory nobody can change under them.
+func CheckSealed(f *os.File) error {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("segment %s is not a sealable memfd: %w", f.Name(), err)
+	}
+	if seals&Seals != Seals {
+		return fmt.Errorf("segment %s carries seals %#x, want write, shrink, grow and seal (%#x)", f.Name(), seals, Seals)
 	}
 	return nil
 }
@@ -64,10 +106,13 @@ func (s *segment) Export() (*os.File, error) {
 
 func (s *segment) Free() error { return s.f.Close() }
 
-// Map maps a segment descriptor read-only. Used by clients and tests.
+// Map maps a sealed segment descriptor read-only. Used by clients and tests.
 func Map(f *os.File, size int64) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("map %s: size %d must be positive", f.Name(), size)
+	}
+	if err := CheckSealed(f); err != nil {
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {

@@ -19,3 +19,6 @@ func Map(f *os.File, size int64) ([]byte, error) { return nil, ErrUnsupported }
 
 // Unmap is not supported on this platform.
 func Unmap(b []byte) error { return ErrUnsupported }
+
+// CheckSealed is not supported on this platform.
+func CheckSealed(f *os.File) error { return ErrUnsupported }

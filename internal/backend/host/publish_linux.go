@@ -28,3 +28,27 @@ func (s *segment) ExportWritable() (*os.File, error) {
 // ReadAt reads the segment, so that the daemon can checksum what a
 // publisher wrote.
 func (s *segment) ReadAt(p []byte, off int64) (int, error) { return s.f.ReadAt(p, off) }
+
+// DataAt reports where the next written bytes at or after off begin: a
+// publisher's segment is sparse where nothing was written, and the daemon
+// checksums those holes without reading them. end is the segment's size
+// when no data follows off.
+func (s *segment) DataAt(off int64) (int64, error) {
+	at, err := unix.Seek(int(s.f.Fd()), off, unix.SEEK_DATA)
+	if err == unix.ENXIO {
+		return s.size, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("seek data in %s: %w", s.f.Name(), err)
+	}
+	return at, nil
+}
+
+// HoleAt reports where the written bytes that hold off end.
+func (s *segment) HoleAt(off int64) (int64, error) {
+	at, err := unix.Seek(int(s.f.Fd()), off, unix.SEEK_HOLE)
+	if err != nil {
+		return 0, fmt.Errorf("seek hole in %s: %w", s.f.Name(), err)
+	}
+	return min(at, s.size), nil
+}

@@ -1,0 +1,166 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// busyConns is how many connections are inside a request (waiting for
+// the daemon to load, for a writer, ...) rather than between requests.
+func busyConns(d *Daemon) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, st := range d.conns {
+		if st.idleSince.IsZero() && !st.leased {
+			n++
+		}
+	}
+	return n
+}
+
+func helloConn(t *testing.T, d *Daemon, model string, engine string) *protocol.Conn {
+	t.Helper()
+	ckpt, _ := checkpoint.Resolve(model, "")
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp.Engine = engine
+	c := rawConn(t, d.Socket())
+	if _, err := c.Call(context.Background(), protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: d.cfg.Backend.Device(), Mode: "zero_copy"}, protocol.TypeOK); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// On a ready daemon, wait_ready answers ready whatever the timeout: zero,
+// negative or too large for a Duration.
+func TestWaitReadyOnReadyDaemon(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startReady(t, model, dir)
+	c := helloConn(t, d, model, "")
+	for _, ms := range []int64{0, -1, math.MaxInt64, math.MaxInt64 / 1000} {
+		for range 40 {
+			if _, err := c.Call(context.Background(), protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: ms}, protocol.TypeReady); err != nil {
+				t.Fatalf("timeout_ms %d: %v", ms, err)
+			}
+		}
+	}
+}
+
+// The segments the loader serves are sealed against writing, shrinking
+// and growing, and the seals themselves are sealed.
+func TestLoaderSealsSegments(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startReady(t, model, dir)
+	c := helloConn(t, d, model, "")
+	fr, err := c.Call(context.Background(), protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.CloseFiles()
+	want := unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+	for i, f := range fr.Files {
+		seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+		if err != nil || seals&want != want {
+			t.Fatalf("segment %d: seals %#x (%v), want %#x", i, seals, err, want)
+		}
+	}
+}
+
+// Over the connection cap, the connection idle longest is closed and a
+// real engine gets in.
+func TestIdleConnectionsEvictedOldestFirst(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxConnections = 4 })
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var idle []net.Conn
+	for i := range 4 {
+		c, err := net.Dial("unix", d.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		idle = append(idle, c)
+		waitFor(t, func() bool { return d.Stats().Connections == i+1 })
+	}
+	w := attach(t, model, dir, client.WithFallback(false))
+	if !w.Source.Hit {
+		t.Fatalf("engine over the cap: %s", w.Source)
+	}
+	_ = idle[0].SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := idle[0].Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("oldest idle connection: read %v, want EOF", err)
+	}
+	if d.Leases() != 1 {
+		t.Fatalf("leases = %d", d.Leases())
+	}
+}
+
+// A publish that asks for more than --max-publish-bytes, or than the host
+// has, is refused before anything is allocated.
+func TestPublishSizeBounded(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := start(t, model, dir, "host", func(c *Config) { c.PublishOnly = true; c.Limits.MaxPublishBytes = 1 << 20 })
+	for _, tc := range []struct {
+		sizes []int64
+		want  string
+	}{
+		{[]int64{1 << 19, 1<<19 + 1}, "max-publish-bytes"},
+		{[]int64{math.MaxInt64, math.MaxInt64}, "adds up to more than"},
+	} {
+		c := helloConn(t, d, model, "raw")
+		_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: tc.sizes}, protocol.TypePublishSegments)
+		if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("publish %v: %v, want %q", tc.sizes, err, tc.want)
+		}
+	}
+	d2 := start(t, model, sockDir(t), "host:1", func(c *Config) { c.PublishOnly = true })
+	c := helloConn(t, d2, model, "raw")
+	tib := int64(1) << 40
+	_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{tib, tib, tib, tib}}, protocol.TypePublishSegments)
+	if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "memory") {
+		t.Fatalf("4 x 1 TiB publish: %v", err)
+	}
+}
+
+// Accept errors back off up to a second and are logged at most once per
+// interval, with the count of those left out.
+func TestAcceptBackoff(t *testing.T) {
+	var logged strings.Builder
+	d := &Daemon{log: slog.New(slog.NewTextHandler(&logged, nil)), conns: map[*net.UnixConn]*connState{}}
+	var b acceptBackoff
+	var last time.Duration
+	for range 20 {
+		last = b.fail(d, syscall.EMFILE)
+	}
+	if last != acceptMaxDelay {
+		t.Fatalf("delay after 20 errors = %s, want %s", last, acceptMaxDelay)
+	}
+	if n := strings.Count(logged.String(), "accept failed"); n != 1 {
+		t.Fatalf("20 errors logged %d times, want once:\n%s", n, logged.String())
+	}
+	b.lastLog = time.Time{} // the interval has passed
+	b.fail(d, syscall.EMFILE)
+	if !strings.Contains(logged.String(), "suppressed=19") {
+		t.Fatalf("second line does not count the 19 left out:\n%s", logged.String())
+	}
+	b.ok()
+	if b.fail(d, syscall.EMFILE) != acceptMinDelay {
+		t.Fatal("delay not reset by a successful accept")
+	}
+}
