@@ -155,11 +155,17 @@ func decodeRules(data []byte, name string) (*ruleFile, error) {
 		if i < len(doc.Rules) {
 			line = doc.Rules[i].Line
 		}
+		if r == nil {
+			return nil, fmt.Errorf("%w: %s:%d: rule %d is empty", ErrRules, name, line, i+1)
+		}
 		if err := r.validate(); err != nil {
 			return nil, fmt.Errorf("%w: %s:%d: rule %q: %v", ErrRules, name, line, r.ID, err)
 		}
 	}
-	for _, l := range rf.Loaders {
+	for i, l := range rf.Loaders {
+		if l == nil {
+			return nil, fmt.Errorf("%w: %s: loader %d is empty", ErrRules, name, i+1)
+		}
 		if l.LoadFormat == "" || len(l.Keys) == 0 {
 			return nil, fmt.Errorf("%w: %s: a loader needs load_format and keys", ErrRules, name)
 		}
