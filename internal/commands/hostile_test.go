@@ -128,14 +128,37 @@ func TestHostileClientsAreBounded(t *testing.T) {
 		t.Fatalf("%d stalled frames: RssAnon +%d MiB, descriptors +%d (cap %d)", 3*maxConns, (anon-anon0)>>20, fds-fds0, maxConns)
 	}
 
-	// Manifest readers that never read: each is closed after the write
-	// timeout and its lease dropped.
+	// Manifest readers that never read: the manifest is a few hundred
+	// bytes (the index is a shared sealed segment), so each gets it whole
+	// into its socket buffer and holds a lease like an engine, pinning
+	// nothing in the daemon.
 	readers := stallManifests(t, sock, fp, 8)
 	defer closeAll(readers)
-	waitFor(t, "stalled manifest readers closed, leases dropped", func() bool {
-		st := stats(t, dir)
-		return st.Handshakes["hit"] >= 9 && st.Leases == 0
-	})
+	waitFor(t, "stalled manifest readers hold their leases", func() bool { return stats(t, dir).Leases == 8 })
+	if anon := procStatus(pid, "RssAnon"); anon-anon0 > 64<<20 {
+		t.Fatalf("8 stalled manifest readers: RssAnon +%d MiB", (anon-anon0)>>20)
+	}
+	// One that asks again and again without reading fills its socket:
+	// the daemon's write times out, and the connection and its lease go.
+	pipelined := stallManifests(t, sock, fp, 1)[0]
+	sent := make(chan error, 1)
+	go func() {
+		for {
+			if err := pipelined.Send(protocol.NewHead(protocol.TypeManifest)); err != nil {
+				sent <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-sent: // the daemon closed it
+	case <-time.After(60 * time.Second):
+		t.Fatal("a client that never reads its replies was not closed")
+	}
+	_ = pipelined.Close()
+	waitFor(t, "the pipelining reader's lease dropped", func() bool { return stats(t, dir).Leases == 8 })
+	closeAll(readers)
+	waitFor(t, "leases of closed readers dropped", func() bool { return stats(t, dir).Leases == 0 })
 
 	// A hello field of 1 MiB is refused, naming the field, without echoing it.
 	c, err := protocol.Dial(context.Background(), sock)
