@@ -39,7 +39,8 @@ def test_hit_is_zero_copy_copy_on_write_and_silent(model, daemon, sock_dir, wc_b
     assert list(w) == list(disk)
     for k in w:
         assert w[k].dtype == disk[k].dtype and torch.equal(w[k], disk[k]), k
-    # Every tensor lies in a private (copy-on-write) mapping of a daemon memfd.
+    # Every tensor lies in a private (copy-on-write) mapping of a daemon
+    # memfd; the manifest index beside them is mapped shared, read-only.
     maps = []
     with open("/proc/self/maps") as f:
         for line in f:
@@ -47,9 +48,9 @@ def test_hit_is_zero_copy_copy_on_write_and_silent(model, daemon, sock_dir, wc_b
             if "weightcache:host" in line:
                 lo, hi = (int(x, 16) for x in rng.split("-"))
                 maps.append((lo, hi, perms))
-    assert maps and all(p == "rw-p" for _, _, p in maps)
+    assert sorted(p for _, _, p in maps) == ["r--s", "rw-p"], maps
     for t in w.values():
-        assert any(lo <= t.data_ptr() < hi for lo, hi, _ in maps)
+        assert any(lo <= t.data_ptr() < hi and p == "rw-p" for lo, hi, p in maps)
     assert status(wc_bin, sock_dir)[0]["leases"] == 1
     w.close()
     wait_for(lambda: status(wc_bin, sock_dir)[0]["leases"] == 0)

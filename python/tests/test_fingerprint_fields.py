@@ -21,8 +21,8 @@ def changed(fp, name):
 
 
 def test_every_field_is_covered():
-    assert len(FIELDS) == 13 and {"checkpoint_hash", "revision", "quantization", "quantization_hash",
-                                  "layout_version", "engine", "engine_version"} <= set(FIELDS)
+    assert len(FIELDS) == 14 and {"checkpoint_hash", "revision", "quantization", "quantization_hash",
+                                  "layout_version", "engine", "engine_version", "engine_config"} <= set(FIELDS)
 
 
 @pytest.mark.parametrize("name", FIELDS)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT, status
-from test_attach import FakeDaemon, frame, read_frame
+from test_attach import FakeDaemon, frame, ok_frame, read_frame
 from weightcache import protocol
 
 FAKE = os.environ.get("WC_FAKEVLLM") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "fakevllm")
@@ -222,7 +222,7 @@ def test_fallback_false_stops_with_the_reason(model, sock_dir):
 def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):
     def serve(c):
         read_frame(c)
-        c.sendall(frame({"type": "ok", "version": protocol.VERSION, "state": "ready", "device": "host", "daemon": "fake"}))
+        c.sendall(ok_frame(model))
         read_frame(c)  # the manifest request: the daemon dies before answering
     fake = FakeDaemon(sock_dir, serve)
     try:
