@@ -12,7 +12,8 @@ import (
 
 // LayoutVersion is the version of weightcache's segment layout; a change
 // to how tensors are laid out in memory bumps it and invalidates caches.
-const LayoutVersion = 1
+// Version 2: tensors are served as stored unless a dtype is asked for.
+const LayoutVersion = 2
 
 // Fingerprint is everything that must match before cached tensors may be
 // used in place of the checkpoint. The device is checked separately.
@@ -30,6 +31,11 @@ type Fingerprint struct {
 	LayoutVersion    int    `json:"layout_version"`
 	Engine           string `json:"engine,omitempty"`         // published layouts only
 	EngineVersion    string `json:"engine_version,omitempty"` // published layouts only
+	// EngineConfig is the engine's settings that shape its processed
+	// weights (for vLLM: kv-cache dtype, quantization override, pipeline
+	// size and rank, GPU compute capability), as canonical JSON; published
+	// layouts only.
+	EngineConfig string `json:"engine_config,omitempty"`
 }
 
 // fields lists every field by json name, in json-name order, with its
@@ -42,6 +48,7 @@ func (f Fingerprint) fields() []struct{ name, value string } {
 		{"dp_size", strconv.Itoa(f.DPSize)},
 		{"dtype", f.DType},
 		{"engine", f.Engine},
+		{"engine_config", f.EngineConfig},
 		{"engine_version", f.EngineVersion},
 		{"layout_version", strconv.Itoa(f.LayoutVersion)},
 		{"quantization", f.Quantization},
@@ -56,8 +63,8 @@ func (f Fingerprint) fields() []struct{ name, value string } {
 //
 //	json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 //
-// for the dict d of f's json fields, with engine and engine_version left
-// out when empty. Strings are UTF-8, unescaped except for '"', '\\' and
+// for the dict d of f's json fields, with engine, engine_version and
+// engine_config left out when empty. Strings are UTF-8, unescaped except for '"', '\\' and
 // control characters; integers are plain decimals. Pinned by
 // testdata/fingerprint_vectors.json, which the Python client shares.
 func (f Fingerprint) Canonical() []byte {
@@ -79,6 +86,9 @@ func (f Fingerprint) Canonical() []byte {
 	}
 	if f.EngineVersion != "" {
 		d["engine_version"] = f.EngineVersion
+	}
+	if f.EngineConfig != "" {
+		d["engine_config"] = f.EngineConfig
 	}
 	b, err := canonicalJSON(d)
 	if err != nil {
@@ -159,16 +169,34 @@ func NormalizeDType(s string) (string, error) {
 	return "", fmt.Errorf("unknown dtype %q: want auto, bfloat16 (bf16), float16 (f16, fp16, half) or float32 (f32, fp32, float)", s)
 }
 
-// ServedDType returns the torch dtype the tensors are served in: the
-// requested one, else config.json's torch_dtype, else the dtype holding
-// the most bytes among floating-point tensors ("" when there are none).
+// ServedDType returns the fingerprint's dtype field for a requested dtype.
+// Tensors are served as stored unless a dtype is asked for explicitly, and
+// then only the tensors stored in the checkpoint's weight dtype convert
+// (float32 scales and norms of a bfloat16 checkpoint stay float32). The
+// field says which: the weight dtype alone ("bfloat16") when nothing
+// converts, "bfloat16->float16" when bfloat16 tensors are served as
+// float16. ServedTensors reads the same string back.
 func (c *Checkpoint) ServedDType(requested string) (string, error) {
-	d, err := NormalizeDType(requested)
-	if err != nil || d != "" {
-		return d, err
+	to, err := NormalizeDType(requested)
+	if err != nil {
+		return "", err
 	}
+	from := c.WeightDType()
+	if to == "" || to == from || from == "" {
+		return from, nil
+	}
+	if _, ok := torchToSafetensors[from]; !ok {
+		return "", fmt.Errorf("dtype %s requested, but the checkpoint's weight dtype %s cannot be converted (want bfloat16, float16 or float32 weights)", to, from)
+	}
+	return from + "->" + to, nil
+}
+
+// WeightDType returns the dtype the checkpoint's weights are stored in:
+// config.json's torch_dtype, else the dtype holding the most bytes among
+// floating-point tensors ("" when there are none).
+func (c *Checkpoint) WeightDType() string {
 	if c.TorchDType != "" {
-		return c.TorchDType, nil
+		return c.TorchDType
 	}
 	bytes := map[safetensors.DType]int64{}
 	for _, s := range c.Shards {
@@ -186,5 +214,5 @@ func (c *Checkpoint) ServedDType(requested string) (string, error) {
 			best = d
 		}
 	}
-	return best.TorchName(), nil
+	return best.TorchName()
 }

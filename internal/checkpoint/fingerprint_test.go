@@ -49,7 +49,7 @@ func TestFieldsCoverStruct(t *testing.T) {
 		t.Errorf("fields() lists %v, struct has %v", listed, names)
 	}
 	// Every field must change the canonical form.
-	full := Fingerprint{Engine: "e", EngineVersion: "v"}
+	full := Fingerprint{Engine: "e", EngineVersion: "v", EngineConfig: "c"}
 	canon := string(full.Canonical())
 	for _, n := range names {
 		if !strings.Contains(canon, `"`+n+`":`) {
@@ -88,7 +88,7 @@ func TestCheckpointFingerprint(t *testing.T) {
 	}
 	want := Fingerprint{
 		CheckpointHash: c.Hash(), Architecture: "LlamaForCausalLM", TPSize: 4, TPRank: 3, DPSize: 2, DPRank: 1,
-		DType: "float16", Quantization: "fp8", QuantizationHash: c.QuantHash, Revision: "rev1", LayoutVersion: LayoutVersion,
+		DType: "bfloat16->float16", Quantization: "fp8", QuantizationHash: c.QuantHash, Revision: "rev1", LayoutVersion: LayoutVersion,
 	}
 	if fp != want || c.QuantHash == "" {
 		t.Errorf("Fingerprint = %+v, want %+v", fp, want)
@@ -150,8 +150,10 @@ func TestServedDType(t *testing.T) {
 		requested  string
 		want       string
 	}{
-		{"requested wins", "bfloat16", []Shard{shard(safetensors.F32)}, "f16", "float16"},
+		{"requested converts the weight dtype", "bfloat16", []Shard{shard(safetensors.F32)}, "f16", "bfloat16->float16"},
+		{"requested is the weight dtype", "bfloat16", []Shard{shard(safetensors.F32)}, "bf16", "bfloat16"},
 		{"config next", "bfloat16", []Shard{shard(safetensors.F32)}, "auto", "bfloat16"},
+		{"no float tensors to convert", "", []Shard{shard(safetensors.I32)}, "f16", ""},
 		{"most float bytes", "", []Shard{shard(safetensors.BF16, safetensors.BF16, safetensors.BF16, safetensors.F32, safetensors.I64, safetensors.I64)}, "", "bfloat16"},
 		{"across shards", "", []Shard{shard(safetensors.BF16), shard(safetensors.F32)}, "", "float32"},
 		{"fp8 weights", "", []Shard{shard(safetensors.F8_E4M3, safetensors.F8_E4M3, safetensors.F8_E4M3), shard(safetensors.F16)}, "", "float8_e4m3fn"},
@@ -165,5 +167,45 @@ func TestServedDType(t *testing.T) {
 				t.Errorf("ServedDType(%q) = %q, %v, want %q", tc.requested, got, err, tc.want)
 			}
 		})
+	}
+	fp8 := &Checkpoint{Shards: []Shard{shard(safetensors.F8_E4M3, safetensors.F8_E4M3)}}
+	if got, err := fp8.ServedDType("f16"); err == nil || !strings.Contains(err.Error(), "float8_e4m3fn cannot be converted") {
+		t.Errorf("ServedDType(f16) of fp8 weights = %q, %v, want an error naming the weight dtype", got, err)
+	}
+}
+
+// TestServedTensors: as stored unless the served dtype converts, and then
+// only the tensors stored in the weight dtype (float32 scales stay).
+func TestServedTensors(t *testing.T) {
+	h := &safetensors.Header{Tensors: []safetensors.Tensor{
+		{Name: "w", DType: safetensors.BF16, Shape: []int64{4}, Begin: 0, End: 8},
+		{Name: "scale", DType: safetensors.F32, Shape: []int64{1}, Begin: 8, End: 12},
+		{Name: "q", DType: safetensors.F8_E4M3, Shape: []int64{4}, Begin: 12, End: 16},
+	}}
+	c := &Checkpoint{TorchDType: "bfloat16", Shards: []Shard{{Header: h}}}
+	for _, tc := range []struct {
+		served string
+		want   []safetensors.DType
+		nbytes []int64
+	}{
+		{"", []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8_E4M3}, []int64{8, 4, 4}},
+		{"bfloat16", []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8_E4M3}, []int64{8, 4, 4}},
+		{"bfloat16->float32", []safetensors.DType{safetensors.F32, safetensors.F32, safetensors.F8_E4M3}, []int64{16, 4, 4}},
+		{"bfloat16->float16", []safetensors.DType{safetensors.F16, safetensors.F32, safetensors.F8_E4M3}, []int64{8, 4, 4}},
+	} {
+		served, err := c.ServedTensors(tc.served)
+		if err != nil {
+			t.Fatalf("ServedTensors(%q): %v", tc.served, err)
+		}
+		for i, s := range served {
+			if s.DType != tc.want[i] || s.NBytes != tc.nbytes[i] {
+				t.Errorf("ServedTensors(%q): %s served as %s, %d bytes; want %s, %d", tc.served, s.Tensor.Name, s.DType, s.NBytes, tc.want[i], tc.nbytes[i])
+			}
+		}
+	}
+	for _, bad := range []string{"bfloat16->int8", "x->float16", "->"} {
+		if _, err := c.ServedTensors(bad); err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("ServedTensors(%q) err = %v, want one naming it", bad, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
 )
@@ -13,36 +14,37 @@ import (
 // computes it in hardware, so checking costs far less than reading.
 var Castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Served is one tensor as it is served for a requested dtype: floating
-// tensors are converted to the requested dtype, everything else (integers,
-// fp8, quantized blocks) is served as stored.
+// Served is one tensor as it is served: as stored, or converted when the
+// served dtype (a fingerprint's dtype field, see ServedDType) says
+// "from->to" and the tensor is stored in from.
 type Served struct {
 	TensorRef
 	DType  safetensors.DType
 	NBytes int64
 }
 
-// ServedTensors lists every tensor as served in dtype, a normalized torch
-// name ("" serves every tensor as stored), in the order that reads each
-// shard sequentially.
-func (c *Checkpoint) ServedTensors(dtype string) ([]Served, error) {
-	var to safetensors.DType
-	switch dtype {
-	case "":
-	case "bfloat16":
-		to = safetensors.BF16
-	case "float16":
-		to = safetensors.F16
-	case "float32":
-		to = safetensors.F32
-	default:
-		return nil, fmt.Errorf("dtype %q cannot be served (want bfloat16, float16 or float32)", dtype)
+// torchToSafetensors maps the torch names a served dtype converts between.
+var torchToSafetensors = map[string]safetensors.DType{
+	"bfloat16": safetensors.BF16, "float16": safetensors.F16, "float32": safetensors.F32,
+}
+
+// ServedTensors lists every tensor as served for the served dtype served
+// (what ServedDType returns: "" or a bare dtype name serves everything as
+// stored; "bfloat16->float16" converts the tensors stored in bfloat16), in
+// the order that reads each shard sequentially.
+func (c *Checkpoint) ServedTensors(served string) ([]Served, error) {
+	var from, to safetensors.DType
+	if f, t, ok := strings.Cut(served, "->"); ok {
+		from, to = torchToSafetensors[f], torchToSafetensors[t]
+		if from == "" || to == "" {
+			return nil, fmt.Errorf("served dtype %q: want FROM->TO with FROM and TO each bfloat16, float16 or float32", served)
+		}
 	}
 	refs := c.Tensors()
 	out := make([]Served, len(refs))
 	for i, r := range refs {
 		s := Served{TensorRef: r, DType: r.Tensor.DType, NBytes: r.Tensor.NBytes()}
-		if to != "" && to != r.Tensor.DType && safetensors.Convertible(r.Tensor.DType, to) {
+		if from != "" && r.Tensor.DType == from && from != to {
 			n, err := safetensors.NBytes(to, r.Tensor.Shape)
 			if err != nil {
 				return nil, fmt.Errorf("tensor %s in %s: %w", r.Tensor.Name, r.Shard.Path, err)

@@ -46,7 +46,7 @@ func TestStagedReaderMatchesReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer CloseShards(files)
-	for _, dtype := range []string{"", "float32"} {
+	for _, dtype := range []string{"", "bfloat16->float32"} {
 		t.Run("dtype="+dtype, func(t *testing.T) {
 			served, err := ckpt.ServedTensors(dtype)
 			if err != nil {

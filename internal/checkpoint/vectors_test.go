@@ -51,6 +51,7 @@ type fpInput struct {
 	LayoutVersion    int    `json:"layout_version"`
 	Engine           string `json:"engine"`
 	EngineVersion    string `json:"engine_version"`
+	EngineConfig     string `json:"engine_config"`
 }
 
 type quantVector struct {
@@ -75,7 +76,7 @@ type shardEntry struct {
 
 const vectorsDescription = "Pinned test vectors shared by the Go and Python weightcache code. " +
 	"fingerprints: canonical is json.dumps(d, sort_keys=True, separators=(',', ':'), ensure_ascii=False) " +
-	"of input with engine and engine_version dropped when empty; sha256 is of its UTF-8 bytes. " +
+	"of input with engine, engine_version and engine_config dropped when empty; sha256 is of its UTF-8 bytes. " +
 	"quantization_configs: canonical is the same dumps of config (as json.loads reads it); sha256 is the quantization_hash. " +
 	"checkpoint_hashes: sha256 over the shards in byte order of name of: name, 0x00, decimal size, 0x00, " +
 	"header_length (the byte length of the header's UTF-8 encoding) as 8 bytes little-endian, the header's UTF-8 bytes."
@@ -94,6 +95,13 @@ func fingerprintCases() []fingerprintVector {
 		{Name: "published layout with engine", Input: fpInput{
 			CheckpointHash: hash, Architecture: "Qwen3ForCausalLM", TPSize: 2, TPRank: 1, DPSize: 1, DPRank: 0,
 			DType: "float16", LayoutVersion: 1, Engine: "vllm", EngineVersion: "0.11.0"}},
+		{Name: "published layout with engine config", Input: fpInput{
+			CheckpointHash: hash, Architecture: "LlamaForCausalLM", TPSize: 2, TPRank: 0, DPSize: 1, DPRank: 0,
+			DType: "bfloat16", LayoutVersion: 2, Engine: "vllm", EngineVersion: "0.11.0",
+			EngineConfig: `{"compute_capability":"9.0","kv_cache_dtype":"auto","pp_rank":0,"pp_size":1,"quantization":""}`}},
+		{Name: "served dtype converted from the weight dtype", Input: fpInput{
+			CheckpointHash: hash, Architecture: "LlamaForCausalLM", TPSize: 1, DPSize: 1,
+			DType: "bfloat16->float32", LayoutVersion: 2}},
 		{Name: "engine without version", Input: fpInput{
 			CheckpointHash: hash, TPSize: 1, DPSize: 1, DType: "float32", LayoutVersion: 1, Engine: "sglang"}},
 		{Name: "non-ASCII, HTML and escaped characters", Input: fpInput{

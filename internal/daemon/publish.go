@@ -70,7 +70,7 @@ func (d *Daemon) fingerprintDiff(want checkpoint.Fingerprint) []checkpoint.Field
 		if fp != nil {
 			got = *fp
 		} else {
-			got.Engine, got.EngineVersion = want.Engine, want.EngineVersion
+			got.Engine, got.EngineVersion, got.EngineConfig = want.Engine, want.EngineVersion, want.EngineConfig
 		}
 	}
 	if want.CheckpointHash == "" {

@@ -188,7 +188,7 @@ func TestShardsReassemble(t *testing.T) {
 			tp    int
 			dtype string
 			chunk int
-		}{{2, "", 4 << 20}, {4, "", 4 << 20}, {4, "", 96}, {2, "bfloat16", 100}, {4, "bfloat16", 4 << 20}} {
+		}{{2, "", 4 << 20}, {4, "", 4 << 20}, {4, "", 96}, {2, "float32->bfloat16", 100}, {4, "float32->bfloat16", 4 << 20}} {
 			t.Run(fmt.Sprintf("%s/tp%d/%s/chunk%d", arch, tc.tp, tc.dtype, tc.chunk), func(t *testing.T) {
 				ranks, res := load(t, ck, tc.tp, tc.dtype, tc.chunk)
 				if want := ck.Size() - headerBytes(ck); res.ReadBytes != want {
@@ -196,7 +196,7 @@ func TestShardsReassemble(t *testing.T) {
 				}
 				for name, b := range orig {
 					want := b
-					if tc.dtype == "bfloat16" {
+					if tc.dtype == "float32->bfloat16" {
 						want = make([]byte, len(b)/2)
 						if err := safetensors.Convert(want, safetensors.BF16, b, safetensors.F32); err != nil {
 							t.Fatal(err)

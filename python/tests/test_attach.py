@@ -86,7 +86,7 @@ def test_fallback_reasons(model, daemon, sock_dir):
     daemon(model)
     w, info = attach(model, socket_dir=sock_dir, dtype="float32")
     assert info.reason == "fingerprint_mismatch"
-    assert info.fields == [{"field": "dtype", "want": "float32", "got": "bfloat16"}]
+    assert info.fields == [{"field": "dtype", "want": "bfloat16->float32", "got": "bfloat16"}]
     assert all(t.dtype == torch.float32 for t in w.values() if t.is_floating_point())
     w, info = attach(model, socket_dir=sock_dir, tp_size=2, tp_rank=1)
     assert info.reason == "fingerprint_mismatch" and {f["field"] for f in info.fields} == {"tp_rank", "tp_size"}

@@ -132,13 +132,14 @@ def device_key(device):
 def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout_s=5.0,
            state_timeout_s=300.0, dtype="auto", revision=None, socket_dir=None, tp_size=1,
            tp_rank=0, dp_size=1, dp_rank=0, group="main", engine="", engine_version="",
-           client_name="weightcache-python", verify_content=False):
+           engine_config="", client_name="weightcache-python", verify_content=False):
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
     With fallback=False a miss raises MissError carrying the reason. Errors
     in the checkpoint itself (missing, malformed) raise as they are.
-    engine and engine_version select a layout that engine published.
+    engine, engine_version and engine_config select a layout that engine
+    published.
     verify_content accepts a daemon whose files were replaced or copied but
     keep the same headers, once every tensor read from this checkpoint has
     the daemon's CRC-32C (it reads the whole checkpoint); without it that
@@ -147,7 +148,7 @@ def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
     start = time.monotonic()
-    args = (model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version)
+    args = (model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
     fp, directory = identity.light_fingerprint(*args)

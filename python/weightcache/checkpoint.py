@@ -42,11 +42,10 @@ class Checkpoint:
         """(shard, entry) in shard order, then data order: front to back."""
         return [(s, t) for s in self.shards for t in s.header.tensors]
 
-    def served_dtype(self, requested):
-        """The torch dtype name tensors are served in (Go's ServedDType)."""
-        d = dtypes.normalize(requested or "")
-        if d:
-            return d
+    def weight_dtype(self):
+        """The torch dtype name the weights are stored in (Go's WeightDType):
+        config.json's torch_dtype, else the floating dtype holding the most
+        bytes ("" when there is none)."""
         if self.torch_dtype:
             return self.torch_dtype
         totals = {}
@@ -60,7 +59,21 @@ class Checkpoint:
         best = min(totals, key=lambda k: (-totals[k], k.encode()))
         return dtypes.torch_name(best)
 
-    def fingerprint(self, dtype="auto", tp_size=1, tp_rank=0, dp_size=1, dp_rank=0, engine="", engine_version=""):
+    def served_dtype(self, requested):
+        """The fingerprint's dtype field (Go's ServedDType): as stored (the
+        weight dtype's name) unless a dtype is asked for, then
+        "from->to": only tensors stored in the weight dtype convert."""
+        to = dtypes.normalize(requested or "")
+        frm = self.weight_dtype()
+        if not to or to == frm or not frm:
+            return frm
+        if frm not in dtypes.SERVED:
+            raise ValueError(f"dtype {to} requested, but the checkpoint's weight dtype {frm} cannot be converted "
+                             f"(want bfloat16, float16 or float32 weights)")
+        return f"{frm}->{to}"
+
+    def fingerprint(self, dtype="auto", tp_size=1, tp_rank=0, dp_size=1, dp_rank=0, engine="", engine_version="",
+                    engine_config=""):
         if tp_size < 1 or not 0 <= tp_rank < tp_size:
             raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
         if dp_size < 1 or not 0 <= dp_rank < dp_size:
@@ -70,20 +83,20 @@ class Checkpoint:
             tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
             dtype=self.served_dtype(dtype), quantization=self.quant_method,
             quantization_hash=self.quant_hash, revision=self.revision,
-            layout_version=LAYOUT_VERSION, engine=engine or "", engine_version=engine_version or "")
+            layout_version=LAYOUT_VERSION, engine=engine or "", engine_version=engine_version or "",
+            engine_config=engine_config or "")
 
-    def served(self, dtype):
-        """[(shard, entry, served safetensors dtype)] for a served torch
-        dtype name ("" serves everything as stored): floating F16/BF16/F32
-        tensors convert, everything else is served as stored."""
-        if dtype and dtype not in dtypes.SERVED:
-            raise CheckpointError(f"dtype {dtype!r} cannot be served (want bfloat16, float16 or float32)")
-        to = dtypes.SERVED.get(dtype, "")
-        out = []
-        for s, t in self.tensors():
-            d = to if to and t.dtype in dtypes.CONVERTIBLE else t.dtype
-            out.append((s, t, d))
-        return out
+    def served(self, served):
+        """[(shard, entry, served safetensors dtype)] for a served dtype as
+        served_dtype returns it ("" or a bare name: everything as stored;
+        "bfloat16->float16": tensors stored in bfloat16 convert)."""
+        frm, to = "", ""
+        if "->" in served:
+            a, _, b = served.partition("->")
+            frm, to = dtypes.SERVED.get(a, ""), dtypes.SERVED.get(b, "")
+            if not frm or not to:
+                raise CheckpointError(f"served dtype {served!r}: want FROM->TO with FROM and TO each bfloat16, float16 or float32")
+        return [(s, t, to if frm and t.dtype == frm else t.dtype) for s, t in self.tensors()]
 
 
 def hash_shards(shards):

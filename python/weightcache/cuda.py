@@ -200,3 +200,84 @@ def as_tensor(mapping):
     """A uint8 torch tensor over the whole mapping, on its GPU."""
     import torch
     return torch.as_tensor(mapping, device=f"cuda:{mapping.ordinal}")
+
+
+# cuda.h: #define CU_MEMHOSTREGISTER_READ_ONLY 0x08, and the device
+# attribute CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113.
+CU_MEMHOSTREGISTER_READ_ONLY = 0x08
+CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113
+# Below this, pinning costs more than the copy it speeds up (page-locking
+# walks every page; a pageable copy of a few MiB is already quick).
+HOST_REGISTER_MIN_BYTES = 64 << 20
+
+
+class HostRegistration:
+    """Host memory page-locked with cuMemHostRegister(READ_ONLY): copies out
+    of it to a GPU run by DMA at pinned speed instead of through the
+    driver's pageable staging. READ_ONLY because the memory is a PROT_READ
+    mapping of a sealed segment: without it the driver asks for write
+    access and the call fails. close() unregisters (the mapping stays)."""
+
+    def __init__(self, ptr, size, ordinal):
+        self.ptr, self.size, self.ordinal = ptr, size, ordinal
+        self._ctx = ctypes.c_void_p()
+        dev = ctypes.c_int()
+        call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(ordinal))
+        ok = ctypes.c_int()
+        call("cuDeviceGetAttribute", ctypes.byref(ok), ctypes.c_int(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED), dev)
+        if not ok.value:
+            raise CudaError(f"GPU {ordinal} does not support read-only host registration")
+        call("cuDevicePrimaryCtxRetain", ctypes.byref(self._ctx), dev)
+        call("cuCtxPushCurrent_v2", self._ctx)
+        try:
+            name = "cuMemHostRegister_v2" if hasattr(driver(), "cuMemHostRegister_v2") else "cuMemHostRegister"
+            call(name, ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_uint(CU_MEMHOSTREGISTER_READ_ONLY))
+        except BaseException:
+            self._release_ctx()
+            raise
+        finally:
+            popped = ctypes.c_void_p()
+            driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
+        self.registered = True
+
+    def _release_ctx(self):
+        lib = _lib
+        if lib is not None and self._ctx.value:
+            dev = ctypes.c_int()
+            if lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(self.ordinal)) == 0:
+                lib.cuDevicePrimaryCtxRelease_v2(dev)
+        self._ctx = ctypes.c_void_p()
+
+    def close(self):
+        lib = _lib
+        if getattr(self, "registered", False) and lib is not None:
+            lib.cuCtxPushCurrent_v2(self._ctx)
+            lib.cuMemHostUnregister(ctypes.c_void_p(self.ptr))
+            popped = ctypes.c_void_p()
+            lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
+            self.registered = False
+        self._release_ctx()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def register_host(bases, ordinal, min_bytes=HOST_REGISTER_MIN_BYTES):
+    """Page-lock each host segment (a uint8 tensor over a whole mapping) of
+    at least min_bytes for copies to GPU ordinal. Returns (registrations,
+    skipped): a segment the driver refuses is skipped with its reason, and
+    copies from it run at pageable speed. Close the registrations once the
+    copies are done."""
+    regs, skipped = [], []
+    for i, b in enumerate(bases):
+        n = b.numel()
+        if n < min_bytes:
+            continue
+        try:
+            regs.append(HostRegistration(b.data_ptr(), n, ordinal))
+        except CudaError as e:
+            skipped.append(f"segment {i} ({n} bytes): {e}")
+    return regs, skipped

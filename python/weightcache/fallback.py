@@ -8,8 +8,8 @@ from . import dtypes, safetensors
 
 
 def load_from_disk(ckpt, dtype, device=None):
-    """name -> tensor for checkpoint ckpt served as torch dtype name dtype
-    ("" as stored): floating F16/BF16/F32 tensors convert, others do not.
+    """name -> tensor for checkpoint ckpt served as dtype, a fingerprint's
+    dtype field (as stored, or "from->to": tensors stored in from convert).
     Conversion rounds to nearest even, as the daemon's does. Every tensor
     is this process's own memory: the mappings are gone on return."""
     out = {}

@@ -5,7 +5,7 @@ import dataclasses
 import hashlib
 import json
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: served as stored unless a dtype is asked for
 
 
 def canonical_json(value):
@@ -28,11 +28,12 @@ class Fingerprint:
     layout_version: int = 0
     engine: str = ""  # published layouts only
     engine_version: str = ""  # published layouts only
+    engine_config: str = ""  # published layouts only: canonical JSON of the engine's weight-shaping settings
 
     def to_wire(self):
         """The JSON object the daemon decodes (engine fields omitted when empty)."""
         d = dataclasses.asdict(self)
-        for k in ("engine", "engine_version"):
+        for k in ("engine", "engine_version", "engine_config"):
             if not d[k]:
                 del d[k]
         return d

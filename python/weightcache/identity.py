@@ -67,16 +67,16 @@ def _locate(model, revision):
     return None
 
 
-def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version):
+def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
     """(fingerprint without checkpoint_hash, directory): config.json is all
     it reads. Where the served dtype must come from the tensors, or the
     model is a hub id, it is the hashed fingerprint of quick_fingerprint."""
     loc = _locate(model, revision) if model else None
-    if loc is None or (not dtypes.normalize(dtype or "") and not _config_dtype(loc[0], loc[1])):
-        return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version)
+    if loc is None or not _config_dtype(loc[0], loc[1]):
+        return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
     c = Checkpoint(*loc)
     checkpoint._read_config(c)
-    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version), c.dir
+    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
 
 
 def _config_dtype(directory, revision):
@@ -109,7 +109,7 @@ class _RawShard:
         self.header = type("RawHeader", (), {"raw": raw})()
 
 
-def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version):
+def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
     """The full fingerprint, hashing raw header bytes without parsing them
     (Go's QuickFingerprint); it resolves the checkpoint in full where the
     served dtype must come from the tensors or anything looks off."""
@@ -117,16 +117,16 @@ def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
-        if dtypes.normalize(dtype or "") or c.torch_dtype:
+        if c.torch_dtype:
             try:
                 shards = [_RawShard(n, os.path.join(c.dir, *n.split("/"))) for n in _shard_names(c.dir)]
             except (OSError, CheckpointError):
                 shards = None
             if shards is not None:
                 c.hash = checkpoint.hash_shards(shards)
-                return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version), c.dir
+                return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
     c = checkpoint.resolve(model, revision)
-    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version), c.dir
+    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
 
 
 def verify_content(weights, ckpt, dtype):

@@ -60,12 +60,12 @@ class Publisher:
 
     def __init__(self, model, specs, engine, engine_version="", device="host", socket_dir=None,
                  group="main", dtype="auto", revision=None, tp_size=1, tp_rank=0, dp_size=1,
-                 dp_rank=0, wait_s=0.0, connect_timeout_s=5.0, client_name="weightcache-python"):
+                 dp_rank=0, wait_s=0.0, connect_timeout_s=5.0, client_name="weightcache-python", engine_config=""):
         """specs: [(name, torch dtype, shape)] in the order to lay them out."""
         if not engine:
             raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
         ckpt = resolve(model, revision)
-        self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version)
+        self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
         # What later engines compare their files with instead of hashing
         # headers (Go's Checkpoint.Identity).
         names = [s.name for s in ckpt.shards]
