@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/plan"
@@ -75,8 +76,8 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 	if cfg.GPU, err = p.gpu.options(fs, p.workers); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
-	if launcher.OnGPU(cfg.Devices) && r.tp > 1 {
-		return cfg, usageErrorf("--tensor-parallel-size %d on GPUs: the sharded loader fills host segments only in this version; serve TP ranks on host devices, or TP 1 per GPU", r.tp)
+	if launcher.OnGPU(cfg.Devices) && r.tp > 1 && cfg.GPU.IPC == cuda.IPCLegacy {
+		return cfg, usageErrorf("--tensor-parallel-size %d with --ipc legacy: legacy IPC memory dies with the process that allocated it, so each rank loads itself whole; use --ipc fd", r.tp)
 	}
 	if !flagSet(fs, "load-workers") && launcher.OnGPU(cfg.Devices) {
 		cfg.Workers = gpuLoadWorkers

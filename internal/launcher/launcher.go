@@ -204,7 +204,7 @@ func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
 	return RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
-		PublishOnly: l.cfg.PublishOnly, SelfLoad: isGPU(r.Device), GPU: l.cfg.GPU,
+		PublishOnly: l.cfg.PublishOnly, SelfLoad: l.selfLoad(r.Device), GPU: l.cfg.GPU,
 		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Head: headOf(typeSpec),
 	}, nil
 }

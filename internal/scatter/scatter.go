@@ -129,6 +129,12 @@ func allocate(cfg Config, jobs []*job, res *Result) error {
 		if err != nil {
 			return err
 		}
+		// A device that can tell refuses before anything is allocated.
+		if p, ok := tg.Backend.(backend.Planner); ok {
+			if err := p.Plan(segSizes); err != nil {
+				return err
+			}
+		}
 		for i, n := range segSizes {
 			seg, err := tg.Backend.Alloc(n)
 			if err != nil {
@@ -164,14 +170,24 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 	pacer := checkpoint.Pacer{Rate: cfg.ReadLimit, Start: time.Now(), Read: &read}
 	feed := make(chan *job)
 	var wg sync.WaitGroup
-	for range min(cfg.Workers, max(len(jobs), 1)) {
+	workers := min(cfg.Workers, max(len(jobs), 1))
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := newWorker(files, cfg.ChunkBytes, func(n int64) {
+			w, err := newWorker(cfg, files, workers, func(n int64) {
 				cfg.Read.Add(n)
 				pacer.Add(ctx, n)
 			})
+			if err != nil {
+				cancel(err)
+				return
+			}
+			defer func() {
+				if err := w.close(); err != nil {
+					cancel(err)
+				}
+			}()
 			for j := range feed {
 				if err := w.copy(j); err != nil {
 					cancel(err)
