@@ -254,3 +254,35 @@ func (s *importedSegment) Free() error {
 func (s *importedSegment) HandleType() string         { return backend.HandleCUDAFD }
 func (s *importedSegment) Align() int64               { return int64(s.gran) }
 func (s *importedSegment) IPCHandle() ([]byte, error) { return nil, nil }
+
+// ExportWritable returns a descriptor a publishing engine imports and maps
+// read-write. The daemon cannot take that mapping back, so commit serves a
+// Snapshot instead of this allocation.
+func (s *vmmSegment) ExportWritable() (*os.File, error) { return s.Export() }
+
+// Snapshot implements backend.Snapshotter: a sealed copy of the segment in
+// a fresh allocation on the same device, which only the daemon can export.
+// A writer's mapping of the original keeps writing to the original alone.
+func (s *vmmSegment) Snapshot() (backend.Segment, error) {
+	dev, src, err := s.writable()
+	if err != nil {
+		return nil, err
+	}
+	c, err := newVMMSegment(dev, s.size, s.gran)
+	if err != nil {
+		return nil, err
+	}
+	err = dev.do(func() error {
+		if err := dev.drv.dtod(c.ptr, src, s.size); err != nil {
+			return err
+		}
+		return dev.drv.ctxSync()
+	})
+	if err == nil {
+		err = c.Seal()
+	}
+	if err != nil {
+		return nil, errors.Join(dev.errf("copy segment at commit: %w", err), c.Free())
+	}
+	return c, nil
+}
