@@ -39,6 +39,9 @@ type Config struct {
 	// PublishOnly starts the daemon empty: it loads nothing from disk and
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool
+	// PlanReport, for a tensor-parallel rank, is what its sharding plan
+	// replicated; status shows it.
+	PlanReport *protocol.PlanReport
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -242,6 +245,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Handshakes:     copyMap(d.handshakes),
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
+		Plan:           d.cfg.PlanReport,
 	}
 	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
 		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in

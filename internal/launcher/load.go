@@ -78,6 +78,10 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}
 	l.report.add(g, res)
+	if r := g.Report; r != nil && r.Unmatched > 0 {
+		l.log.Warn("tensors no rule of the sharding plan matches are replicated on every rank (--strict-plan refuses)",
+			"group", g.Name, "plan", r.Plan, "unmatched", r.Unmatched, "unmatched_bytes", r.UnmatchedBytes, "first", r.FirstUnmatched)
+	}
 	identity, change := g.Checkpoint.StableIdentity()
 	if identity == nil {
 		l.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "dir", g.Checkpoint.Dir, "change", change)

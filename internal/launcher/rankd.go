@@ -107,7 +107,7 @@ func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
 		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
 		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
 		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
-		PublishOnly: spec.PublishOnly,
+		PublishOnly: spec.PublishOnly, PlanReport: spec.Plan,
 	})
 }
 
