@@ -83,7 +83,7 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
-	if o.device, err = resolveDevice(o.device); err != nil {
+	if o.device, err = resolveDevice(rankDevice(ctx, o)); err != nil {
 		return nil, err
 	}
 	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)

@@ -240,6 +240,13 @@ func TestGPUTensorParallelReadsOnce(t *testing.T) {
 					t.Fatalf("tp %d rank %d: tensor %s on the GPU is not the plan's slice", tc.tp, i, name)
 				}
 			}
+			if i == n-1 {
+				// Named by its ranks alone, the engine finds this GPU's daemon.
+				r, code := attachJSON(t, append(rank[:len(rank)-2:len(rank)-2], "--socket-dir", gpuDir, "--fallback=false")...)
+				if code != 0 || r.Source != "hit" || r.Device != g.Device {
+					t.Fatalf("attach by ranks: exit %d, device %s, want %s (%+v)", code, r.Device, g.Device, r)
+				}
+			}
 			if dpRank == 0 {
 				replica = append(replica, g.Digest)
 			} else if !maps.Equal(replica[tpRank], g.Digest) {

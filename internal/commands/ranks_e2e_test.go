@@ -374,5 +374,11 @@ func TestUnmatchedTensorsReported(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "match no rule, first: "+first[0].(string)) {
 		t.Fatalf("status: exit %d\n%s", code, out)
 	}
+	// An engine that names its ranks and no device finds its daemon.
+	r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--tp-rank", "1",
+		"--sharding-plan", planFile, "--fallback=false")
+	if code != 0 || r.Source != "hit" || r.Device != "host:1" {
+		t.Fatalf("attach by ranks: exit %d, %+v", code, r)
+	}
 	p.stop(t, syscall.SIGTERM)
 }
