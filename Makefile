@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps demo bench bench-python fuzz deps clean
+.PHONY: build test test-python python-deps demo bench bench-python bench-scale fuzz deps clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/weightcache
@@ -31,6 +31,12 @@ demo: build
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+# Attach at 1k, 10k and 100k tensors from Go and Python; preload against cp
+# and the preload tree's private memory (TP 1 and TP 4) at each size.
+bench-scale: build python-deps
+	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/
+	$(PYTHON) python/bench_scale.py --bin $(BIN)
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseHeader -fuzztime 30s ./internal/safetensors

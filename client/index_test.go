@@ -123,3 +123,29 @@ func TestReplyOfAnotherVersion(t *testing.T) {
 		t.Fatalf("Attach = %v, want a version error", err)
 	}
 }
+
+// A fallback load answers the same accessors as a hit.
+func TestFallbackAccessors(t *testing.T) {
+	model := synth(t)
+	w, err := Attach(context.Background(), model, WithSocketDir(t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if w.Source.Hit || w.Len() == 0 {
+		t.Fatalf("source %s, %d tensors", w.Source, w.Len())
+	}
+	last, err := w.At(w.Len() - 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := w.Get(last.Name); err != nil || got.Name != last.Name || len(got.Data) != len(last.Data) {
+		t.Fatalf("Get(%s) = %v, %v", last.Name, got.Name, err)
+	}
+	if _, err := w.Get("absent"); !errors.Is(err, ErrNoTensor) {
+		t.Fatalf("Get(absent) = %v", err)
+	}
+	if _, err := w.At(w.Len()); err == nil {
+		t.Fatal("At(Len()) succeeded")
+	}
+}

@@ -74,11 +74,9 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	if err != nil {
 		return nil, err
 	}
-	ckpt, err := checkpoint.Resolve(model, o.revision)
-	if err != nil {
-		return nil, err
-	}
-	fp, err := ckpt.Fingerprint(o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	// The engine loaded the checkpoint already: its headers are hashed,
+	// not parsed again.
+	fp, identity, err := checkpoint.QuickIdentity(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +101,7 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	for i, t := range tensors {
 		p.index[t.Name] = i
 	}
-	if err := p.claim(ctx, fp, ckpt.Identity, sizes); err != nil {
+	if err := p.claim(ctx, fp, identity, sizes); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("publish to %s: %w", sock, err)
 	}

@@ -43,6 +43,7 @@ type Weights struct {
 
 	closeOnce sync.Once
 	list      []Tensor        // a fallback load: the tensors themselves
+	byName    map[string]int  // into list, made by the first Get
 	index     *protocol.Index // a hit: the manifest index
 	indexMap  []byte          // its mapping; nil once copied
 	segs      []protocol.Segment
@@ -88,17 +89,22 @@ func (w *Weights) At(i int) (Tensor, error) {
 }
 
 // Get returns the tensor called name: a binary search of the index on a
-// hit. A missing name is ErrNoTensor.
+// hit. A missing name is ErrNoTensor. Not safe for concurrent use with
+// itself on a fallback load (it builds a name table on first use).
 func (w *Weights) Get(name string) (Tensor, error) {
 	if w.index != nil {
 		if i, ok := w.index.Find(name); ok {
 			return w.At(i)
 		}
 	} else {
-		for _, t := range w.list {
-			if t.Name == name {
-				return t, nil
+		if w.byName == nil {
+			w.byName = make(map[string]int, len(w.list))
+			for i, t := range w.list {
+				w.byName[t.Name] = i
 			}
+		}
+		if i, ok := w.byName[name]; ok {
+			return w.list[i], nil
 		}
 	}
 	return Tensor{}, fmt.Errorf("tensor %s: %w", name, ErrNoTensor)

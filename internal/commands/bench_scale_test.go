@@ -1,14 +1,12 @@
 package commands
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -47,39 +45,29 @@ func treeAnon(pid int) int64 {
 // preloadTree starts preload with args and returns the time from spawn to
 // its ready line, the preload tree's RssAnon once ready, and a stop.
 func preloadTree(b *testing.B, args ...string) (time.Duration, int64, func()) {
-	cmd := wc(append([]string{"preload"}, args...)...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	if !sc.Scan() || !strings.Contains(sc.Text(), `"event":"ready"`) {
-		_ = cmd.Process.Kill()
-		b.Fatalf("preload %v: no ready line", args)
-	}
-	el := time.Since(start)
-	anon := treeAnon(cmd.Process.Pid)
-	return el, anon, func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	}
+	el, line, _, stop := preloadReadyLine(b, args...)
+	return el, treeAnon(line.PID), stop
 }
 
 // BenchmarkAttachScale measures attach from Go at 1k, 10k and 100k tensors
 // (ns/op is one attach and close), and reports, per size, preload to ready
 // against cp of the same files to /dev/shm and the preload tree's private
 // memory (RssAnon summed over the launcher and its rank daemons). At 100k
-// it also preloads TP 4 for its memory. Python's figures:
-// python/bench_scale.py.
+// it also preloads TP 4 for its memory; "medium" is the medium preset
+// (219 tensors, 1.4 GB). Python's figures: python/bench_scale.py.
 func BenchmarkAttachScale(b *testing.B) {
-	for _, n := range []int{1000, 10000, 100000} {
-		b.Run(fmt.Sprintf("tensors=%d", n), func(b *testing.B) {
-			model := manyModel(b, n)
+	for _, n := range []int{219, 1000, 10000, 100000} {
+		name := fmt.Sprintf("tensors=%d", n)
+		if n == 219 {
+			name = "medium"
+		}
+		b.Run(name, func(b *testing.B) {
+			var model string
+			if n == 219 {
+				model = benchModel(b)
+			} else {
+				model = manyModel(b, n)
+			}
 			shards := shardPaths(b, model)
 			timeCmd(b, "cat", shards...) // page cache warm
 			shm, err := os.MkdirTemp("/dev/shm", "wcb")
@@ -135,4 +123,3 @@ func BenchmarkAttachScale(b *testing.B) {
 		})
 	}
 }
-

@@ -48,6 +48,12 @@ func start(t *testing.T, model, dir, device string, mut func(*Config)) *Daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startCheckpoint(t, ckpt, model, dir, device, mut)
+}
+
+// startCheckpoint is start for a checkpoint resolved already.
+func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+	t.Helper()
 	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
 	if err != nil {
 		t.Fatal(err)

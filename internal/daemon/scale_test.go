@@ -12,12 +12,8 @@ import (
 )
 
 // fileBytes reads every tensor's bytes straight from the shard files.
-func fileBytes(t *testing.T, model string) map[string][]byte {
+func fileBytes(t *testing.T, ckpt *checkpoint.Checkpoint) map[string][]byte {
 	t.Helper()
-	ckpt, err := checkpoint.Resolve(model, "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := make(map[string][]byte, ckpt.NumTensors())
 	for _, s := range ckpt.Shards {
 		b, err := os.ReadFile(s.Path)
@@ -43,9 +39,18 @@ func TestHundredThousandTensors(t *testing.T) {
 	if err := checkpoint.SynthMany(context.Background(), model, n, 4); err != nil {
 		t.Fatal(err)
 	}
-	want := fileBytes(t, model)
+	// Resolved once for both daemons: parsing 100,000 entries under -race
+	// is the slow part of this test.
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fileBytes(t, ckpt)
 	dir := sockDir(t)
-	startReady(t, model, dir)
+	d := startCheckpoint(t, ckpt, model, dir, "host", nil)
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	w := attach(t, model, dir)
 	if !w.Source.Hit || w.Len() != n {
 		t.Fatalf("source %s, %d tensors", w.Source, w.Len())
@@ -66,7 +71,7 @@ func TestHundredThousandTensors(t *testing.T) {
 	// Publish 100,000 tensors: the commit carries a count, the entries
 	// travel in the index memfd.
 	pdir := sockDir(t)
-	startPublishOnly(t, model, pdir)
+	startCheckpoint(t, ckpt, model, pdir, "host", func(c *Config) { c.PublishOnly = true })
 	specs := make([]client.TensorSpec, 0, n)
 	for tn, err := range w.All() {
 		if err != nil {

@@ -123,6 +123,17 @@ def test_kill_9_during_attach(synth, daemon, sock_dir):
     assert time.monotonic() - t0 < 30 and len(w) == 75
 
 
+def refused(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return False
+    except OSError:
+        return True
+    finally:
+        s.close()
+
+
 def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
     d = daemon(model)
     w, info = attach(model, socket_dir=sock_dir)
@@ -131,9 +142,12 @@ def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir):
     d.stop(signal.SIGKILL)
     for n, t in w.items():
         assert torch.equal(t, before[n])
+    # The rank daemon dies of its parent's death (Pdeathsig) a moment after
+    # the launcher: wait for it, or the next attach may meet it dying.
+    wait_for(lambda: refused(os.path.join(sock_dir, "main-host.sock")))
     # The next engine falls back: the stale socket is refused, not trusted.
     _, info = attach(model, socket_dir=sock_dir)
-    assert info.reason == "no_daemon"
+    assert info.reason == "no_daemon", info
 
 
 class FakeDaemon:

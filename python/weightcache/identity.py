@@ -70,19 +70,16 @@ def _locate(model, revision):
 def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
     """(fingerprint without checkpoint_hash, directory): config.json is all
     it reads. Where the served dtype must come from the tensors, or the
-    model is a hub id, it is the hashed fingerprint of quick_fingerprint."""
+    model is not found, it is quick_fingerprint (hash included)."""
     loc = _locate(model, revision) if model else None
-    if loc is None or not _config_dtype(loc[0], loc[1]):
-        return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
-    c = Checkpoint(*loc)
-    checkpoint._read_config(c)
-    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
-
-
-def _config_dtype(directory, revision):
-    c = Checkpoint(directory, revision)
-    checkpoint._read_config(c)
-    return c.torch_dtype
+    if loc is not None:
+        c = Checkpoint(*loc)
+        checkpoint._read_config(c)
+        # The served dtype comes from the tensors unless config.json names
+        # the weight dtype.
+        if c.torch_dtype:
+            return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+    return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
 
 
 def _shard_names(directory):
