@@ -1,8 +1,12 @@
-// Package scatter fills the segments of every local rank from one pass over
-// the checkpoint: each tensor is read once, sliced by the sharding plan
-// and written to every rank that holds a part of it. Whatever the
-// tensor-parallel size, a node reads each checkpoint byte once, and
-// staging memory stays at Workers x 3 x ChunkBytes.
+// Package scatter is the one loader: it fills the segments of every local
+// rank, host memfds or GPU memory alike, from one pass over the
+// checkpoint. Each tensor is read once, converted if asked (Served.Read),
+// sliced by the sharding plan, checksummed and written to every rank that
+// holds a part of it: whole tensors for one target straight into its
+// mapped segment or pinned staging, everything else through the worker's
+// buffers. Whatever the tensor-parallel size, a node reads each checkpoint
+// byte once, and private staging stays at Workers x 3 x ChunkBytes (plus
+// each GPU's pinned staging).
 package scatter
 
 import (
