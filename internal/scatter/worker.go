@@ -69,11 +69,11 @@ func (w *worker) close() error {
 func (w *worker) copy(j *job) error {
 	outer, row, srcE, dstE := j.geometry()
 	var err error
-	switch c := w.chunk / max(srcE, dstE); {
+	switch c, dst := w.chunk/max(srcE, dstE), w.direct(j); {
 	case outer == 0 || row == 0:
 		// A zero-size tensor: nothing to read, and the checksum of nothing.
-	case w.direct(j) != nil:
-		err = w.copyDirect(j, w.direct(j), srcE, dstE)
+	case dst != nil:
+		err = w.copyDirect(j, dst, srcE, dstE)
 	case row <= c:
 		err = w.copyRows(j, outer, row, c/row, srcE, dstE)
 	default:
