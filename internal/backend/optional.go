@@ -64,10 +64,3 @@ type ExporterBound interface {
 type Snapshotter interface {
 	Snapshot() (Segment, error)
 }
-
-// Mapper is implemented by segments the loader can map read-write in its
-// own process (host memfds), so that whole tensors are read straight into
-// them: one copy from the page cache instead of two.
-type Mapper interface {
-	Mapped() ([]byte, error)
-}

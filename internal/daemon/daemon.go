@@ -16,6 +16,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/scatter"
 )
 
 // Version identifies the daemon build in hello replies.
@@ -32,7 +33,7 @@ type Config struct {
 	Group        string        // "main" or "draft"
 	DrainTimeout time.Duration // how long Shutdown waits for zero_copy leases
 	Workers      int           // parallel readers; default 4
-	ChunkBytes   int           // staging per reader; default 4 MiB
+	ChunkBytes   int           // staging per reader; default scatter.DefaultChunk
 	MaxSegment   int64         // default backend.DefaultMaxSegment
 	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
 	Logger       *slog.Logger
@@ -89,7 +90,7 @@ func Start(cfg Config) (*Daemon, error) {
 		cfg.Workers = 4
 	}
 	if cfg.ChunkBytes <= 0 {
-		cfg.ChunkBytes = 4 << 20
+		cfg.ChunkBytes = scatter.DefaultChunk
 	}
 	if cfg.MaxSegment <= 0 {
 		cfg.MaxSegment = backend.DefaultMaxSegment

@@ -1,12 +1,8 @@
-// Package scatter is the one loader: it fills the segments of every local
-// rank, host memfds or GPU memory alike, from one pass over the
-// checkpoint. Each tensor is read once, converted if asked (Served.Read),
-// sliced by the sharding plan, checksummed and written to every rank that
-// holds a part of it: whole tensors for one target straight into its
-// mapped segment or pinned staging, everything else through the worker's
-// buffers. Whatever the tensor-parallel size, a node reads each checkpoint
-// byte once, and private staging stays at Workers x 3 x ChunkBytes (plus
-// each GPU's pinned staging).
+// Package scatter fills the segments of every local rank from one pass over
+// the checkpoint: each tensor is read once, sliced by the sharding plan
+// and written to every rank that holds a part of it. Whatever the
+// tensor-parallel size, a node reads each checkpoint byte once, and
+// staging memory stays at Workers x 3 x ChunkBytes.
 package scatter
 
 import (
@@ -37,7 +33,7 @@ type Config struct {
 	TPSize     int
 	Targets    []Target
 	Workers    int   // parallel readers; default 4
-	ChunkBytes int   // staging per buffer; default 4 MiB
+	ChunkBytes int   // staging per buffer; default DefaultChunk
 	MaxSegment int64 // default backend.DefaultMaxSegment
 	ReadLimit  int64 // checkpoint bytes per second; 0 is unlimited
 	// Read, when set, is advanced by every byte read from the checkpoint,
@@ -57,6 +53,11 @@ type Result struct {
 	ReadBytes int64 // bytes read from the checkpoint's shard files
 	Elapsed   time.Duration
 }
+
+// DefaultChunk is the size of each worker buffer. Small enough that what a
+// read puts in a buffer is still in cache when the write takes it out
+// again: at 4 MiB the medium preset loaded 1.7x slower than at 1 MiB.
+const DefaultChunk = 1 << 20
 
 // Load reads the checkpoint once and fills every target's segments. On
 // error every segment is freed.
@@ -99,7 +100,7 @@ func (c *Config) defaults() {
 		c.Workers = 4
 	}
 	if c.ChunkBytes <= 0 {
-		c.ChunkBytes = 4 << 20
+		c.ChunkBytes = DefaultChunk
 	}
 	if c.MaxSegment <= 0 {
 		c.MaxSegment = backend.DefaultMaxSegment

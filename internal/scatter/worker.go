@@ -69,11 +69,11 @@ func (w *worker) close() error {
 func (w *worker) copy(j *job) error {
 	outer, row, srcE, dstE := j.geometry()
 	var err error
-	switch c, dst := w.chunk/max(srcE, dstE), w.direct(j); {
+	switch c := w.chunk / max(srcE, dstE); {
 	case outer == 0 || row == 0:
 		// A zero-size tensor: nothing to read, and the checksum of nothing.
-	case dst != nil:
-		err = w.copyDirect(j, dst, srcE, dstE)
+	case w.direct(j):
+		err = w.copyDirect(j, srcE, dstE)
 	case row <= c:
 		err = w.copyRows(j, outer, row, c/row, srcE, dstE)
 	default:
@@ -90,57 +90,21 @@ func (w *worker) copy(j *job) error {
 	return nil
 }
 
-// direct returns where a tensor that goes whole to a single target can be
-// read straight into: the target's pinned staging buffers (a GPU) or its
-// segment mapped in this process (host memory), so that each byte is
-// copied once on its way from the page cache. nil when it cannot.
-func (w *worker) direct(j *job) sink {
-	if len(j.part) != 1 || !j.part[0].slice.Whole() {
-		return nil
-	}
-	if st := w.stages[0]; st != nil {
-		return stageSink{st, j.part[0].seg}
-	}
-	if m, ok := j.part[0].seg.(backend.Mapper); ok {
-		if b, err := m.Mapped(); err == nil {
-			return mapSink{b, w.chunk}
-		}
-	}
-	return nil
+// direct reports whether the tensor goes whole to one staged target, so
+// that it can be read straight into the pinned buffers.
+func (w *worker) direct(j *job) bool {
+	return len(j.part) == 1 && w.stages[0] != nil && j.part[0].slice.Whole()
 }
 
-// sink lends the buffer the next bytes at segment offset off go to (at
-// most n of them), and takes it back filled.
-type sink interface {
-	buffer(off, n int64) ([]byte, error)
-	put(buf []byte, off int64) error
-}
-
-type stageSink struct {
-	st  backend.Stage
-	seg backend.Segment
-}
-
-func (s stageSink) buffer(int64, int64) ([]byte, error) { return s.st.Buffer() }
-func (s stageSink) put(buf []byte, off int64) error     { return s.st.WriteAsync(s.seg, off, buf) }
-
-type mapSink struct {
-	m     []byte
-	chunk int64
-}
-
-func (s mapSink) buffer(off, n int64) ([]byte, error) { return s.m[off : off+min(n, s.chunk)], nil }
-func (s mapSink) put([]byte, int64) error             { return nil }
-
-func (w *worker) copyDirect(j *job, dst sink, srcE, dstE int64) error {
-	p, g := j.part[0], j.groups[0]
+func (w *worker) copyDirect(j *job, srcE, dstE int64) error {
+	st, p, g := w.stages[0], j.part[0], j.groups[0]
 	f := w.files[j.s.Shard.Path]
 	if f == nil {
 		return fmt.Errorf("tensor %s: shard %s is not open", j.s.Tensor.Name, j.s.Shard.Path)
 	}
 	total := j.s.Tensor.NBytes()
 	for done, off := int64(0), p.off; done < total; {
-		buf, err := dst.buffer(off, (total-done)/srcE*dstE)
+		buf, err := st.Buffer()
 		if err != nil {
 			return fmt.Errorf("tensor %s: %w", j.s.Tensor.Name, err)
 		}
@@ -152,7 +116,7 @@ func (w *worker) copyDirect(j *job, dst sink, srcE, dstE int64) error {
 		out := buf[:n/srcE*dstE]
 		in := out
 		if j.s.DType != j.s.Tensor.DType {
-			// Converting: read aside, convert into the buffer.
+			// Converting: read aside, convert into the staging buffer.
 			if int64(len(w.read)) < n {
 				w.read = make([]byte, n)
 			}
@@ -164,7 +128,7 @@ func (w *worker) copyDirect(j *job, dst sink, srcE, dstE int64) error {
 		}
 		w.progress(n)
 		g.crc = crc32.Update(g.crc, checkpoint.Castagnoli, out)
-		if err := dst.put(out, off); err != nil {
+		if err := st.WriteAsync(p.seg, off, out); err != nil {
 			return fmt.Errorf("write tensor %s to %s: %w", j.s.Tensor.Name, p.dev, err)
 		}
 		done += n

@@ -3,11 +3,9 @@
 package host
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,8 +13,6 @@ import (
 type segment struct {
 	f    *os.File
 	size int64
-	mu   sync.Mutex
-	rw   []byte // writable mapping, see Mapped
 }
 
 func newSegment(name string, size int64) (*segment, error) {
@@ -44,9 +40,6 @@ func (s *segment) WriteAt(p []byte, off int64) (int, error) {
 // Seal forbids writes, shrinking and growing for everyone, this process
 // included; F_SEAL_SEAL keeps anyone from undoing it.
 func (s *segment) Seal() error {
-	if err := s.unmap(); err != nil {
-		return fmt.Errorf("seal %s: %w", s.f.Name(), err)
-	}
 	seals := unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 	if _, err := unix.FcntlInt(s.f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
 		return fmt.Errorf("seal %s: %w", s.f.Name(), err)
@@ -69,7 +62,7 @@ func (s *segment) Export() (*os.File, error) {
 	return os.NewFile(uintptr(fd), s.f.Name()), nil
 }
 
-func (s *segment) Free() error { return errors.Join(s.unmap(), s.f.Close()) }
+func (s *segment) Free() error { return s.f.Close() }
 
 // Map maps a segment descriptor read-only. Used by clients and tests.
 func Map(f *os.File, size int64) ([]byte, error) {
