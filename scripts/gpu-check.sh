@@ -130,7 +130,9 @@ done
 WALL_S=$(calc "$(date +%s.%N) - $T0" 3)
 READY=$(head -n1 "$WORK/preload.out")
 [[ $(field "$READY" event) == ready ]] || die "preload not ready within 120s: $(tail -n 3 "$WORK/preload.err")"
-LOAD_S=$(field "$READY" load_seconds)
+# The loader's own time where the launcher loaded (driver start-up apart).
+LOAD_S=$(field "$READY" loader_seconds)
+[[ -n $LOAD_S ]] || LOAD_S=$(field "$READY" load_seconds)
 TENSORS=$(field "$READY" tensors)
 PRELOAD=$(calc "$FILE_BYTES / $LOAD_S / 1e9")
 

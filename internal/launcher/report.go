@@ -46,14 +46,18 @@ type ReadyLine struct {
 	Tensors     int     `json:"tensors"`
 	Bytes       int64   `json:"bytes"` // resident over every local rank
 	LoadSeconds float64 `json:"load_seconds"`
-	Fingerprint string  `json:"fingerprint"`
-	PID         int     `json:"pid"`
-	ReadBytes   int64   `json:"read_bytes"`
-	DataBytes   int64   `json:"data_bytes"`
-	FileBytes   int64   `json:"file_bytes"`
-	NNodes      int     `json:"nnodes"`
-	NodeRank    int     `json:"node_rank"`
-	Health      string  `json:"health,omitempty"`
+	// LoaderSeconds is the one loader's own time (allocate, read, copy,
+	// seal), without process and driver start-up; 0 where ranks load
+	// themselves or start empty.
+	LoaderSeconds float64 `json:"loader_seconds,omitempty"`
+	Fingerprint   string  `json:"fingerprint"`
+	PID           int     `json:"pid"`
+	ReadBytes     int64   `json:"read_bytes"`
+	DataBytes     int64   `json:"data_bytes"`
+	FileBytes     int64   `json:"file_bytes"`
+	NNodes        int     `json:"nnodes"`
+	NodeRank      int     `json:"node_rank"`
+	Health        string  `json:"health,omitempty"`
 	// Plan is what the main group's sharding plan replicates (TP > 1).
 	Plan  *protocol.PlanReport `json:"plan,omitempty"`
 	Ranks []ReadyRank          `json:"ranks"`
@@ -74,7 +78,7 @@ func (l *launcher) printReady() error {
 	r := &l.report
 	line := ReadyLine{
 		Event: "ready", Model: l.cfg.Groups[0].Model, Tensors: l.cfg.Groups[0].Checkpoint.NumTensors(),
-		LoadSeconds: r.localSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
+		LoadSeconds: r.localSeconds, LoaderSeconds: r.loadSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
 		NNodes: l.cfg.Layout.NNodes, NodeRank: l.cfg.Layout.NodeRank, Plan: l.cfg.Groups[0].Report,
 	}
 	if l.health != nil {
