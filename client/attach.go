@@ -74,7 +74,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 // attachDaemon runs the handshake. On anything short of a hit it returns the
 // reason and leaves nothing open.
 func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Weights, Source) {
-	dev, err := resolveDevice(o.device)
+	dev, err := resolveDevice(rankDevice(ctx, o))
 	if err != nil {
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}

@@ -50,7 +50,7 @@ func defaults() options {
 		connectTimeout: DefaultConnectTimeout,
 		stateTimeout:   DefaultStateTimeout,
 		socketDir:      protocol.DefaultSocketDir(),
-		device:         "host",
+		device:         "",
 		group:          "main",
 		tpSize:         1,
 		dpSize:         1,
@@ -79,7 +79,9 @@ func WithSocketDir(dir string) Opt { return func(o *options) { o.socketDir = dir
 
 // WithDevice names the device the engine runs on: "host", "host:N", a GPU's
 // UUID ("GPU-..."), or "cuda:N", this process's N-th visible GPU (under its
-// CUDA_VISIBLE_DEVICES), which Attach resolves to the GPU's UUID.
+// CUDA_VISIBLE_DEVICES), which Attach resolves to the GPU's UUID. Without
+// it an engine with WithParallel ranks attaches to the daemon in the socket
+// directory that serves those ranks; any other engine to "host".
 func WithDevice(key string) Opt { return func(o *options) { o.device = key } }
 
 // WithGroup selects the daemon group ("main", or "draft" for a draft model).

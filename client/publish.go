@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -52,7 +53,9 @@ type Publisher struct {
 	files     []*os.File
 	tensors   []protocol.Tensor
 	index     map[string]int
-	indexFile *os.File // the daemon's memfd for our manifest index
+	indexFile *os.File        // the daemon's memfd for our manifest index
+	gpu       []*cuda.Mapping // GPU segments mapped for writing, in place of files
+	dev       *cuda.Device
 	o         options
 }
 
@@ -78,6 +81,9 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
+	if o.device, err = resolveDevice(rankDevice(ctx, o)); err != nil {
+		return nil, err
+	}
 	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, err
@@ -173,6 +179,30 @@ func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, identi
 		}
 	}
 	p.files, p.indexFile, fr.Files = fr.Files[:len(sizes)], fr.Files[len(sizes)], nil
+	if cuda.IsDevice(seg.Device) {
+		return p.mapGPU(seg)
+	}
+	return nil
+}
+
+// mapGPU maps the daemon's fresh GPU segments read-write in this process;
+// the descriptors are not needed once mapped.
+func (p *Publisher) mapGPU(seg protocol.PublishSegments) error {
+	dev, err := openDevice(seg.Device)
+	if err != nil {
+		return err
+	}
+	for i, f := range p.files {
+		m, err := dev.Import(f, uint64(seg.Segments[i].Size), 0, false)
+		if err != nil {
+			return fmt.Errorf("map publish segment %d on %s: %w", i, seg.Device, err)
+		}
+		p.gpu = append(p.gpu, m)
+	}
+	for _, f := range p.files {
+		_ = f.Close()
+	}
+	p.files, p.dev = nil, dev
 	return nil
 }
 
@@ -187,6 +217,13 @@ func (p *Publisher) Write(name string, data []byte) error {
 	if int64(len(data)) != t.NBytes {
 		return fmt.Errorf("publish: tensor %s: %d bytes given, %s %v needs %d", name, len(data), t.DType, t.Shape, t.NBytes)
 	}
+	if p.gpu != nil {
+		m := p.gpu[t.Segment]
+		if err := p.dev.WriteAt(data, m.Ptr+uint64(t.Offset)); err != nil {
+			return fmt.Errorf("publish: write tensor %s: %w", name, err)
+		}
+		return nil
+	}
 	if p.files == nil {
 		return fmt.Errorf("publish: tensor %s: publisher is closed", name)
 	}
@@ -200,18 +237,15 @@ func (p *Publisher) Write(name string, data []byte) error {
 // Publisher is closed afterwards, whatever the outcome.
 func (p *Publisher) Commit(ctx context.Context) error {
 	defer p.Close()
-	if p.files == nil {
+	if p.files == nil && p.gpu == nil {
 		return errors.New("publish: commit on a closed publisher")
 	}
 	if err := p.writeIndex(); err != nil {
 		return err
 	}
-	// Our descriptors must not outlive the claim; the daemon's seals would
-	// revoke them anyway.
-	for _, f := range p.files {
-		_ = f.Close()
-	}
-	p.files = nil
+	// Our descriptors and mappings must not outlive the claim; the
+	// daemon's seals (or, on a GPU, its copy) would revoke them anyway.
+	p.closeSegments()
 	// The daemon checksums every byte before it answers.
 	cctx, cancel := context.WithTimeout(ctx, p.o.connectTimeout+commitTimeout)
 	defer cancel()
@@ -234,12 +268,20 @@ func (p *Publisher) writeIndex() error {
 	return nil
 }
 
-// Close abandons an uncommitted publish: the daemon frees its segments.
-func (p *Publisher) Close() error {
+func (p *Publisher) closeSegments() {
 	for _, f := range p.files {
 		_ = f.Close()
 	}
 	p.files = nil
+	for _, m := range p.gpu {
+		_ = m.Close()
+	}
+	p.gpu = nil
+}
+
+// Close abandons an uncommitted publish: the daemon frees its segments.
+func (p *Publisher) Close() error {
+	p.closeSegments()
 	if p.indexFile != nil {
 		_ = p.indexFile.Close()
 		p.indexFile = nil

@@ -56,3 +56,11 @@ const (
 type ExporterBound interface {
 	ExporterMustOutlive() bool
 }
+
+// Snapshotter is implemented by segments whose writable exports cannot be
+// revoked (a CUDA VMM allocation an engine imported stays mapped as the
+// engine mapped it): Snapshot returns a sealed copy that no writer maps,
+// which commit serves in place of the original.
+type Snapshotter interface {
+	Snapshot() (Segment, error)
+}

@@ -37,11 +37,12 @@ func QuickFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpR
 	if err := c.readConfig(); err != nil {
 		return Fingerprint{}, err
 	}
-	served, err := NormalizeDType(dtype)
-	if err != nil {
+	if _, err := NormalizeDType(dtype); err != nil {
 		return Fingerprint{}, err
 	}
-	if served == "" && c.TorchDType == "" {
+	// Without config.json's torch_dtype the weight dtype, and with it the
+	// served dtype, comes from the parsed tensors.
+	if c.TorchDType == "" {
 		return full()
 	}
 	names, err := shardNames(dir)

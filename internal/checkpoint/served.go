@@ -99,7 +99,6 @@ func (r *Reader) Copy(s Served, w io.WriterAt, off int64, progress func(int64)) 
 	if f == nil {
 		return 0, fmt.Errorf("tensor %s: shard %s is not open", s.Tensor.Name, s.Shard.Path)
 	}
-	src := s.Shard.Header.DataStart + s.Tensor.Begin
 	total := s.Tensor.NBytes()
 	convert := s.DType != s.Tensor.DType
 	step := int64(len(r.buf))
@@ -114,16 +113,13 @@ func (r *Reader) Copy(s Served, w io.WriterAt, off int64, progress func(int64)) 
 	var crc uint32
 	for done := int64(0); done < total; {
 		n := min(step, total-done)
-		chunk := r.buf[:n]
-		if _, err := f.ReadAt(chunk, src+done); err != nil {
-			return 0, fmt.Errorf("read tensor %s from %s at offset %d: %w", s.Tensor.Name, s.Shard.Path, src+done, err)
-		}
-		out := chunk
+		var conv []byte
 		if convert {
-			out = r.conv[:n/int64(s.Tensor.DType.Bits()/8)*int64(s.DType.Bits()/8)]
-			if err := safetensors.Convert(out, s.DType, chunk, s.Tensor.DType); err != nil {
-				return 0, fmt.Errorf("convert tensor %s from %s to %s: %w", s.Tensor.Name, s.Tensor.DType, s.DType, err)
-			}
+			conv = r.conv[:n/int64(s.Tensor.DType.Bits()/8)*int64(s.DType.Bits()/8)]
+		}
+		out, err := s.Read(f, done, r.buf[:n], conv)
+		if err != nil {
+			return 0, err
 		}
 		crc = crc32.Update(crc, Castagnoli, out)
 		if _, err := w.WriteAt(out, off); err != nil {
@@ -136,4 +132,22 @@ func (r *Reader) Copy(s Served, w io.WriterAt, off int64, progress func(int64)) 
 		}
 	}
 	return crc, nil
+}
+
+// Read reads len(in) bytes of tensor s's stored data from f, from byte off
+// of the tensor, and returns them as served: in itself, or converted into
+// out, which then holds exactly the converted elements. It is the one place
+// tensors are converted on their way from a checkpoint.
+func (s Served) Read(f *os.File, off int64, in, out []byte) ([]byte, error) {
+	at := s.Shard.Header.DataStart + s.Tensor.Begin + off
+	if _, err := f.ReadAt(in, at); err != nil {
+		return nil, fmt.Errorf("read tensor %s from %s at offset %d: %w", s.Tensor.Name, s.Shard.Path, at, err)
+	}
+	if s.DType == s.Tensor.DType {
+		return in, nil
+	}
+	if err := safetensors.Convert(out, s.DType, in, s.Tensor.DType); err != nil {
+		return nil, fmt.Errorf("convert tensor %s from %s to %s: %w", s.Tensor.Name, s.Tensor.DType, s.DType, err)
+	}
+	return out, nil
 }

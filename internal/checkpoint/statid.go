@@ -139,11 +139,10 @@ func LightFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpR
 	if err := c.readConfig(); err != nil {
 		return Fingerprint{}, "", err
 	}
-	served, err := NormalizeDType(dtype)
-	if err != nil {
+	if _, err := NormalizeDType(dtype); err != nil {
 		return Fingerprint{}, "", err
 	}
-	if served == "" && c.TorchDType == "" {
+	if c.TorchDType == "" {
 		fp, err = QuickFingerprint(model, revision, dtype, tpSize, tpRank, dpSize, dpRank)
 		return fp, dir, err
 	}

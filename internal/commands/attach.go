@@ -47,7 +47,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	fallback := fs.Bool("fallback", true, "load from disk when the daemon cannot serve (false: exit 3 instead)")
 	dtype := fs.String("dtype", "auto", "the engine's dtype")
 	revision := fs.String("revision", "", "checkpoint revision")
-	device := fs.String("device", "host", "the engine's device key")
+	device := fs.String("device", "", "the engine's device key (default: the daemon serving --tp-rank/--dp-rank, else host)")
 	group := fs.String("group", "main", "daemon group: main, or draft for the draft model")
 	tpSize := fs.Int("tensor-parallel-size", 1, "the engine's tensor-parallel size")
 	tpRank := fs.Int("tp-rank", 0, "the engine's tensor-parallel rank")

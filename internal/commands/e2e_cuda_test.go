@@ -3,6 +3,8 @@ package commands
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,9 +37,9 @@ func TestGPUPreloadAttachOnFakeDriver(t *testing.T) {
 	if code != exitUsage || !strings.Contains(stderr, "need 3 devices and 2 GPUs are visible") {
 		t.Fatalf("preload of 3 ranks on two visible GPUs: exit %d, %s", code, stderr)
 	}
-	_, stderr, code = runWC(t, "preload", "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2")
-	if code != exitUsage || !strings.Contains(stderr, "on GPUs") {
-		t.Fatalf("tensor parallelism on GPUs: exit %d, %s", code, stderr)
+	_, stderr, code = runWC(t, "preload", "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--ipc", "legacy")
+	if code != exitUsage || !strings.Contains(stderr, "--ipc legacy") {
+		t.Fatalf("tensor parallelism on GPUs with legacy IPC: exit %d, %s", code, stderr)
 	}
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "cuda:0", "--staging-bytes", "4194304")
 	uuid, _ := p.ready["device"].(string)
@@ -199,4 +201,65 @@ func TestGPULegacyIPCKeepsMemoryWhileLeased(t *testing.T) {
 		t.Fatalf("preload did not say why it waited: %s", p.stderr)
 	}
 	noSockets(t, dir)
+}
+
+// TestGPUTensorParallelReadsOnce: TP 2 x DP 2 and TP 4 on fake GPUs come
+// from one read of the checkpoint (bytes read = data bytes), each rank
+// serves the very slice a host rank of the same layout serves (the plan's,
+// as the scatter tests check), and data-parallel replicas are identical.
+func TestGPUTensorParallelReadsOnce(t *testing.T) {
+	fakeGPU(t, "4", "0,1,2,3")
+	model := synthModel(t, "tiny")
+	for _, tc := range []struct{ tp, dp int }{{2, 2}, {4, 1}} {
+		hostDir, gpuDir := sockDir(t), sockDir(t)
+		n := tc.tp * tc.dp
+		var hostDevs, gpuDevs []string
+		for i := range n {
+			hostDevs = append(hostDevs, fmt.Sprintf("host:%d", i))
+			gpuDevs = append(gpuDevs, fmt.Sprintf("cuda:%d", i))
+		}
+		layout := []string{"--model", model, "--tensor-parallel-size", fmt.Sprint(tc.tp), "--data-parallel-size", fmt.Sprint(tc.dp)}
+		hp := startPreloadProc(t, true, append(layout, "--socket-dir", hostDir, "--devices", strings.Join(hostDevs, ","))...)
+		gp := startPreloadProc(t, true, append(layout, "--socket-dir", gpuDir, "--devices", strings.Join(gpuDevs, ","), "--staging-bytes", "4194304")...)
+		if read, data := gp.ready["read_bytes"], gp.ready["data_bytes"]; read != data || read == 0.0 {
+			t.Fatalf("tp %d dp %d on GPUs read %v bytes for %v bytes of tensor data", tc.tp, tc.dp, read, data)
+		}
+		var replica []map[string]string
+		for i := range n {
+			tpRank, dpRank := i%tc.tp, i/tc.tp
+			rank := []string{"--model", model, "--tensor-parallel-size", fmt.Sprint(tc.tp), "--tp-rank", fmt.Sprint(tpRank),
+				"--data-parallel-size", fmt.Sprint(tc.dp), "--dp-rank", fmt.Sprint(dpRank), "--digest", "--fallback=false"}
+			h, code := attachJSON(t, append(rank, "--socket-dir", hostDir, "--device", hostDevs[i])...)
+			if code != 0 {
+				t.Fatalf("host rank %d: exit %d, %+v", i, code, h)
+			}
+			g, code := attachJSON(t, append(rank, "--socket-dir", gpuDir, "--device", gpuDevs[i], "--verify")...)
+			if code != 0 || g.Source != "hit" || !g.ReadOnly || g.Verified == nil || !*g.Verified {
+				t.Fatalf("gpu rank %d: exit %d, %+v", i, code, g)
+			}
+			if len(g.Digest) == 0 || len(g.Digest) != len(h.Digest) {
+				t.Fatalf("rank %d: %d tensors on the GPU, %d on the host", i, len(g.Digest), len(h.Digest))
+			}
+			for name, d := range h.Digest {
+				if g.Digest[name] != d {
+					t.Fatalf("tp %d rank %d: tensor %s on the GPU is not the plan's slice", tc.tp, i, name)
+				}
+			}
+			if i == n-1 {
+				// Named by its ranks alone, the engine finds this GPU's daemon.
+				r, code := attachJSON(t, append(rank[:len(rank)-2:len(rank)-2], "--socket-dir", gpuDir, "--fallback=false")...)
+				if code != 0 || r.Source != "hit" || r.Device != g.Device {
+					t.Fatalf("attach by ranks: exit %d, device %s, want %s (%+v)", code, r.Device, g.Device, r)
+				}
+			}
+			if dpRank == 0 {
+				replica = append(replica, g.Digest)
+			} else if !maps.Equal(replica[tpRank], g.Digest) {
+				t.Fatalf("tp rank %d: data-parallel replicas differ", tpRank)
+			}
+		}
+		hp.stop(t, syscall.SIGTERM)
+		gp.stop(t, syscall.SIGTERM)
+		noSockets(t, gpuDir)
+	}
 }

@@ -23,7 +23,7 @@ func TestGPUCheckScriptOnFakeDriver(t *testing.T) {
 	if _, err := exec.LookPath("timeout"); err != nil {
 		t.Skip("coreutils timeout not found")
 	}
-	fakeGPU(t, "1", "0")
+	fakeGPU(t, "2", "0,1")
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "gpu-check.sh")
 	cmd := exec.Command(bash, script)
@@ -51,6 +51,10 @@ func TestGPUCheckScriptOnFakeDriver(t *testing.T) {
 		"attach (Python, ctypes on libcuda):",
 		"read-only mappings:                        true",
 		"target  attach of 21 tensors < 50 ms",
+		"check   published GPU layout equals the files' bytes (21 tensors), mapped read-only: ok",
+		"check   TP 2 on cuda:0,cuda:1: read once, each rank the plan's slice: ok",
+		"publish into the GPU:                      21 tensors",
+		"target  preload >= 70% of the pinned ceiling",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q", want)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/plan"
@@ -22,6 +23,7 @@ type rankFlags struct {
 	masterPort, wcPort, draftPort    int
 	rendezvousTimeout                time.Duration
 	shardingPlan, draftPlan          string
+	strictPlan                       bool
 	draftModel, draftDType, draftRev string
 	healthHost                       string
 	healthPort                       int
@@ -39,6 +41,7 @@ func (r *rankFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&r.wcPort, "weight-cache-master-port", 29600, "rendezvous port of the main group on node 0")
 	fs.IntVar(&r.draftPort, "draft-weight-cache-master-port", 29601, "rendezvous port of the draft group on node 0")
 	fs.DurationVar(&r.rendezvousTimeout, "weight-cache-rendezvous-timeout", 5*time.Minute, "bound on each wait for the other nodes")
+	fs.BoolVar(&r.strictPlan, "strict-plan", false, "refuse a tensor-parallel launch where a tensor matches no rule of the sharding plan (it would be replicated on every rank)")
 	fs.StringVar(&r.shardingPlan, "sharding-plan", "", "JSON or YAML file of tensor-name patterns -> split kind and dim, for architectures without a built-in plan")
 	fs.StringVar(&r.draftPlan, "draft-sharding-plan", "", "sharding plan file for the draft model (default: its architecture's built-in plan)")
 	fs.StringVar(&r.draftModel, "draft-model", "", "draft model (MTP, EAGLE, EAGLE3) to serve as group draft on every device")
@@ -75,8 +78,8 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 	if cfg.GPU, err = p.gpu.options(fs, p.workers); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
-	if launcher.OnGPU(cfg.Devices) && r.tp > 1 {
-		return cfg, usageErrorf("--tensor-parallel-size %d on GPUs: the sharded loader fills host segments only in this version; serve TP ranks on host devices, or TP 1 per GPU", r.tp)
+	if launcher.OnGPU(cfg.Devices) && r.tp > 1 && cfg.GPU.IPC == cuda.IPCLegacy {
+		return cfg, usageErrorf("--tensor-parallel-size %d with --ipc legacy: legacy IPC memory dies with the process that allocated it, so each rank loads itself whole; use --ipc fd", r.tp)
 	}
 	if !flagSet(fs, "load-workers") && launcher.OnGPU(cfg.Devices) {
 		cfg.Workers = gpuLoadWorkers
@@ -154,7 +157,7 @@ func (r *rankFlags) group(name, model, revision, dtypeFlag, planFile string, por
 	if g.Heads, err = plan.ReadModel(ckpt.Dir); err != nil {
 		return g, err
 	}
-	return g, launcher.CheckPlan(g, r.tp)
+	return g, launcher.CheckPlan(&g, r.tp, r.strictPlan)
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {

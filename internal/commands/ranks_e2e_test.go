@@ -341,3 +341,44 @@ func TestDaemonCommandNeedsLauncher(t *testing.T) {
 		t.Fatalf("help should list preload and hide daemon:\n%s", usage)
 	}
 }
+
+// TestUnmatchedTensorsReported: under a plan that leaves the MLPs out,
+// the ready line and status say how much every rank holds whole and name
+// the first tensors no rule matched; --strict-plan refuses to start.
+func TestUnmatchedTensorsReported(t *testing.T) {
+	model, dir := unknownArch(t, synthModel(t, "tiny")), sockDir(t)
+	planFile := filepath.Join(t.TempDir(), "plan.yaml")
+	yaml := `rules:
+  - {pattern: '.*norm\.weight', split: replicated}
+  - {pattern: 'model\.embed_tokens\.weight|lm_head\.weight', split: vocab}
+  - {pattern: '.*\.q_proj\.weight', split: column}
+  - {pattern: '.*\.[kv]_proj\.weight', split: kv_heads}
+  - {pattern: '.*\.o_proj\.weight', split: row, dim: 1}
+`
+	if err := os.WriteFile(planFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--model", model, "--socket-dir", dir, "--sharding-plan", planFile, "--tensor-parallel-size", "2", "--devices", "host:0,host:1"}
+	_, stderr, code := runWC(t, append([]string{"preload", "--strict-plan"}, args...)...)
+	if code == 0 || !strings.Contains(stderr, "--strict-plan") || !strings.Contains(stderr, ".mlp.") {
+		t.Fatalf("--strict-plan with unmatched MLPs: exit %d, %s", code, stderr)
+	}
+	p := startPreloadProc(t, true, args...)
+	plan, _ := p.ready["plan"].(map[string]any)
+	first, _ := plan["first_unmatched"].([]any)
+	if plan == nil || plan["unmatched"].(float64) == 0 || plan["replicated_bytes"].(float64) < plan["unmatched_bytes"].(float64) ||
+		len(first) == 0 || !strings.Contains(first[0].(string), ".mlp.") {
+		t.Fatalf("ready line plan report: %v", p.ready["plan"])
+	}
+	out, _, code := runWC(t, "status", "--socket-dir", dir)
+	if code != 0 || !strings.Contains(out, "match no rule, first: "+first[0].(string)) {
+		t.Fatalf("status: exit %d\n%s", code, out)
+	}
+	// An engine that names its ranks and no device finds its daemon.
+	r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--tp-rank", "1",
+		"--sharding-plan", planFile, "--fallback=false")
+	if code != 0 || r.Source != "hit" || r.Device != "host:1" {
+		t.Fatalf("attach by ranks: exit %d, %+v", code, r)
+	}
+	p.stop(t, syscall.SIGTERM)
+}

@@ -54,7 +54,17 @@ func runStatus(ctx context.Context, e env, args []string) error {
 			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, fp.TPRank, fp.TPSize, fp.DPRank, fp.DPSize,
 			d.Tensors, size, d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// A plan that matched too little is said once per rank, under the table.
+	for _, d := range daemons {
+		if p := d.Plan; p != nil && p.Unmatched > 0 {
+			fmt.Fprintf(e.stdout, "%s: plan %s replicates %s on every rank; %d tensors (%s) match no rule, first: %s\n",
+				d.Device, p.Plan, humanBytes(p.ReplicatedBytes), p.Unmatched, humanBytes(p.UnmatchedBytes), strings.Join(p.FirstUnmatched, ", "))
+		}
+	}
+	return nil
 }
 
 func mismatchSummary(m map[string]int64) string {

@@ -16,6 +16,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/scatter"
 )
 
 // Version identifies the daemon build in hello replies.
@@ -32,7 +33,7 @@ type Config struct {
 	Group        string        // "main" or "draft"
 	DrainTimeout time.Duration // how long Shutdown waits for zero_copy leases
 	Workers      int           // parallel readers; default 4
-	ChunkBytes   int           // staging per reader; default 4 MiB
+	ChunkBytes   int           // staging per reader; default scatter.DefaultChunk
 	MaxSegment   int64         // default backend.DefaultMaxSegment
 	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
 	Logger       *slog.Logger
@@ -40,6 +41,9 @@ type Config struct {
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool
 	Limits      Limits
+	// PlanReport, for a tensor-parallel rank, is what its sharding plan
+	// replicated; status shows it.
+	PlanReport *protocol.PlanReport
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -90,7 +94,7 @@ func Start(cfg Config) (*Daemon, error) {
 		cfg.Workers = 4
 	}
 	if cfg.ChunkBytes <= 0 {
-		cfg.ChunkBytes = 4 << 20
+		cfg.ChunkBytes = scatter.DefaultChunk
 	}
 	if cfg.MaxSegment <= 0 {
 		cfg.MaxSegment = backend.DefaultMaxSegment
@@ -262,6 +266,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Handshakes:     copyMap(d.handshakes),
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
+		Plan:           d.cfg.PlanReport,
 	}
 	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
 		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in

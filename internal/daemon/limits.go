@@ -226,9 +226,8 @@ func (d *Daemon) checkPublishSize(sizes []int64) error {
 	if most := d.limits.MaxPublishBytes; most > 0 && total > most {
 		return fmt.Errorf("publish: field sizes adds up to %d bytes, over --max-publish-bytes %d", total, most)
 	}
-	if err := d.plan(sizes); err != nil {
-		return fmt.Errorf("publish: %w", err)
-	}
+	// A device that plans its room (GPUs, --reserve-bytes) is asked when
+	// the segments are granted; host memory is bounded by the host's.
 	if _, planned := d.cfg.Backend.(backend.Planner); !planned {
 		var si unix.Sysinfo_t
 		if err := unix.Sysinfo(&si); err == nil {

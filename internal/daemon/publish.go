@@ -186,6 +186,12 @@ func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any,
 	if err != nil {
 		return fail(err)
 	}
+	// Publish takes room on the device as preload does (--reserve-bytes).
+	if p, ok := d.cfg.Backend.(backend.Planner); ok {
+		if err := p.Plan(sizes); err != nil {
+			return fail(err)
+		}
+	}
 	for i, n := range append(sizes[:len(sizes):len(sizes)], indexSize) {
 		be := d.cfg.Backend
 		if i == len(sizes) {
@@ -295,8 +301,10 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 	if err := CheckLayout(segmentSizes(segs), tensors); err != nil {
 		return nil, err
 	}
-	for i, s := range segs {
-		if err := s.Seal(); err != nil {
+	// segs shares its array with d.pub.segments (touched only by the
+	// writer's session), so that a failed commit frees the snapshots.
+	for i := range segs {
+		if err := sealPublished(segs, i); err != nil {
 			return nil, fmt.Errorf("seal segment %d: %w (unmap every writable mapping of it before commit)", i, err)
 		}
 	}
@@ -346,6 +354,23 @@ func CheckLayout(segs []protocol.Segment, tensors []protocol.Tensor) error {
 		}
 	}
 	return nil
+}
+
+// sealPublished seals segs[i], or, where a writer's mapping of it cannot
+// be revoked (GPU memory), replaces it with a sealed snapshot and drops the
+// original: what the writer maps from then on is no longer served.
+func sealPublished(segs []backend.Segment, i int) error {
+	sn, ok := segs[i].(backend.Snapshotter)
+	if !ok {
+		return segs[i].Seal()
+	}
+	c, err := sn.Snapshot()
+	if err != nil {
+		return err
+	}
+	orig := segs[i]
+	segs[i] = c
+	return orig.Free()
 }
 
 // checkPlacement refuses an entry outside its segment, or whose size does

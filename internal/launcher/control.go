@@ -35,14 +35,16 @@ type RankSpec struct {
 	// PublishOnly ranks load nothing: they start empty, ready for the
 	// first engine to publish its own weights.
 	PublishOnly bool `json:"publish_only,omitempty"`
-	// SelfLoad ranks read the checkpoint themselves through their
-	// backend's staged path (GPUs: pinned buffers and async copies), since
-	// the launcher's scatter fills host segments only.
+	// SelfLoad ranks read the checkpoint themselves, through the same
+	// loader: GPU ranks under legacy IPC, whose memory dies with the
+	// process that allocated it.
 	SelfLoad  bool          `json:"self_load,omitempty"`
 	GPU       cuda.Options  `json:"gpu"`
 	Workers   int           `json:"workers"`
 	ReadLimit int64         `json:"read_limit"`
 	Limits    daemon.Limits `json:"limits"`
+	// Plan is what the sharding plan replicates, for status.
+	Plan *protocol.PlanReport `json:"plan,omitempty"`
 }
 
 type listening struct {

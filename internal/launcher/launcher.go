@@ -29,7 +29,8 @@ type Group struct {
 	DType      string     // requested, normalized ("" for the checkpoint's own)
 	Plan       *plan.Plan // nil when TP is 1
 	Heads      plan.Model
-	MasterPort int // rendezvous port, multi-node only
+	MasterPort int                  // rendezvous port, multi-node only
+	Report     *protocol.PlanReport // what the plan replicates; nil when TP is 1
 }
 
 // Config describes one launch.
@@ -209,8 +210,8 @@ func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
 	return RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
-		PublishOnly: l.cfg.PublishOnly, SelfLoad: isGPU(r.Device), GPU: l.cfg.GPU,
-		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(typeSpec),
+		PublishOnly: l.cfg.PublishOnly, SelfLoad: l.selfLoad(r.Device), GPU: l.cfg.GPU,
+		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(typeSpec), Plan: g.Report,
 	}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime/debug"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -13,6 +14,14 @@ import (
 )
 
 func headOf(t string) protocol.Head { return protocol.NewHead(t) }
+
+// selfLoad reports whether the rank on device reads the checkpoint itself:
+// GPU ranks under legacy IPC, whose memory dies with the process that
+// allocated it. Every other rank gets its segments from the launcher's
+// one read of the checkpoint.
+func (l *launcher) selfLoad(device string) bool {
+	return isGPU(device) && l.cfg.GPU.IPC == cuda.IPCLegacy
+}
 
 // loadAll fills each group's segments with one read of its checkpoint and
 // hands every rank its own.
@@ -32,7 +41,7 @@ func (l *launcher) loadAll(ctx context.Context) error {
 func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 	g := l.cfg.Groups[gi]
 	procs := l.groupProcs(g.Name)
-	if l.cfg.PublishOnly || OnGPU(l.cfg.Devices) {
+	if l.cfg.PublishOnly || len(procs) > 0 && l.selfLoad(procs[0].Device) {
 		// Nothing for the launcher to read: each rank starts empty or
 		// loads itself, and says when it serves.
 		if err := awaitListening(ctx, procs); err != nil {
@@ -48,6 +57,15 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 	if cfg.DType, err = g.Checkpoint.ServedDType(g.DType); err != nil {
 		return err
 	}
+	// The launcher's own backends (a CUDA context and pinned staging per
+	// GPU) go once every rank holds its segments; the ranks keep the memory.
+	defer func() {
+		for _, t := range cfg.Targets {
+			if err := t.Backend.Close(); err != nil {
+				l.log.Warn("close the loader's backend", "device", t.Backend.Device(), "err", err)
+			}
+		}
+	}()
 	for _, p := range procs {
 		be, err := NewBackend(p.Device, l.cfg.GPU)
 		if err != nil {
@@ -66,6 +84,10 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		return fmt.Errorf("group %s: load %s: %w", g.Name, g.Checkpoint.Dir, err)
 	}
 	l.report.add(g, res)
+	if r := g.Report; r != nil && r.Unmatched > 0 {
+		l.log.Warn("tensors no rule of the sharding plan matches are replicated on every rank (--strict-plan refuses)",
+			"group", g.Name, "plan", r.Plan, "unmatched", r.Unmatched, "unmatched_bytes", r.UnmatchedBytes, "first", r.FirstUnmatched)
+	}
 	identity, change := g.Checkpoint.StableIdentity()
 	if identity == nil {
 		l.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "dir", g.Checkpoint.Dir, "change", change)

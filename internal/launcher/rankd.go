@@ -27,9 +27,17 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	if err := fr.Decode(&spec); err != nil || fr.Type != typeSpec {
 		return fmt.Errorf("rank spec from the launcher: type %q: %v", fr.Type, err)
 	}
-	d, err := startRank(spec, log)
+	if !spec.SelfLoad {
+		// Only a rank that loads itself stages: pin nothing here.
+		spec.GPU.Stages = 0
+	}
+	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
 		return err
+	}
+	d, err := startRank(spec, be, log)
+	if err != nil {
+		return errors.Join(err, be.Close())
 	}
 	if err := ctl.Send(listening{Head: protocol.NewHead(typeListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
 		d.Shutdown(context.Background())
@@ -72,7 +80,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	default:
 		select {
 		case fr := <-frames:
-			err = adopt(d, spec, fr)
+			err = adopt(d, be, spec, fr)
 			if err == nil {
 				err = ctl.Send(ready{Head: protocol.NewHead(typeReady), Bytes: d.Stats().Bytes})
 			}
@@ -101,7 +109,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	return nil
 }
 
-func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
+func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*daemon.Daemon, error) {
 	// Only a rank that loads itself reads the checkpoint: the launcher
 	// parsed every header once for the others.
 	var ckpt *checkpoint.Checkpoint
@@ -111,22 +119,18 @@ func startRank(spec RankSpec, log *slog.Logger) (*daemon.Daemon, error) {
 			return nil, err
 		}
 	}
-	be, err := NewBackend(spec.Device, spec.GPU)
-	if err != nil {
-		return nil, err
-	}
 	return daemon.Start(daemon.Config{
 		Workers: spec.Workers, ReadLimit: spec.ReadLimit,
 		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
 		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
 		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
-		PublishOnly: spec.PublishOnly, Limits: spec.Limits,
+		PublishOnly: spec.PublishOnly, Limits: spec.Limits, PlanReport: spec.Plan,
 	})
 }
 
 // adopt imports the segments on fr and serves them. The frame's fds are
 // owned by the segments once imported; the rest are closed.
-func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
+func adopt(d *daemon.Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame) error {
 	if fr.Type != typeSegments {
 		fr.CloseFiles()
 		return fmt.Errorf("rank %s: expected segments from the launcher, got %q", spec.Device, fr.Type)
@@ -139,11 +143,6 @@ func adopt(d *daemon.Daemon, spec RankSpec, fr *protocol.Frame) error {
 	if len(m.Segments)+1 != len(fr.Files) {
 		fr.CloseFiles()
 		return fmt.Errorf("rank %s: %d segments and an index named, %d descriptors sent", spec.Device, len(m.Segments), len(fr.Files))
-	}
-	be, err := NewBackend(spec.Device, spec.GPU)
-	if err != nil {
-		fr.CloseFiles()
-		return err
 	}
 	imp, ok := be.(backend.Importer)
 	if !ok {

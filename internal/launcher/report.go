@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
 
@@ -37,23 +38,29 @@ func (r *report) add(g Group, res *scatter.Result) {
 // of every group on every node serves. The leading fields describe the
 // first rank, as a single-device preload always printed them.
 type ReadyLine struct {
-	Event       string      `json:"event"`
-	Socket      string      `json:"socket"`
-	Device      string      `json:"device"`
-	Group       string      `json:"group"`
-	Model       string      `json:"model"`
-	Tensors     int         `json:"tensors"`
-	Bytes       int64       `json:"bytes"` // resident over every local rank
-	LoadSeconds float64     `json:"load_seconds"`
-	Fingerprint string      `json:"fingerprint"`
-	PID         int         `json:"pid"`
-	ReadBytes   int64       `json:"read_bytes"`
-	DataBytes   int64       `json:"data_bytes"`
-	FileBytes   int64       `json:"file_bytes"`
-	NNodes      int         `json:"nnodes"`
-	NodeRank    int         `json:"node_rank"`
-	Health      string      `json:"health,omitempty"`
-	Ranks       []ReadyRank `json:"ranks"`
+	Event       string  `json:"event"`
+	Socket      string  `json:"socket"`
+	Device      string  `json:"device"`
+	Group       string  `json:"group"`
+	Model       string  `json:"model"`
+	Tensors     int     `json:"tensors"`
+	Bytes       int64   `json:"bytes"` // resident over every local rank
+	LoadSeconds float64 `json:"load_seconds"`
+	// LoaderSeconds is the one loader's own time (allocate, read, copy,
+	// seal), without process and driver start-up; 0 where ranks load
+	// themselves or start empty.
+	LoaderSeconds float64 `json:"loader_seconds,omitempty"`
+	Fingerprint   string  `json:"fingerprint"`
+	PID           int     `json:"pid"`
+	ReadBytes     int64   `json:"read_bytes"`
+	DataBytes     int64   `json:"data_bytes"`
+	FileBytes     int64   `json:"file_bytes"`
+	NNodes        int     `json:"nnodes"`
+	NodeRank      int     `json:"node_rank"`
+	Health        string  `json:"health,omitempty"`
+	// Plan is what the main group's sharding plan replicates (TP > 1).
+	Plan  *protocol.PlanReport `json:"plan,omitempty"`
+	Ranks []ReadyRank          `json:"ranks"`
 }
 
 // ReadyRank is one rank daemon in the ready line.
@@ -71,8 +78,8 @@ func (l *launcher) printReady() error {
 	r := &l.report
 	line := ReadyLine{
 		Event: "ready", Model: l.cfg.Groups[0].Model, Tensors: l.cfg.Groups[0].Checkpoint.NumTensors(),
-		LoadSeconds: r.localSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
-		NNodes: l.cfg.Layout.NNodes, NodeRank: l.cfg.Layout.NodeRank,
+		LoadSeconds: r.localSeconds, LoaderSeconds: r.loadSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
+		NNodes: l.cfg.Layout.NNodes, NodeRank: l.cfg.Layout.NodeRank, Plan: l.cfg.Groups[0].Report,
 	}
 	if l.health != nil {
 		line.Health = l.health.Addr()

@@ -85,12 +85,18 @@ func New(name string, rules []Rule) (*Plan, error) {
 
 // Match returns the rule for a tensor name; unmatched names are replicated.
 func (p *Plan) Match(name string) Rule {
+	r, _ := p.Lookup(name)
+	return r
+}
+
+// Lookup is Match, and whether a rule matched at all.
+func (p *Plan) Lookup(name string) (Rule, bool) {
 	for _, r := range p.Rules {
 		if r.re.MatchString(name) {
-			return r
+			return r, true
 		}
 	}
-	return Rule{Pattern: "(default)", Split: Replicated}
+	return Rule{Pattern: "(default)", Split: Replicated}, false
 }
 
 // Model is what a plan needs from config.json.

@@ -157,7 +157,20 @@ type Stats struct {
 	Handshakes     map[string]int64       `json:"handshakes"`
 	Mismatches     map[string]int64       `json:"mismatches"`
 	Releases       int64                  `json:"releases"`
+	Plan           *PlanReport            `json:"plan,omitempty"` // tensor-parallel ranks only
 	Error          string                 `json:"error,omitempty"`
+}
+
+// PlanReport says what a tensor-parallel sharding plan left whole on every
+// rank: replicated bytes (norms, routers, and tensors no rule matched) and
+// the tensors no rule matched, which a plan for another architecture
+// replicates without meaning to.
+type PlanReport struct {
+	Plan            string   `json:"plan"`
+	ReplicatedBytes int64    `json:"replicated_bytes"`
+	Unmatched       int      `json:"unmatched"`
+	UnmatchedBytes  int64    `json:"unmatched_bytes"`
+	FirstUnmatched  []string `json:"first_unmatched,omitempty"`
 }
 
 // Handshake results as counted in Stats.Handshakes.

@@ -33,7 +33,7 @@ type Config struct {
 	TPSize     int
 	Targets    []Target
 	Workers    int   // parallel readers; default 4
-	ChunkBytes int   // staging per buffer; default 4 MiB
+	ChunkBytes int   // staging per buffer; default DefaultChunk
 	MaxSegment int64 // default backend.DefaultMaxSegment
 	ReadLimit  int64 // checkpoint bytes per second; 0 is unlimited
 	// Read, when set, is advanced by every byte read from the checkpoint,
@@ -53,6 +53,11 @@ type Result struct {
 	ReadBytes int64 // bytes read from the checkpoint's shard files
 	Elapsed   time.Duration
 }
+
+// DefaultChunk is the size of each worker buffer. Small enough that what a
+// read puts in a buffer is still in cache when the write takes it out
+// again: at 4 MiB the medium preset loaded 1.7x slower than at 1 MiB.
+const DefaultChunk = 1 << 20
 
 // Load reads the checkpoint once and fills every target's segments. On
 // error every segment is freed.
@@ -95,7 +100,7 @@ func (c *Config) defaults() {
 		c.Workers = 4
 	}
 	if c.ChunkBytes <= 0 {
-		c.ChunkBytes = 4 << 20
+		c.ChunkBytes = DefaultChunk
 	}
 	if c.MaxSegment <= 0 {
 		c.MaxSegment = backend.DefaultMaxSegment
@@ -128,6 +133,12 @@ func allocate(cfg Config, jobs []*job, res *Result) error {
 		places, segSizes, err := backend.Pack(sizes, cfg.MaxSegment)
 		if err != nil {
 			return err
+		}
+		// A device that can tell refuses before anything is allocated.
+		if p, ok := tg.Backend.(backend.Planner); ok {
+			if err := p.Plan(segSizes); err != nil {
+				return err
+			}
 		}
 		for i, n := range segSizes {
 			seg, err := tg.Backend.Alloc(n)
@@ -164,14 +175,24 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 	pacer := checkpoint.Pacer{Rate: cfg.ReadLimit, Start: time.Now(), Read: &read}
 	feed := make(chan *job)
 	var wg sync.WaitGroup
-	for range min(cfg.Workers, max(len(jobs), 1)) {
+	workers := min(cfg.Workers, max(len(jobs), 1))
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w := newWorker(files, cfg.ChunkBytes, func(n int64) {
+			w, err := newWorker(cfg, files, workers, func(n int64) {
 				cfg.Read.Add(n)
 				pacer.Add(ctx, n)
 			})
+			if err != nil {
+				cancel(err)
+				return
+			}
+			defer func() {
+				if err := w.close(); err != nil {
+					cancel(err)
+				}
+			}()
 			for j := range feed {
 				if err := w.copy(j); err != nil {
 					cancel(err)

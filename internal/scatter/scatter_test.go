@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/backend/stagetest"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/plan"
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -115,6 +116,12 @@ func writeShapes(t *testing.T, arch string, shapes map[string][]int64) (*checkpo
 // by name, read back through exported, mapped segments.
 func load(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk int) ([]map[string]served, *Result) {
 	t.Helper()
+	return loadOn(t, ck, tp, dtype, chunk, false)
+}
+
+// loadOn is load, on staging backends (as GPUs are filled) when staged.
+func loadOn(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk int, staged bool) ([]map[string]served, *Result) {
+	t.Helper()
 	p, err := plan.ForArchitecture(ck.Architecture)
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +132,15 @@ func load(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk i
 	}
 	cfg := Config{Checkpoint: ck, DType: dtype, Plan: p, Model: m, TPSize: tp, ChunkBytes: chunk, Workers: 3}
 	for r := range tp {
-		be, _ := host.New(fmt.Sprintf("host:%d", r))
+		var be backend.Backend
+		if staged {
+			be, err = stagetest.New(fmt.Sprintf("host:%d", r))
+		} else {
+			be, err = host.New(fmt.Sprintf("host:%d", r))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 		cfg.Targets = append(cfg.Targets, Target{Backend: be, TPRank: r})
 	}
 	res, err := Load(context.Background(), cfg)

@@ -1,27 +1,64 @@
 package scatter
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
 
+	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/safetensors"
 )
 
 // worker copies tensors through three bounded buffers: what was read, the
-// same converted to the served dtype, and one rank's gathered slice.
+// same converted to the served dtype, and one rank's gathered slice. A
+// target whose backend stages (a GPU) takes the bytes through the worker's
+// own pinned buffers with asynchronous copies, so that reading the next
+// chunk overlaps the device copying the last.
 type worker struct {
 	files    map[string]*os.File
 	chunk    int64
 	read     []byte
 	conv     []byte
 	gather   []byte
+	stages   []backend.Stage // per target; nil where the target takes plain writes
 	progress func(int64)
 }
 
-func newWorker(files map[string]*os.File, chunk int, progress func(int64)) *worker {
-	return &worker{files: files, chunk: int64(chunk), read: make([]byte, chunk), progress: progress}
+func newWorker(cfg Config, files map[string]*os.File, stages int, progress func(int64)) (*worker, error) {
+	w := &worker{files: files, chunk: int64(cfg.ChunkBytes), read: make([]byte, cfg.ChunkBytes), progress: progress,
+		stages: make([]backend.Stage, len(cfg.Targets))}
+	// Targets on one device share its stage.
+	byBackend := map[backend.Backend]backend.Stage{}
+	for t, tg := range cfg.Targets {
+		st, ok := tg.Backend.(backend.Stager)
+		if !ok {
+			continue
+		}
+		if byBackend[tg.Backend] == nil {
+			s, err := st.NewStage(stages)
+			if err != nil {
+				return nil, errors.Join(fmt.Errorf("staging for %s: %w", tg.Backend.Device(), err), w.close())
+			}
+			byBackend[tg.Backend] = s
+		}
+		w.stages[t] = byBackend[tg.Backend]
+	}
+	return w, nil
+}
+
+// close waits for every queued copy, reports the first that failed, and
+// frees the staging buffers.
+func (w *worker) close() error {
+	var errs []error
+	seen := map[backend.Stage]bool{}
+	for _, s := range w.stages {
+		if s != nil && !seen[s] {
+			seen[s] = true
+			errs = append(errs, s.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // copy moves one tensor. Rows that fit a chunk are read several at a time
@@ -31,12 +68,12 @@ func newWorker(files map[string]*os.File, chunk int, progress func(int64)) *work
 // going to the ranks whose slice it overlaps.
 func (w *worker) copy(j *job) error {
 	outer, row, srcE, dstE := j.geometry()
-	c := w.chunk / max(srcE, dstE)
 	var err error
-	switch {
+	switch c := w.chunk / max(srcE, dstE); {
 	case outer == 0 || row == 0:
-		// A zero-size tensor: nothing to move, and its checksum is that of
-		// no bytes, which every group already holds.
+		// A zero-size tensor: nothing to read, and the checksum of nothing.
+	case w.direct(j):
+		err = w.copyDirect(j, srcE, dstE)
 	case row <= c:
 		err = w.copyRows(j, outer, row, c/row, srcE, dstE)
 	default:
@@ -49,6 +86,53 @@ func (w *worker) copy(j *job) error {
 		for _, t := range g.targets {
 			j.entries[t].CRC32C = g.crc
 		}
+	}
+	return nil
+}
+
+// direct reports whether the tensor goes whole to one staged target, so
+// that it can be read straight into the pinned buffers.
+func (w *worker) direct(j *job) bool {
+	return len(j.part) == 1 && w.stages[0] != nil && j.part[0].slice.Whole()
+}
+
+func (w *worker) copyDirect(j *job, srcE, dstE int64) error {
+	st, p, g := w.stages[0], j.part[0], j.groups[0]
+	f := w.files[j.s.Shard.Path]
+	if f == nil {
+		return fmt.Errorf("tensor %s: shard %s is not open", j.s.Tensor.Name, j.s.Shard.Path)
+	}
+	total := j.s.Tensor.NBytes()
+	for done, off := int64(0), p.off; done < total; {
+		buf, err := st.Buffer()
+		if err != nil {
+			return fmt.Errorf("tensor %s: %w", j.s.Tensor.Name, err)
+		}
+		// Whole elements, no more than fit in buf once converted.
+		n := min(int64(len(buf))/dstE, (total-done)/srcE) * srcE
+		if n == 0 {
+			return fmt.Errorf("tensor %s: a %d-byte staging buffer cannot hold one %s element", j.s.Tensor.Name, len(buf), j.s.DType)
+		}
+		out := buf[:n/srcE*dstE]
+		in := out
+		if j.s.DType != j.s.Tensor.DType {
+			// Converting: read aside, convert into the staging buffer.
+			if int64(len(w.read)) < n {
+				w.read = make([]byte, n)
+			}
+			in = w.read[:n]
+		}
+		out, err = j.s.Read(f, done, in, out)
+		if err != nil {
+			return err
+		}
+		w.progress(n)
+		g.crc = crc32.Update(g.crc, checkpoint.Castagnoli, out)
+		if err := st.WriteAsync(p.seg, off, out); err != nil {
+			return fmt.Errorf("write tensor %s to %s: %w", j.s.Tensor.Name, p.dev, err)
+		}
+		done += n
+		off += int64(len(out))
 	}
 	return nil
 }
@@ -114,22 +198,14 @@ func (w *worker) load(j *job, e0, n, srcE, dstE int64) ([]byte, error) {
 	if f == nil {
 		return nil, fmt.Errorf("tensor %s: shard %s is not open", s.Tensor.Name, s.Shard.Path)
 	}
-	at := s.Shard.Header.DataStart + s.Tensor.Begin + e0*srcE
-	in := w.read[:n*srcE]
-	if _, err := f.ReadAt(in, at); err != nil {
-		return nil, fmt.Errorf("read tensor %s from %s at offset %d: %w", s.Tensor.Name, s.Shard.Path, at, err)
-	}
-	w.progress(int64(len(in)))
-	if s.DType == s.Tensor.DType {
-		return in, nil
-	}
-	if int64(len(w.conv)) < n*dstE {
+	if s.DType != s.Tensor.DType && int64(len(w.conv)) < n*dstE {
 		w.conv = make([]byte, w.chunk)
 	}
-	out := w.conv[:n*dstE]
-	if err := safetensors.Convert(out, s.DType, in, s.Tensor.DType); err != nil {
-		return nil, fmt.Errorf("convert tensor %s from %s to %s: %w", s.Tensor.Name, s.Tensor.DType, s.DType, err)
+	out, err := s.Read(f, e0*srcE, w.read[:n*srcE], w.conv[:min(int64(len(w.conv)), n*dstE)])
+	if err != nil {
+		return nil, err
 	}
+	w.progress(n * srcE)
 	return out, nil
 }
 
@@ -140,9 +216,29 @@ func (w *worker) write(j *job, g *group, p []byte, off int64) error {
 	g.crc = crc32.Update(g.crc, checkpoint.Castagnoli, p)
 	for _, t := range g.targets {
 		pt := j.part[t]
-		if _, err := pt.seg.WriteAt(p, pt.off+off); err != nil {
+		if err := w.writeTo(t, pt, p, off); err != nil {
 			return fmt.Errorf("write tensor %s to %s: %w", j.s.Tensor.Name, pt.dev, err)
 		}
+	}
+	return nil
+}
+
+func (w *worker) writeTo(t int, pt *part, p []byte, off int64) error {
+	st := w.stages[t]
+	if st == nil {
+		_, err := pt.seg.WriteAt(p, pt.off+off)
+		return err
+	}
+	for len(p) > 0 {
+		buf, err := st.Buffer()
+		if err != nil {
+			return err
+		}
+		n := copy(buf, p)
+		if err := st.WriteAsync(pt.seg, pt.off+off, buf[:n]); err != nil {
+			return err
+		}
+		p, off = p[n:], off+int64(n)
 	}
 	return nil
 }

@@ -280,3 +280,13 @@ def test_unsafe_socket_dir_is_not_trusted(model, sock_dir, daemon):
     finally:
         os.chmod(sock_dir, 0o700)
     assert info.reason == "no_daemon" and "world-writable" in info.detail
+
+
+def test_ranks_find_their_daemon(model, daemon, sock_dir):
+    daemon(model, "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
+    for rank in (0, 1):
+        w, info = attach(model, socket_dir=sock_dir, tp_size=2, tp_rank=rank, fallback=False)
+        assert info.source == "hit" and info.device == f"host:{rank}"
+    with pytest.raises(MissError) as e:
+        attach(model, socket_dir=sock_dir, tp_size=4, tp_rank=1, fallback=False)
+    assert e.value.reason == "no_daemon"

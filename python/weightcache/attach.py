@@ -3,6 +3,7 @@ engine's device, zero-copy, or load them from disk with a named reason.
 The behaviour is that of the Go client (client/attach.go)."""
 
 import functools
+import glob
 import mmap
 import os
 import socket
@@ -132,13 +133,37 @@ def device_key(device):
     raise ValueError(f"device {device!r}: want cpu, cuda[:N], host[:N] or GPU-<uuid>")
 
 
-def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout_s=5.0,
+def rank_device(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0):
+    """The device key of the daemon in sock_dir that serves this group and
+    these ranks (host or GPU), or "host" when none does (Go's rankDevice)."""
+    for path in sorted(glob.glob(os.path.join(sock_dir, "*.sock"))):
+        try:
+            conn = protocol.Conn(path, timeout_s)
+        except OSError:
+            continue
+        try:
+            st = conn.call(protocol.head("stats"), "stats").body
+        except (OSError, protocol.ProtocolError, protocol.WireError, socket.timeout):
+            continue
+        finally:
+            conn.close()
+        fp = st.get("fingerprint") or {}
+        if (st.get("group") == group and fp.get("tp_size") == tp_size and fp.get("tp_rank") == tp_rank
+                and max(fp.get("dp_size") or 1, 1) == max(dp_size, 1) and fp.get("dp_rank", 0) == dp_rank):
+            return st.get("device") or "host"
+    return "host"
+
+
+def attach(model, device=None, mode="zero_copy", fallback=True, connect_timeout_s=5.0,
            state_timeout_s=300.0, dtype="auto", revision=None, socket_dir=None, tp_size=1,
            tp_rank=0, dp_size=1, dp_rank=0, group="main", engine="", engine_version="",
            engine_config="", client_name="weightcache-python", verify_content=False):
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
+    device is a torch device or a daemon key; without one, an engine with
+    tp_size or dp_size above 1 attaches to the daemon serving its ranks
+    (rank_device), any other to the host daemon.
     With fallback=False a miss raises MissError carrying the reason. Errors
     in the checkpoint itself (missing, malformed, unreadable) raise CheckpointError
     naming the file.
@@ -156,6 +181,11 @@ def attach(model, device="cpu", mode="zero_copy", fallback=True, connect_timeout
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
     fp, directory = identity.light_fingerprint(*args)
+    if device is None:
+        # An engine that names no device attaches to its ranks' daemon.
+        device = "cpu"
+        if tp_size > 1 or dp_size > 1:
+            device = rank_device(socket_dir or protocol.default_socket_dir(), group, tp_size, tp_rank, dp_size, dp_rank)
     key = device_key(device)
     try_daemon = functools.partial(_attach_daemon, key=key, mode=mode, sock_dir=socket_dir or protocol.default_socket_dir(),
                                    group=group, connect_timeout=connect_timeout_s, state_timeout=state_timeout_s, name=client_name)

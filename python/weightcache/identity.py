@@ -75,7 +75,9 @@ def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
-        if dtypes.normalize(dtype or "") or c.torch_dtype:
+        # The served dtype comes from the tensors unless config.json names
+        # the weight dtype.
+        if c.torch_dtype:
             return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
     return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
 
@@ -112,7 +114,7 @@ def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
-        if dtypes.normalize(dtype or "") or c.torch_dtype:
+        if c.torch_dtype:
             try:
                 shards = [_RawShard(n, os.path.join(c.dir, *n.split("/"))) for n in _shard_names(c.dir)]
             except (OSError, CheckpointError):

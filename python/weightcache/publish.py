@@ -9,6 +9,7 @@ import os
 import torch
 
 from . import cuda, dtypes, identity, index, protocol
+from .attach import device_key
 from .checkpoint import INDEX_NAME, resolve
 
 ALIGNMENT = 256  # backend.Alignment
@@ -72,7 +73,8 @@ class Publisher:
         if os.path.exists(os.path.join(ckpt.dir, INDEX_NAME)):
             names.insert(0, INDEX_NAME)
         self.identity = identity.stat_identity(ckpt.dir, names)
-        self.device = device
+        # A torch device ("cuda:1") names the daemon of that physical GPU.
+        self.device = device_key(device)
         self.dir = socket_dir or protocol.default_socket_dir()
         self.group = group
         self.wait_s = wait_s

@@ -118,6 +118,15 @@ func (d *Device) ReadAt(p []byte, ptr uint64) error {
 	return nil
 }
 
+// WriteAt copies p to device memory at ptr: how a publishing engine's host
+// code fills the segments it maps for writing. A read-only mapping refuses.
+func (d *Device) WriteAt(p []byte, ptr uint64) error {
+	if err := d.do(func() error { return d.drv.htod(ptr, p) }); err != nil {
+		return d.errf("write %d bytes at %#x: %w", len(p), ptr, err)
+	}
+	return nil
+}
+
 // Close lets go of the memory.
 func (m *Mapping) Close() error {
 	if m.Ptr == 0 {

@@ -184,3 +184,105 @@ func writeSync(s deviceSegment, p []byte, off int64) (int, error) {
 	}
 	return len(p), nil
 }
+
+// Import implements backend.Importer: a sealed segment another process
+// (the launcher) filled and exported. The rank keeps the descriptor, a
+// duplicate of which every client gets, and imports it once so that it
+// holds its own reference to the memory whatever becomes of the exporter.
+func (b *Backend) Import(f *os.File, size int64) (backend.Segment, error) {
+	if b.opts.IPC != IPCFD {
+		_ = f.Close()
+		return nil, fmt.Errorf("cuda device %s: --ipc %s segments die with their exporter and cannot be handed to a rank", b.dev.UUID, b.opts.IPC)
+	}
+	var h memHandle
+	err := b.dev.do(func() error {
+		var err error
+		h, err = b.dev.drv.importFD(int(f.Fd()))
+		return err
+	})
+	if err != nil {
+		_ = f.Close()
+		return nil, b.dev.errf("import segment of %d bytes: %w", size, err)
+	}
+	return &importedSegment{dev: b.dev, size: size, gran: b.gran, h: h, f: f}, nil
+}
+
+// importedSegment is a sealed segment handed over by the launcher.
+type importedSegment struct {
+	dev  *Device
+	size int64
+	gran uint64
+	mu   sync.Mutex
+	h    memHandle
+	f    *os.File // nil once freed
+}
+
+func (s *importedSegment) Size() int64 { return s.size }
+func (s *importedSegment) Seal() error { return nil }
+
+func (s *importedSegment) WriteAt([]byte, int64) (int, error) {
+	return 0, fmt.Errorf("cuda segment on %s is sealed", s.dev.UUID)
+}
+
+func (s *importedSegment) Export() (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return nil, fmt.Errorf("cuda segment on %s is freed", s.dev.UUID)
+	}
+	fd, err := unix.FcntlInt(s.f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("export cuda segment on %s: %w", s.dev.UUID, err)
+	}
+	return os.NewFile(uintptr(fd), "cuda segment on "+s.dev.UUID), nil
+}
+
+func (s *importedSegment) Free() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f == nil {
+		return nil
+	}
+	err := s.f.Close()
+	s.f = nil
+	if rerr := s.dev.do(func() error { return s.dev.drv.memRelease(s.h) }); rerr != nil {
+		err = errors.Join(err, s.dev.errf("release segment: %w", rerr))
+	}
+	return err
+}
+
+func (s *importedSegment) HandleType() string         { return backend.HandleCUDAFD }
+func (s *importedSegment) Align() int64               { return int64(s.gran) }
+func (s *importedSegment) IPCHandle() ([]byte, error) { return nil, nil }
+
+// ExportWritable returns a descriptor a publishing engine imports and maps
+// read-write. The daemon cannot take that mapping back, so commit serves a
+// Snapshot instead of this allocation.
+func (s *vmmSegment) ExportWritable() (*os.File, error) { return s.Export() }
+
+// Snapshot implements backend.Snapshotter: a sealed copy of the segment in
+// a fresh allocation on the same device, which only the daemon can export.
+// A writer's mapping of the original keeps writing to the original alone.
+func (s *vmmSegment) Snapshot() (backend.Segment, error) {
+	dev, src, err := s.writable()
+	if err != nil {
+		return nil, err
+	}
+	c, err := newVMMSegment(dev, s.size, s.gran)
+	if err != nil {
+		return nil, err
+	}
+	err = dev.do(func() error {
+		if err := dev.drv.dtod(c.ptr, src, s.size); err != nil {
+			return err
+		}
+		return dev.drv.ctxSync()
+	})
+	if err == nil {
+		err = c.Seal()
+	}
+	if err != nil {
+		return nil, errors.Join(dev.errf("copy segment at commit: %w", err), c.Free())
+	}
+	return c, nil
+}
