@@ -12,7 +12,15 @@ import (
 )
 
 func init() {
-	register(command{name: "publish", summary: "publish a checkpoint's tensors into a --publish-only daemon as an engine would (a smoke test of the publish path)", run: runPublish})
+	register(command{
+		name:    "publish",
+		summary: "publish a checkpoint's tensors into a --publish-only daemon as an engine would (a smoke test of the publish path)",
+		run:     runPublish,
+		usage:   "publish --model M --engine NAME [flags]",
+		examples: []string{
+			"weightcache publish --model /tmp/llama-small --engine smoke --engine-version 1   # into: weightcache preload --model /tmp/llama-small --publish-only",
+		},
+	})
 }
 
 type publishResult struct {
