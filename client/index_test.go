@@ -21,23 +21,7 @@ func indexFile(t *testing.T, ts []protocol.Tensor) (*os.File, int64) {
 	if err := protocol.EncodeIndex(buf, ts); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := host.New("host")
-	seg, err := b.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Free()
-	if _, err := seg.WriteAt(buf, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := seg.Seal(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := seg.Export()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f, n
+	return sealedFile(t, buf), n
 }
 
 // Entries are checked when they are read, not at attach: a bad one is an

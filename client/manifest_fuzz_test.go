@@ -13,6 +13,7 @@ import (
 // sealedFile is a sealed memfd holding b (at least one byte), as a daemon
 // sends segments and indexes.
 func sealedFile(t *testing.T, b []byte) *os.File {
+	t.Helper()
 	hb, err := host.New("host")
 	if err != nil {
 		t.Fatal(err)
