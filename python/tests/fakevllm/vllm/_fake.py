@@ -92,6 +92,11 @@ def spawn_ranks(code, world_size, workdir, timeout=300, env=None):
     base["PYTHONPATH"] = os.pathsep.join([here] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
     base["FAKEVLLM_INIT"] = "file://" + os.path.join(workdir, "dist-init")
     base["WORLD_SIZE"] = str(world_size)
+    # A rank that got to the end leaves without the interpreter's teardown:
+    # torch 1.13's gloo threads, still joinable when C++ statics are
+    # destroyed, abort the process ("terminate called without an active
+    # exception") now and then. An exception never reaches this tail.
+    code += "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(base, RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world_size)]
     out = []
