@@ -68,11 +68,13 @@ def test_tier1_hit_is_bit_identical_and_reads_nothing(model, daemon, sock_dir, w
     assert st["handshakes"] == {"hit": 1} and st["leases"] == 0  # vLLM copied: the lease ended with the load
 
 
-def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
-    """TP 2, each rank its own process, both on the one daemon that serves
-    the checkpoint as stored: vLLM's weight loaders take each rank's slice."""
-    daemon(model, "--devices", "host")
-    code = textwrap.dedent(f"""
+def rank_prelude(model):
+    """Rank-process source shared by the TP 2 tests: imports, this rank's
+    distributed set-up, the plugin registered, load(fmt, extra) that builds
+    the engine's model as a worker does and returns it with the bytes read
+    from disk and the sha256 of its prefill logits, and finish(out) that
+    prints the rank's results and leaves the process group."""
+    return textwrap.dedent(f"""
         import hashlib, json, sys
         sys.path.insert(0, {os.path.join(ROOT, "python")!r})
         import weightcache.vllm as plugin
@@ -80,22 +82,36 @@ def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_pa
         from vllm.config import LoadConfig, ModelConfig, VllmConfig, ParallelConfig
         rank, world = _fake.init_from_env()
         assert plugin.register()
-        out = {{}}
-        for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}}})):
+
+        def load(fmt, extra):
             cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
                              load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
             _fake.reset_disk()
             m, _ = _fake.load_model(cfg)
             read = _fake.disk["bytes"]
             logits = _fake.prefill_logits(m, {PROMPT!r})
+            return m, read, hashlib.sha256(logits.float().numpy().tobytes()).hexdigest()
+
+        def finish(out):
+            print(json.dumps(out), flush=True)
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.barrier()  # no rank leaves while another still gathers
+                dist.destroy_process_group()
+    """)
+
+
+def test_tier1_two_ranks_one_host_daemon(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
+    """TP 2, each rank its own process, both on the one daemon that serves
+    the checkpoint as stored: vLLM's weight loaders take each rank's slice."""
+    daemon(model, "--devices", "host")
+    code = rank_prelude(model) + textwrap.dedent(f"""
+        out = {{}}
+        for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}}})):
+            m, read, logits = load(fmt, extra)
             qkv = m.model.layers[0].self_attn.qkv_proj.weight
-            out[fmt] = [hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, list(qkv.shape),
-                        hashlib.sha256(qkv.float().numpy().tobytes()).hexdigest()]
-        print(json.dumps(out), flush=True)
-        import torch.distributed as dist
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()  # gloo's threads must not outlive the interpreter
+            out[fmt] = [logits, read, list(qkv.shape), hashlib.sha256(qkv.float().numpy().tobytes()).hexdigest()]
+        finish(out)
     """)
     res = fake_vllm.spawn_ranks(code, 2, str(tmp_path))
     outs = []
@@ -295,29 +311,14 @@ def test_tier2_two_ranks_publish_then_hit(model, daemon, sock_dir, wc_bin, tmp_p
     host:1, as preload lays them out), then restarts from it."""
     daemon(model, "--devices", "host")
     daemon(model, "--publish-only", "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
-    code = textwrap.dedent(f"""
-        import hashlib, json, sys
-        sys.path.insert(0, {os.path.join(ROOT, "python")!r})
-        import weightcache.vllm as plugin
+    code = rank_prelude(model) + textwrap.dedent(f"""
         from weightcache.processed import meta_tensors
-        from vllm import _fake
-        from vllm.config import LoadConfig, ModelConfig, VllmConfig, ParallelConfig
-        rank, world = _fake.init_from_env()
-        assert plugin.register()
         out = []
         for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}}),
                            ("weightcache", {{"socket_dir": {sock_dir!r}, "tier": "processed"}})):
-            cfg = VllmConfig(model_config=ModelConfig(model={model!r}), parallel_config=ParallelConfig(tensor_parallel_size=world),
-                             load_config=LoadConfig(load_format=fmt, model_loader_extra_config=extra))
-            _fake.reset_disk()
-            m, _ = _fake.load_model(cfg)
-            read = _fake.disk["bytes"]
-            logits = _fake.prefill_logits(m, {PROMPT!r})
-            out.append([hashlib.sha256(logits.float().numpy().tobytes()).hexdigest(), read, meta_tensors(m)])
-        print(json.dumps(out), flush=True)
-        import torch.distributed as dist
-        dist.barrier()
-        dist.destroy_process_group()
+            m, read, logits = load(fmt, extra)
+            out.append([logits, read, meta_tensors(m)])
+        finish(out)
     """)
     for rc, so, se in fake_vllm.spawn_ranks(code, 2, str(tmp_path)):
         assert rc == 0, se
