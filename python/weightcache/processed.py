@@ -126,11 +126,12 @@ def _views(weights, index, device):
 def restore(model, weights, device):
     """Install a processed layout into model, built with its allocations on
     the meta device. The layout must name every parameter and buffer the
-    model has (it may add some). Every name the layout has replaces the model's tensor
-    (class and attributes kept, as vLLM's materialize_meta_tensor does,
-    vllm/model_executor/model_loader/reload/meta.py:43-56); checked before
-    anything changes, so on LayoutError the model is as it was. Returns the
-    number of bytes installed."""
+    model has (it may add some), each with the model's shape and dtype.
+    Every name the layout has replaces the model's tensor (class and
+    attributes kept, as vLLM's materialize_meta_tensor does,
+    model_loader/reload/meta.py); checked before anything changes, so on
+    LayoutError the model is as it was. Returns (bytes installed, undo):
+    processed.undo(undo) puts the model's own tensors back."""
     index = read_index(weights)
     entries = index["tensors"]
     slots = {name: (mod, attr, kind, t) for name, mod, attr, kind, t in _slots(model)}
@@ -147,6 +148,13 @@ def restore(model, weights, device):
         except AttributeError:
             raise LayoutError(f"tensor {name}: the model has no module {mod_name!r}") from None
     views = _views(weights, index, device)
+    for name, (_, _, _, t) in slots.items():
+        v = views[name]
+        if v.dtype != t.dtype or tuple(v.shape) != tuple(t.shape):
+            raise LayoutError(f"tensor {name}: the layout has {dtypes.from_torch(v.dtype)} {list(v.shape)}, "
+                              f"the model {dtypes.from_torch(t.dtype)} {list(t.shape)}")
+    undo = [(mod, attr, kind, t) for mod, attr, kind, t in slots.values()]
+    undo += [(owners[n][0], owners[n][1], None, None) for n in entries if n not in slots]
     made = {}  # id(view) -> installed object, so that ties stay one object
     for name, e in entries.items():
         mod, attr = owners[name]
@@ -162,20 +170,38 @@ def restore(model, weights, device):
             if old is not None:
                 obj.__dict__.update(old.__dict__)
             made[id(v)] = obj
-        mod._parameters.pop(attr, None)
-        mod._buffers.pop(attr, None)
-        if e["kind"] == "param":
-            mod._parameters[attr] = obj
-        else:
-            mod._buffers[attr] = obj
-            if e["kind"] == "nonpersistent":
-                mod._non_persistent_buffers_set.add(attr)
-            else:
-                mod._non_persistent_buffers_set.discard(attr)
+        _install(mod, attr, e["kind"], obj)
     left = meta_tensors(model)
     if left:
+        undo_restore(undo)
         raise LayoutError(f"{len(left)} tensors are still on the meta device after restore, e.g. {', '.join(left[:3])}")
-    return sum(w.numel() for n, w in weights.items() if n != INDEX)
+    return sum(w.numel() for n, w in weights.items() if n != INDEX), undo
+
+
+def _install(mod, attr, kind, obj):
+    mod._parameters.pop(attr, None)
+    mod._buffers.pop(attr, None)
+    mod._non_persistent_buffers_set.discard(attr)
+    if kind == "param":
+        mod._parameters[attr] = obj
+    elif kind is not None:
+        mod._buffers[attr] = obj
+        if kind == "nonpersistent":
+            mod._non_persistent_buffers_set.add(attr)
+
+
+def undo_restore(undo):
+    """Put back what restore replaced (and drop what it added), so that a
+    model whose restore or post-processing failed can be loaded afresh."""
+    for mod, attr, kind, t in reversed(undo):
+        _install(mod, attr, kind, t)
+
+
+def shares_storage(model, weights):
+    """Whether any of model's tensors are views of weights' memory (zero-copy):
+    then the weights' lease must live as long as the model."""
+    mine = {_storage(t)[0] for n, t in weights.items() if n != INDEX and t.numel()}
+    return any(_storage(t)[0] in mine for _, _, _, _, t in _slots(model) if t.device.type != "meta" and t.numel())
 
 
 def meta_tensors(model):

@@ -34,7 +34,7 @@ import types
 import torch
 
 from . import cuda, processed, source
-from .attach import attach
+from .attach import attach, device_key
 from .checkpoint import CheckpointError, resolve
 from .publish import AlreadyPublished, BusyError, publish
 from .source import MissError
@@ -57,6 +57,15 @@ class Options:
     state_timeout_s: float = 300.0
     tier: str = "checkpoint"
     socket_dir: str = None
+
+
+def unknown_keys_error(keys):
+    """The error for extra-config keys that neither we nor vLLM's default
+    loader take: it names --load-format weightcache, the format the user
+    asked for, not the "auto" we hand the rest to."""
+    return ValueError(f"--model-loader-extra-config for --load-format {LOAD_FORMAT}: unknown key(s) "
+                      f"{', '.join(sorted(map(str, keys)))}; weightcache takes {', '.join(sorted(_KEYS))}, "
+                      f"and vLLM's default loader refused the rest")
 
 
 def parse_options(extra):
@@ -84,14 +93,31 @@ def parse_options(extra):
     return o, rest
 
 
-def unsafe_for_processed(vllm_config, model_config):
+def unsafe_for_processed(vllm_config, model_config, api=None):
     """Why tier 2 is not safe for this configuration ("" when it is),
     decided before the model is built. Processed weights are read-only
-    views: anything that quantizes, or writes weights after loading, needs
-    the checkpoint path."""
+    views and a restore carries tensors only: anything that quantizes,
+    writes weights after loading, or keeps post-processed state outside
+    the parameters needs the checkpoint path."""
     cache = getattr(vllm_config, "cache_config", None)
     par = vllm_config.parallel_config
+    offload = getattr(vllm_config, "offload_config", None)
     checks = [
+        # vLLM 0.32 linear.py UnquantizedLinearMethod.process_weights_after_loading
+        # on the CPU: dispatch_cpu_unquantized_gemm (layers/utils.py) moves the
+        # weight into a oneDNN handle held by layer.cpu_linear and leaves the
+        # parameter empty; a restored model has no cpu_linear.
+        (api is not None and api.platform() == "cpu",
+         "the CPU platform keeps post-processed linear weights in oneDNN handles (layer.cpu_linear), not in parameters"),
+        (api is not None and api.platform() not in ("cpu", "cuda"), "platform {}".format(api and api.platform())),
+        # unquantized_fused_moe_method.py: the expert kernel is built in
+        # process_weights_after_loading, and its forward asserts it.
+        (_flag(model_config, "is_moe"), "MoE: expert kernels are built in post-processing"),
+        # config/offload.py: UVA (--cpu-offload-gb) or prefetch offloading
+        # moves parameters between devices after the build.
+        (_offload(offload), "CPU offload ({}) moves parameters after the build"),
+        (api is not None and api.weights_already_processed is None,
+         "this vLLM has no weights_already_processed, so its post-processing would run again on processed weights"),
         (getattr(model_config, "quantization", None), "quantization {}"),
         (getattr(cache, "cache_dtype", "auto") not in (None, "auto") and cache.cache_dtype, "kv-cache dtype {}"),
         (getattr(model_config, "use_mla", False), "MLA attention"),
@@ -108,6 +134,25 @@ def unsafe_for_processed(vllm_config, model_config):
     return ""
 
 
+def _flag(obj, name):
+    try:
+        v = getattr(obj, name, False)
+        return bool(v() if callable(v) else v)
+    except Exception:  # a property that cannot answer: not known to be set
+        return False
+
+
+def _offload(offload):
+    """A description of the offloading configured ("" for none)."""
+    if offload is None:
+        return ""
+    gb = getattr(getattr(offload, "uva", None), "cpu_offload_gb", 0) or getattr(offload, "cpu_offload_gb", 0) or 0
+    group = getattr(getattr(offload, "prefetch", None), "offload_group_size", 0) or 0
+    if gb:
+        return f"cpu_offload_gb {gb}"
+    return f"prefetch offload_group_size {group}" if group else ""
+
+
 @dataclasses.dataclass
 class Rank:
     """What the fingerprint and the daemon key need from the engine."""
@@ -119,10 +164,14 @@ class Rank:
     pp_rank: int = 0
 
 
-def processed_key(r):
-    """The publish-only host daemon of this rank, as the launcher lays them
-    out (`--devices host:0,host:1,...`: device i = dp_rank * tp + tp_rank).
-    Always host:N, so that it is never the node's tier-1 daemon ("host")."""
+def processed_key(r, device=None):
+    """The publish-only daemon of this rank. On a GPU it is that GPU's own
+    daemon (the processed weights live there and a restart maps them
+    zero-copy); on the host, as the launcher lays them out (`--devices
+    host:0,host:1,...`: device i = dp_rank * tp + tp_rank), always host:N,
+    so that it is never the node's tier-1 daemon ("host")."""
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        return device_key(device)
     return f"host:{r.dp_rank * r.tp_size + r.tp_rank}"
 
 
@@ -134,32 +183,89 @@ def engine_config(vllm_config, model_config, r, device):
         major, minor = torch.cuda.get_device_capability(device)
         cap = f"{major}.{minor}"
     cache = getattr(vllm_config, "cache_config", None)
+    attn = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    moe = getattr(getattr(vllm_config, "kernel_config", None), "moe_backend", None)
     d = {"kv_cache_dtype": str(getattr(cache, "cache_dtype", "auto")),
          "quantization": str(getattr(model_config, "quantization", None) or ""),
-         "pp_size": r.pp_size, "pp_rank": r.pp_rank, "compute_capability": cap}
+         "pp_size": r.pp_size, "pp_rank": r.pp_rank, "compute_capability": cap,
+         "platform": device.type, "attention_backend": str(getattr(attn, "name", attn) or "auto"),
+         "moe_backend": str(moe or "auto"), "offload": _offload(getattr(vllm_config, "offload_config", None)),
+         "batch_invariant": os.environ.get("VLLM_BATCH_INVARIANT", "0") not in ("", "0")}
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
+class VllmAPI:
+    """Every vLLM name this plugin uses, in one place, imported late. Public
+    names where vLLM has them; the two private ones (DefaultModelLoader's
+    _prepare_weights, which says which files a load reads, and the
+    pre-processed-weights switch) are reached only through methods here
+    that turn any surprise into a miss with a reason. Checked against the
+    installed vLLM by python/tests_vllm."""
+
+    def __init__(self):
+        import vllm
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+        from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
+        from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+        try:
+            from vllm.utils.torch_utils import set_default_torch_dtype
+        except ImportError:  # before vLLM moved it
+            from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+        try:
+            from vllm.distributed import get_pp_group
+        except ImportError:
+            get_pp_group = None
+        try:
+            # vLLM 0.32 model_executor/utils.py: post-processing that only
+            # rebuilds Python-side state over weights already processed.
+            from vllm.model_executor.utils import weights_already_processed
+        except ImportError:
+            weights_already_processed = None
+        try:
+            from vllm.platforms import current_platform
+        except ImportError:
+            current_platform = None
+        self.version = vllm.__version__
+        self.DefaultModelLoader = DefaultModelLoader
+        self.register_model_loader = register_model_loader
+        self.initialize_model = initialize_model
+        self.process_weights_after_loading = process_weights_after_loading
+        self.set_default_torch_dtype = set_default_torch_dtype
+        self.tp_rank, self.tp_size, self.pp_group = get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size, get_pp_group
+        self.weights_already_processed = weights_already_processed
+        self._platform = current_platform
+
+    def platform(self):
+        """"cuda" (CUDA or ROCm), "cpu", or the platform's own name."""
+        p = self._platform
+        if p is None:
+            return "unknown"
+        if p.is_cuda_alike():
+            return "cuda"
+        return "cpu" if p.is_cpu() else str(getattr(p, "device_name", "") or type(p).__name__)
+
+    def weight_files(self, loader, model_config):
+        """(files, use_safetensors) that DefaultModelLoader would read for
+        the model's primary weights; raises MissError on any surprise.
+        _prepare_weights is private: its arity changed before (3 results,
+        then 4 in vLLM 0.32 default_loader.py:147), so it is called by
+        keyword and its result read by position only for what we need."""
+        try:
+            got = loader._prepare_weights(model_name_or_path=model_config.model, subfolder=None,
+                                          revision=model_config.revision, fall_back_to_pt=True,
+                                          allow_patterns_overrides=None)
+            files, use_st = list(got[1]), bool(got[2])
+        except Exception as e:
+            raise MissError(source.miss("vllm_api", f"DefaultModelLoader._prepare_weights in vLLM {self.version}: "
+                                                    f"{type(e).__name__}: {e}")) from e
+        if not all(isinstance(f, str) for f in files):
+            raise MissError(source.miss("vllm_api", f"DefaultModelLoader._prepare_weights in vLLM {self.version} "
+                                                    f"returned {got!r}"))
+        return files, use_st
+
+
 def _vllm_api():
-    """The vLLM names this plugin uses, imported late."""
-    import vllm
-    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-    from vllm.model_executor.model_loader import DefaultModelLoader, register_model_loader
-    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
-    try:
-        from vllm.utils.torch_utils import set_default_torch_dtype
-    except ImportError:  # before vLLM moved it
-        from vllm.model_executor.model_loader.utils import set_default_torch_dtype
-    try:
-        from vllm.distributed import get_pp_group
-    except ImportError:
-        get_pp_group = None
-    return types.SimpleNamespace(
-        version=vllm.__version__, DefaultModelLoader=DefaultModelLoader,
-        register_model_loader=register_model_loader, initialize_model=initialize_model,
-        process_weights_after_loading=process_weights_after_loading,
-        set_default_torch_dtype=set_default_torch_dtype, tp_rank=get_tensor_model_parallel_rank,
-        tp_size=get_tensor_model_parallel_world_size, pp_group=get_pp_group)
+    return VllmAPI()
 
 
 def _rank(api, vllm_config):
@@ -168,6 +274,14 @@ def _rank(api, vllm_config):
     return Rank(tp_size=api.tp_size(), tp_rank=api.tp_rank(),
                 dp_size=getattr(par, "data_parallel_size", 1) or 1, dp_rank=getattr(par, "data_parallel_rank", 0) or 0,
                 pp_size=pp_size, pp_rank=api.pp_group().rank_in_group if pp_size > 1 and api.pp_group else 0)
+
+
+def _is_draft(vllm_config, model_config):
+    """A speculative-decoding drafter is loaded with the target's load
+    config (vLLM 0.32 model_loader/utils.py get_draft_load_config) but its
+    own model config: it has its own daemons (the launcher's draft group)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return spec is not None and model_config is getattr(spec, "draft_model_config", None)
 
 
 def _target_device(vllm_config):
@@ -223,19 +337,24 @@ def make_loader_class(api):
         def __init__(self, load_config):
             self.options, rest = parse_options(getattr(load_config, "model_loader_extra_config", None))
             # vLLM's default loader with its own keys; load_format "auto"
-            # picks the files as `--load-format auto` does
-            # (default_loader.py:120-131).
-            super().__init__(dataclasses.replace(load_config, load_format="auto", model_loader_extra_config=rest))
+            # picks the files as `--load-format auto` does.
+            try:
+                super().__init__(dataclasses.replace(load_config, load_format="auto", model_loader_extra_config=rest))
+            except ValueError as e:
+                if rest and "nexpected" in str(e):
+                    raise unknown_keys_error(rest) from None
+                raise
             self._weights = None  # tier 1: the daemon's checkpoint tensors
             self._ckpt = None
+            self._group = "main"
             self.info = None
             self.tier = None
 
         # -- tier 1: where the bytes come from ---------------------------
 
         def get_all_weights(self, model_config, model):
-            """default_loader.py:288-307 with the primary source from the
-            daemon when vLLM would read exactly the files it serves."""
+            """DefaultModelLoader.get_all_weights with the primary source
+            from the daemon when vLLM would read exactly the files it serves."""
             w = self._weights
             why = self._daemon_unfit(model) if w is not None else ""
             if w is None or why:
@@ -254,6 +373,8 @@ def make_loader_class(api):
             only once the model is built (the files were checked before)."""
             if getattr(model, "allow_patterns_overrides", None) is not None:
                 return "the model overrides the weight file patterns"
+            if getattr(model, "is_unused_checkpoint_weight", None) is not None:
+                return "the model skips shards by weight name"
             if getattr(self.load_config, "safetensors_load_strategy", None) == "torchao":
                 return "torchao checkpoints load through vLLM's torchao strategy"
             return ""
@@ -261,29 +382,26 @@ def make_loader_class(api):
         # -- the entry point ---------------------------------------------
 
         def load_model(self, vllm_config, model_config, prefix=""):
-            o = self.options
             dev = _target_device(vllm_config)
             r = _rank(api, vllm_config)
-            # vLLM never calls download_model on a loader: run what it runs
-            # (default_loader.py:309-316) first, so that a hub id is
-            # downloaded and resolves from the cache as vLLM's load would;
-            # it also says which files that load reads.
-            _, files, use_st = self._prepare_weights(model_config.model, None, model_config.revision, True, None)
+            self._group = "draft" if _is_draft(vllm_config, model_config) else "main"
             try:
+                # What vLLM's own load would read, asked first: it also
+                # downloads a hub id, so that it resolves from the cache.
+                files, use_st = api.weight_files(self, model_config)
                 self._ckpt = resolve(model_config.model, model_config.revision)
-            except (CheckpointError, OSError, ValueError) as e:
-                self._miss(source.miss("checkpoint", e))
-                return self._load_checkpoint(vllm_config, model_config, prefix, dev)
-            self._ckpt.model_arg, self._ckpt.revision_arg = model_config.model, model_config.revision
-            why = _files_differ(files, use_st, self._ckpt)
-            if why:
+                self._ckpt.model_arg, self._ckpt.revision_arg = model_config.model, model_config.revision
+                why = _files_differ(files, use_st, self._ckpt)
+                if why:
+                    raise MissError(source.miss("layout", why))
+            except (MissError, CheckpointError, OSError, ValueError) as e:
                 # Decided before any daemon is asked, so none counts a hit.
                 self._ckpt = None
-                self._miss(source.miss("layout", why))
+                self._miss(e.info if isinstance(e, MissError) else source.miss("checkpoint", e))
                 return self._load_checkpoint(vllm_config, model_config, prefix, dev)
-            tier = o.tier
+            tier = self.options.tier
             if tier != "checkpoint":
-                why = unsafe_for_processed(vllm_config, model_config)
+                why = unsafe_for_processed(vllm_config, model_config, api)
                 if why:
                     log.info("weightcache: tier checkpoint: processed weights are not safe here: %s", why)
                     tier = "checkpoint"
@@ -304,7 +422,7 @@ def make_loader_class(api):
                 return attach(self._ckpt.model_arg, device=device, mode=o.mode, fallback=False, dtype=dtype,
                               connect_timeout_s=o.connect_timeout_s, state_timeout_s=o.state_timeout_s,
                               revision=self._ckpt.revision_arg, socket_dir=o.socket_dir, engine=engine,
-                              engine_version=api.version if engine else "", **kw)
+                              engine_version=api.version if engine else "", group=self._group, **kw)
             except MissError:
                 raise
             except Exception as e:
@@ -338,7 +456,7 @@ def make_loader_class(api):
         # -- tier 2 -------------------------------------------------------
 
         def _load_processed(self, vllm_config, model_config, prefix, dev, r):
-            key = processed_key(r)
+            key = processed_key(r, dev)
             self._pub = dict(device=key, dtype=str(model_config.dtype).replace("torch.", ""), tp_size=r.tp_size,
                              tp_rank=r.tp_rank, dp_size=r.dp_size, dp_rank=r.dp_rank, engine=ENGINE,
                              engine_config=engine_config(vllm_config, model_config, r, dev))
@@ -353,23 +471,35 @@ def make_loader_class(api):
                 log.info("weightcache: no processed layout on %s (%s): tier checkpoint", key, e.info)
                 return self._load_checkpoint(vllm_config, model_config, prefix, dev)
             self.tier = "processed"
-            with api.set_default_torch_dtype(model_config.dtype):
-                with _device_scope(dev), _BareOnMeta():
-                    model = api.initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
-            regs = _register(w, dev, self.options.mode)
+            model, undo, regs = None, None, []
             try:
-                n = processed.restore(model, w, dev)
-            except Exception as e:  # restore checks before it changes anything
+                with api.set_default_torch_dtype(model_config.dtype):
+                    with _device_scope(dev), _BareOnMeta():
+                        model = api.initialize_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+                regs = _register(w, dev, self.options.mode)
+                n, undo = processed.restore(model, w, dev)
+                # Quant methods and attention backends rebuild their
+                # Python-side state (kernels, references) without touching
+                # the tensors; a layer that cannot raises, and the model
+                # is loaded the tier-1 way instead.
+                with api.weights_already_processed():
+                    api.process_weights_after_loading(model, model_config, dev)
+            except Exception as e:
                 w.close()
-                self._miss(source.miss("layout", e))
+                if model is None:  # the build itself failed: nothing to rescue
+                    self._miss(source.miss("layout", f"model build: {type(e).__name__}: {e}"))
+                    return self._load_checkpoint(vllm_config, model_config, prefix, dev)
+                if undo is not None:
+                    processed.undo_restore(undo)
+                self._miss(source.miss("layout", e if isinstance(e, processed.LayoutError) else f"{type(e).__name__}: {e}"))
                 return self._rescue(model, model_config, dev)
             finally:
                 for reg in regs:
                     reg.close()
-            if dev.type != "cpu" or self.options.mode == "copy":
-                w.close()  # copied to the engine's device: no lease needed
-            else:
+            if processed.shares_storage(model, w):
                 model._weightcache_lease = w  # zero-copy views: the lease lives with the model
+            else:
+                w.close()  # copied to the engine's device: no lease needed
             self.info = info
             log.info("weightcache: hit: processed layout, %d bytes from %s, post-processing skipped", n, info.socket)
             return model.eval()
@@ -377,8 +507,8 @@ def make_loader_class(api):
         def _rescue(self, model, model_config, dev):
             """The model is built already (a second build would register its
             layers twice): give its meta tensors storage on the device as
-            vLLM's layerwise reload does (reload/meta.py:43-56), then load
-            and post-process it the tier-1 way."""
+            vLLM's layerwise reload does (reload/meta.py), then load and
+            post-process it the tier-1 way."""
             self.tier = "checkpoint"
             for name, mod, attr, kind, t in processed._slots(model):
                 if t.device.type != "meta":
@@ -406,7 +536,7 @@ def make_loader_class(api):
                 tensors, _ = processed.capture(model)
                 reply = publish(self._ckpt.model_arg, tensors, ENGINE, api.version, revision=self._ckpt.revision_arg,
                                 socket_dir=self.options.socket_dir, connect_timeout_s=self.options.connect_timeout_s,
-                                **{k: v for k, v in self._pub.items() if k != "engine"})
+                                group=self._group, **{k: v for k, v in self._pub.items() if k != "engine"})
                 log.info("weightcache: published processed layout to %s: %s tensors, %s bytes", key,
                          reply.get("tensors"), reply.get("bytes"))
             except (BusyError, AlreadyPublished) as e:

@@ -1,6 +1,27 @@
 """vllm/model_executor/utils.py."""
 
+import contextlib
+import contextvars
+
 import torch
+
+# vLLM 0.32 model_executor/utils.py:16-33: process_weights_after_loading
+# over weights already in their runtime format rebuilds Python-side state
+# only (the weight cache loader's restore path).
+_weights_pre_processed = contextvars.ContextVar("weights_pre_processed", default=False)
+
+
+@contextlib.contextmanager
+def weights_already_processed():
+    token = _weights_pre_processed.set(True)
+    try:
+        yield
+    finally:
+        _weights_pre_processed.reset(token)
+
+
+def is_weights_pre_processed():
+    return _weights_pre_processed.get()
 
 
 def set_weight_attrs(weight, weight_attrs):

@@ -1,6 +1,11 @@
-"""vllm/platforms: current_platform, as the CPU platform (vllm/platforms/cpu.py),
-except for memory usage, which reads the allocator as CudaPlatform does
-(vllm/platforms/cuda.py:245 get_current_memory_usage -> max_memory_allocated)."""
+"""vllm/platforms: current_platform, standing in for the CUDA platform
+(vllm/platforms/cuda.py) with tensors on the CPU: the fake exists for what
+vLLM's CPU build cannot run (tier 2 over processed weights, FP8), and the
+CUDA platform's post-processing of unquantized layers leaves parameters as
+loaded (vLLM 0.32 linear.py UnquantizedLinearMethod.process_weights_after_loading,
+whose CPU branch moves them into oneDNN handles instead: python/tests_vllm
+runs that one for real). Memory usage reads the allocator as CudaPlatform
+does (cuda.py get_current_memory_usage -> max_memory_allocated)."""
 
 import ctypes
 
@@ -27,19 +32,19 @@ def allocated_bytes():
     return m.uordblks + m.hblkhd
 
 
-class CpuPlatform:
-    device_type = "cpu"
-    device_name = "cpu"
+class CudaStandInPlatform:
+    device_type = "cpu"  # where the fake's tensors live
+    device_name = "cuda (fake, tensors on the cpu)"
     supported_dtypes = [torch.bfloat16, torch.float16, torch.float32]
 
     def is_cpu(self):
-        return True
+        return False
 
     def is_cuda(self):
-        return False
+        return True
 
     def is_cuda_alike(self):
-        return False
+        return True
 
     def is_fp8_fnuz(self):
         return False
@@ -57,4 +62,4 @@ class CpuPlatform:
         return float(allocated_bytes())
 
 
-current_platform = CpuPlatform()
+current_platform = CudaStandInPlatform()

@@ -24,6 +24,8 @@ class LinearMethodBase(QuantizeMethodBase):
 class UnquantizedLinearMethod(LinearMethodBase):
     """linear.py:182."""
 
+    supports_pre_processed_weights = True  # vLLM 0.32 linear.py:168
+
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):
         weight_loader = extra_weight_attrs.pop("weight_loader")

@@ -18,6 +18,8 @@ DEFAULT_VOCAB_PADDING_SIZE = 64
 class UnquantizedEmbeddingMethod(QuantizeMethodBase):
     """vocab_parallel_embedding.py:35."""
 
+    supports_pre_processed_weights = True  # vLLM 0.32 vocab_parallel_embedding.py:42
+
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
                        params_dtype, **extra_weight_attrs):
         weight = Parameter(torch.empty(sum(output_partition_sizes), input_size_per_partition, dtype=params_dtype),

@@ -111,13 +111,14 @@ class DefaultModelLoader(BaseModelLoader):
             hf_weights_files = filter_files_not_needed_for_inference(hf_weights_files)
         if len(hf_weights_files) == 0:
             raise RuntimeError(f"Cannot find any model weights with `{model_name_or_path}`")
-        return hf_folder, hf_weights_files, use_safetensors
+        # vLLM 0.32 default_loader.py:147-263 returns the index file too.
+        return hf_folder, hf_weights_files, use_safetensors, index_file
 
     def _get_weights_iterator(self, source):
         """default_loader.py:211 (the plain safetensors and pt iterators; the
         multithread, fastsafetensors, instanttensor and npcache ones are not
         modelled)."""
-        hf_folder, hf_weights_files, use_safetensors = self._prepare_weights(
+        hf_folder, hf_weights_files, use_safetensors, _ = self._prepare_weights(
             source.model_or_path, source.subfolder, source.revision, source.fall_back_to_pt,
             source.allow_patterns_overrides)
         if use_safetensors:

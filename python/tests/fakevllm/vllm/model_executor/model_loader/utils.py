@@ -6,6 +6,7 @@ import inspect
 from vllm.config import set_current_vllm_config
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from vllm.model_executor.utils import is_weights_pre_processed
 
 
 def initialize_model(vllm_config, *, prefix="", model_class=None, model_config=None):
@@ -27,9 +28,13 @@ def initialize_model(vllm_config, *, prefix="", model_class=None, model_config=N
 def process_weights_after_loading(model, model_config, target_device):
     """utils.py:99: every module's quant_method first, then every Attention
     (after, so that it sees processed weights)."""
-    for _, module in model.named_modules():
+    for _name, module in model.named_modules():
         quant_method = getattr(module, "quant_method", None)
         if isinstance(quant_method, QuantizeMethodBase):
+            # vLLM 0.32 model_loader/utils.py:150-160.
+            if is_weights_pre_processed() and not quant_method.supports_pre_processed_weights:
+                raise RuntimeError(f"layer {_name or '<root>'}: {type(quant_method).__name__} "
+                                   "does not support pre-processed weights")
             with device_loading_context(module, target_device):
                 quant_method.process_weights_after_loading(module)
     for _, module in model.named_modules():

@@ -6,6 +6,10 @@ from abc import ABC, abstractmethod
 class QuantizeMethodBase(ABC):
     """base_config.py:19."""
 
+    # vLLM 0.32 base_config.py:36: a method must opt in to running over
+    # weights already processed.
+    supports_pre_processed_weights = False
+
     @abstractmethod
     def create_weights(self, layer, *weight_args, **extra_weight_attrs):
         raise NotImplementedError

@@ -1,0 +1,54 @@
+"""Real vLLM (make vllm-env) and real daemons. Engines run in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, the uni executor) where one process
+shows what is tested, since an engine start then costs a second or two;
+tensor parallelism and `vllm serve` run as vLLM starts them, in their own
+processes. The daemon fixtures are python/tests' own."""
+
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import pytest  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+# python/tests/conftest.py as a module, for its daemon fixtures; it puts the
+# source tree on sys.path, which is taken back: the package under test is the
+# one installed into vLLM's environment, entry point and all.
+_spec = importlib.util.spec_from_file_location("wc_fixtures", os.path.join(ROOT, "python", "tests", "conftest.py"))
+fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fixtures)
+sys.path[:] = [p for p in sys.path if os.path.abspath(p) not in (os.path.join(ROOT, "python"), os.path.join(ROOT, "python", "tests"))]
+wc_bin, sock_dir, daemon = fixtures.wc_bin, fixtures.sock_dir, fixtures.daemon
+status, wait_for = fixtures.status, fixtures.wait_for
+
+try:
+    import vllm  # noqa: F401
+except ImportError:
+    pytest.exit("python/tests_vllm needs real vLLM: run it with .venv/vllm/bin/python (make vllm-env)", 2)
+import weightcache  # noqa: E402
+
+if not weightcache.__file__.startswith(sys.prefix):
+    pytest.exit(f"weightcache is imported from {weightcache.__file__}, not installed into {sys.prefix}: make vllm-env", 2)
+
+import models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory):
+    return models.llama(str(tmp_path_factory.mktemp("llama")))
+
+
+@pytest.fixture(scope="session")
+def qwen2(tmp_path_factory):
+    return models.qwen2(str(tmp_path_factory.mktemp("qwen2")))
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return models.minilm()

@@ -1,0 +1,295 @@
+"""The vLLM loader (--load-format weightcache) in real vLLM, against vLLM's
+own load_format "auto" in the same run: tier 1 hits, misses with their
+reasons, tier 2 refused where it cannot be safe."""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import engines
+from conftest import status, wait_for
+from engines import fallback_lines, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_baseline = {}
+
+
+def auto(model):
+    """vLLM's own load from disk, once per model."""
+    if model not in _baseline:
+        _baseline[model] = run(model)
+    return _baseline[model]
+
+
+def strict(sock_dir, **kw):
+    return dict(socket_dir=sock_dir, fallback=False, **kw)
+
+
+def test_the_plugin_is_vllms_entry_point():
+    """Installed, not on a path: vLLM finds it through vllm.general_plugins."""
+    from importlib.metadata import entry_points
+    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "weightcache"]
+    assert [e.value for e in eps] == ["weightcache.vllm:register"]
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader import get_model_loader
+    assert type(get_model_loader(LoadConfig(load_format="weightcache"))).__name__ == "WeightcacheModelLoader"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_tier1_hit_identical_tokens_and_logprobs(name, request, daemon, sock_dir, wc_bin, caplog):
+    model = request.getfixturevalue(name)
+    daemon(model, "--devices", "host")
+    want = auto(model)
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    got = run(model, "weightcache", strict(sock_dir))
+    assert got == want
+    assert any(m.startswith("weightcache: hit:") for m in caplog.messages)
+    st = status(wc_bin, sock_dir)[0]
+    assert st["handshakes"] == {"hit": 1} and st["leases"] == 0  # vLLM copied: the lease ended with the load
+
+
+def test_tier1_embeddings_of_a_shipped_checkpoint(minilm, daemon, sock_dir, wc_bin):
+    """all-MiniLM-L6-v2 (BERT) with the pooling runner: the same embeddings."""
+    texts = ["weightcache keeps weights resident", "a restart in milliseconds"]
+
+    def embed(fmt, extra=None):
+        e = engines.llm(minilm, fmt, extra, skip_tokenizer_init=False, runner="pooling", max_model_len=256)
+        try:
+            return [o.outputs.embedding for o in e.embed(texts, use_tqdm=False)]
+        finally:
+            engines.close(e)
+    daemon(minilm, "--devices", "host")
+    want = embed("auto")
+    got = embed("weightcache", strict(sock_dir))
+    assert got == want and len(want[0]) == 384
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+
+
+def test_tier1_two_ranks_as_vllm_spawns_them(llama, daemon, sock_dir, wc_bin, tmp_path):
+    """TP 2 with the mp executor: vLLM spawns the engine core and one worker
+    per rank, each loads the plugin from its entry point, and both ranks
+    take their slices from the one host daemon serving the checkpoint."""
+    daemon(llama, "--devices", "host")
+    script = tmp_path / "tp2.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {HERE!r})
+        import engines
+
+        def main():
+            out = {{}}
+            for fmt, extra in (("auto", {{}}), ("weightcache", {{"socket_dir": {sock_dir!r}, "fallback": False}})):
+                out[fmt] = engines.run({llama!r}, fmt, extra, tensor_parallel_size=2, distributed_executor_backend="mp")
+            print("RESULT " + json.dumps(out), flush=True)
+
+        if __name__ == "__main__":  # vLLM's CPU workers start with spawn
+            main()
+    """))
+    # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=400)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["weightcache"] == out["auto"]
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 2}  # one per rank
+
+
+def test_vllm_serve_openai_completion(llama, daemon, sock_dir, wc_bin, tmp_path):
+    """`vllm serve M --load-format weightcache`, as users run it: one
+    completion over HTTP, the same text and logprobs as vLLM's own load."""
+    import urllib.request
+    from vllm import LLM, SamplingParams
+    daemon(llama, "--devices", "host")
+    prompt = "w5 w9 w100 w7 w300 w64"
+    e = LLM(model=llama, max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=engines.KV_BYTES,
+            distributed_executor_backend="uni", seed=0)
+    try:
+        o = e.generate([prompt], SamplingParams(max_tokens=8, temperature=0, logprobs=1), use_tqdm=False)[0].outputs[0]
+        want_text, want_lp = o.text, [d[t].logprob for d, t in zip(o.logprobs, o.token_ids)]
+    finally:
+        engines.close(e)
+    port = _free_port()
+    cmd = [sys.executable, "-c", VLLM_CLI, "serve", llama, "--port", str(port), "--host", "127.0.0.1",
+           "--load-format", "weightcache", "--model-loader-extra-config", json.dumps(strict(sock_dir)),
+           "--max-model-len", "128", "--enforce-eager", "--kv-cache-memory-bytes", str(engines.KV_BYTES), "--seed", "0"]
+    # VLLM_TARGET_DEVICE: the platform is found from the same "vllm"
+    # metadata the CLI lacks (platforms/__init__.py cpu_platform_plugin).
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_TARGET_DEVICE="cpu")
+    log = open(tmp_path / "serve.log", "w+")
+    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        def up():
+            assert srv.poll() is None, open(tmp_path / "serve.log").read()[-4000:]
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200
+            except OSError:
+                return False
+        wait_for(up, timeout=300)
+        body = json.dumps({"model": llama, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+        choice = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]
+    finally:
+        srv.send_signal(signal.SIGINT)
+        try:
+            srv.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+    assert choice["text"] == want_text
+    assert choice["logprobs"]["token_logprobs"] == want_lp
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+
+
+# The `vllm` script itself: vllm-cpu 0.32.0 is installed as the distribution
+# "vllm-cpu" while its CLI asks importlib.metadata for "vllm"'s version
+# (entrypoints/cli/main.py, for --version) before it parses anything, so the
+# script exits with PackageNotFoundError. This runs the same main() with
+# that one lookup answered.
+VLLM_CLI = ("import importlib.metadata as m, sys; v = m.version; "
+            "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); sys.argv[0] = 'vllm'; "
+            "from vllm.entrypoints.cli.main import main; main()")
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- misses ------------------------------------------------------------------
+
+def _no_daemon(model, daemon, tmp_path):
+    return model, "no_daemon"
+
+
+def _dtype(model, daemon, tmp_path):
+    daemon(model, "--devices", "host", "--dtype", "float32")  # converted: not the bytes vLLM would read
+    return model, "fingerprint_mismatch (dtype:"
+
+
+def _changed(model, daemon, tmp_path):
+    copy = str(tmp_path / "m")
+    shutil.copytree(model, copy)
+    daemon(copy, "--devices", "host")
+    f = os.path.join(copy, "model.safetensors")
+    shutil.copyfile(f, f + ".new")  # the same bytes in a new file, as a re-download leaves them
+    os.replace(f + ".new", f)
+    return copy, "checkpoint_changed"
+
+
+MISSES = {"no_daemon": _no_daemon, "dtype": _dtype, "checkpoint_changed": _changed}
+
+
+@pytest.mark.parametrize("case", sorted(MISSES))
+def test_miss_serves_from_disk_with_the_reason(case, llama, daemon, sock_dir, tmp_path, caplog):
+    model, reason = MISSES[case](llama, daemon, tmp_path)
+    want = auto(llama)
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    assert run(model, "weightcache", {"socket_dir": sock_dir, "connect_timeout_s": 1.0}) == want
+    lines = fallback_lines(caplog)
+    assert len(lines) == 1 and lines[0].startswith("weightcache: fallback: " + reason), lines
+    with pytest.raises(Exception, match="weight cache miss, " + reason.split(" ")[0]):
+        engines.llm(model, "weightcache", strict(sock_dir, connect_timeout_s=1.0))
+
+
+def test_miss_another_revision(llama, daemon, sock_dir, caplog):
+    daemon(llama, "--devices", "host")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    assert run(llama, "weightcache", {"socket_dir": sock_dir}, revision="v2") == auto(llama)
+    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon '')"]
+    with pytest.raises(Exception, match="weight cache miss, fingerprint_mismatch"):
+        engines.llm(llama, "weightcache", strict(sock_dir), revision="v2")
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_daemon_killed_while_the_engine_waits(fallback, llama, daemon, sock_dir, caplog):
+    """The engine starts while the daemon still loads (read-limited) and
+    waits for it; the daemon dies meanwhile: a miss with its reason."""
+    d = daemon(llama, "--devices", "host", "--read-limit", "16384", wait=False)
+    sock = os.path.join(sock_dir, os.listdir(sock_dir)[0]) if os.listdir(sock_dir) else None
+    wait_for(lambda: any(n.endswith(".sock") for n in os.listdir(sock_dir)), timeout=30)
+    killer = threading.Timer(3.0, d.proc.send_signal, (signal.SIGKILL,))
+    killer.start()
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    try:
+        if fallback:
+            assert run(llama, "weightcache", {"socket_dir": sock_dir}) == auto(llama)
+            lines = fallback_lines(caplog)
+            assert len(lines) == 1 and lines[0].startswith("weightcache: fallback: "), lines
+        else:
+            with pytest.raises(Exception, match="weight cache miss, "):
+                engines.llm(llama, "weightcache", strict(sock_dir))
+    finally:
+        killer.cancel()
+    assert d.proc.wait(10) == -signal.SIGKILL
+    del sock
+
+
+def test_a_typo_in_the_extra_config_names_our_load_format(llama, sock_dir):
+    with pytest.raises(Exception, match=r"--load-format weightcache: unknown key\(s\) tierr"):
+        engines.llm(llama, "weightcache", {"socket_dir": sock_dir, "tierr": "processed"})
+
+
+# -- tier 2 ------------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", ["processed", "auto"])
+def test_tier2_is_refused_on_the_cpu_before_the_build(tier, llama, daemon, sock_dir, wc_bin, caplog):
+    """vLLM's CPU post-processing keeps linear weights in oneDNN handles
+    (layer.cpu_linear): processed weights cannot be restored, so tier 2
+    is refused before the model is built and tier 1 serves."""
+    daemon(llama, "--devices", "host")
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    assert run(llama, "weightcache", strict(sock_dir, tier=tier)) == auto(llama)
+    assert "weightcache: tier checkpoint: processed weights are not safe here: the CPU platform keeps " \
+           "post-processed linear weights in oneDNN handles (layer.cpu_linear), not in parameters" in caplog.messages
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+
+
+def test_tier2_refusals_from_real_configs(tmp_path):
+    """MoE and offload are refused from vLLM's own config objects, before
+    any build (fused MoE and UVA offload do not run on this CPU)."""
+    from transformers import MixtralConfig
+    from vllm.config import ModelConfig, OffloadConfig, VllmConfig
+    import weightcache.vllm as plugin
+    moe = tmp_path / "moe"
+    MixtralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=4).save_pretrained(moe)
+    mc = ModelConfig(model=str(moe), skip_tokenizer_init=True)
+    assert plugin.unsafe_for_processed(VllmConfig(model_config=mc), mc) == "MoE: expert kernels are built in post-processing"
+    vc = VllmConfig(offload_config=OffloadConfig(uva={"cpu_offload_gb": 2}))
+    assert plugin.unsafe_for_processed(vc, vc.model_config).startswith("CPU offload (cpu_offload_gb 2.0)")
+    api = plugin.VllmAPI()
+    assert api.platform() == "cpu" and api.weights_already_processed is not None
+
+
+def test_the_adapter_reads_vllms_weight_files(llama):
+    """The one private name, _prepare_weights, asked through the adapter
+    against this vLLM: the files a load reads, and a surprise is a miss."""
+    from vllm.config import LoadConfig, ModelConfig
+    from vllm.model_executor.model_loader import DefaultModelLoader
+    import weightcache.vllm as plugin
+    from weightcache.source import MissError
+    api = plugin.VllmAPI()
+    mc = ModelConfig(model=llama, skip_tokenizer_init=True)
+    files, use_st = api.weight_files(DefaultModelLoader(LoadConfig()), mc)
+    assert files == [os.path.join(llama, "model.safetensors")] and use_st
+
+    class Changed(DefaultModelLoader):
+        def _prepare_weights(self, *a, **kw):
+            raise TypeError("_prepare_weights() got an unexpected keyword argument 'subfolder'")
+    with pytest.raises(MissError, match="vllm_api: DefaultModelLoader._prepare_weights in vLLM 0.32.0: TypeError"):
+        api.weight_files(Changed(LoadConfig()), mc)
