@@ -22,7 +22,7 @@ type session struct {
 
 func (d *Daemon) serveConn(uc *net.UnixConn) {
 	conn := protocol.NewConn(uc, protocol.MaxRequestFrame)
-	if uid, err := peerUID(uc); err != nil || uid != os.Geteuid() {
+	if uid, err := d.cfg.peerUID(uc); err != nil || uid != os.Geteuid() {
 		d.log.Warn("refused connection", "peer_uid", uid, "err", err)
 		_ = conn.Send(protocol.Errorf(protocol.CodePermission, "socket %s serves uid %d only; peer is uid %d", d.ln.path, os.Geteuid(), uid))
 		return

@@ -44,6 +44,9 @@ type Config struct {
 	// PlanReport, for a tensor-parallel rank, is what its sharding plan
 	// replicated; status shows it.
 	PlanReport *protocol.PlanReport
+	// peerUID reads the uid of a connection's peer; nil is SO_PEERCRED.
+	// Tests fake it: a peer of a second uid needs root to make.
+	peerUID func(*net.UnixConn) (int, error)
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -101,6 +104,9 @@ func Start(cfg Config) (*Daemon, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.peerUID == nil {
+		cfg.peerUID = peerUID
 	}
 	if err := protocol.EnsureSocketDir(cfg.SocketDir); err != nil {
 		return nil, err

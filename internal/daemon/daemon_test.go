@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"net"
 	"os"
@@ -429,6 +430,48 @@ func TestManyClientsAtOnce(t *testing.T) {
 	// Client and daemon share this process: every descriptor either side
 	// opened for the 32 sessions must be gone.
 	waitFor(t, func() bool { return fdCount(t) == before })
+}
+
+// Whatever uid the suite runs as, a peer of another uid (as the
+// credential check reads it) is refused before the daemon reads a byte,
+// and so is a peer whose credentials cannot be read.
+func TestPeerOfAnotherUIDRefused(t *testing.T) {
+	model := synth(t)
+	me := os.Geteuid()
+	tests := []struct {
+		name string
+		uid  int
+		err  error
+	}{
+		{"same uid", me, nil},
+		{"another uid", me + 1, nil},
+		{"root", 0, nil},
+		{"unreadable credentials", -1, syscall.ENOPROTOOPT},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := start(t, model, sockDir(t), "host", func(c *Config) {
+				c.peerUID = func(*net.UnixConn) (int, error) { return tt.uid, tt.err }
+			})
+			c := rawConn(t, d.Socket())
+			served := tt.uid == me && tt.err == nil
+			if served {
+				if _, err := c.Call(context.Background(), protocol.NewHead(protocol.TypeStats), protocol.TypeStats); err != nil {
+					t.Fatalf("peer of the daemon's uid: %v", err)
+				}
+				return
+			}
+			// Nothing sent: the refusal comes unasked.
+			fr, err := c.Recv()
+			if err != nil {
+				t.Fatalf("peer uid %d: %v, want a permission error", tt.uid, err)
+			}
+			var we protocol.Error
+			if err := fr.Decode(&we); err != nil || we.Code != protocol.CodePermission || !strings.Contains(we.Message, fmt.Sprintf("peer is uid %d", tt.uid)) {
+				t.Fatalf("peer uid %d got %s, want permission_denied naming it", tt.uid, fr.Body)
+			}
+		})
+	}
 }
 
 // A process of another uid that reaches the socket is refused by

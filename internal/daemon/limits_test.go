@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -162,5 +164,56 @@ func TestAcceptBackoff(t *testing.T) {
 	b.ok()
 	if b.fail(d, syscall.EMFILE) != acceptMinDelay {
 		t.Fatal("delay not reset by a successful accept")
+	}
+}
+
+// paddedStats sends a stats request whose body is n bytes (the type and
+// version, then padding) on a fresh connection and returns the reply.
+// The write runs beside the read: a daemon that refuses the frame stops
+// reading it part way.
+func paddedStats(t *testing.T, d *Daemon, n int) *protocol.Frame {
+	t.Helper()
+	head := fmt.Sprintf(`{"type":%q,"version":%d,"pad":"`, protocol.TypeStats, protocol.Version)
+	body := head + strings.Repeat("x", n-len(head)-2) + `"}`
+	c := rawConn(t, d.Socket())
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		// Fails once a refusing daemon closes; the reply says why.
+		_, _ = c.Unix().Write(append(binary.BigEndian.AppendUint32(nil, uint32(n)), body...))
+	}()
+	fr, err := c.Recv()
+	c.Close()
+	<-wrote
+	if err != nil {
+		t.Fatalf("%d-byte request: %v", n, err)
+	}
+	return fr
+}
+
+// Frames over --max-inflight-bytes are refused once their bytes arrive,
+// and what a refused frame held is given back: a smaller frame after it
+// is served, as often as that happens.
+func TestInflightBudget(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	const budget = 256 << 10
+	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxInflightBytes = budget })
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, size := range []int{1 << 20, 128 << 10, 1 << 20, 1 << 20, 128 << 10} {
+		fr := paddedStats(t, d, size)
+		refused := size > budget
+		var we protocol.Error
+		switch {
+		case refused && fr.Type != protocol.TypeError:
+			t.Fatalf("request %d (%d bytes over a %d-byte budget) was served: %.100s", i, size, budget, fr.Body)
+		case refused:
+			if err := fr.Decode(&we); err != nil || we.Code != protocol.CodeBadFrame || !strings.Contains(we.Message, fmt.Sprintf("(limit %d)", budget)) {
+				t.Fatalf("request %d (%d bytes): %s, want bad_frame naming the limit", i, size, fr.Body)
+			}
+		case fr.Type != protocol.TypeStats:
+			t.Fatalf("request %d (%d bytes, within the budget) not served: %s", i, size, fr.Body)
+		}
 	}
 }

@@ -79,6 +79,48 @@ def test_float32_served_from_bf16_matches_the_daemon(synth, daemon, wc_bin, sock
         assert torch.equal(hit[k].view(torch.int16), disk[k].view(torch.int16)), k
 
 
+def mixed_checkpoint(model, out):
+    """model (bfloat16) with every norm stored in float32, as Hugging Face
+    checkpoints often keep them: one shard, config.json unchanged."""
+    os.makedirs(out)
+    shutil.copy(os.path.join(model, "config.json"), out)
+    named = {k: (v.float() if "norm" in k else v) for k, v in load_from_disk(resolve(model), "").items()}
+    header, blobs, off = {}, [], 0
+    for k in sorted(named):
+        raw = named[k].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[k] = entry({torch.bfloat16: "BF16", torch.float32: "F32"}[named[k].dtype], list(named[k].shape), off, off + len(raw))
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return named
+
+
+def test_dtype_converts_only_the_weight_dtype(model, daemon, sock_dir, tmp_path):
+    # docs/architecture.md "Served dtype": dtype= converts only the tensors
+    # stored in the weight dtype; float32 norms beside bfloat16 weights
+    # stay float32, bit for bit, from disk as from the daemon.
+    mixed = str(tmp_path / "mixed")
+    stored = mixed_checkpoint(model, mixed)
+    assert any(v.dtype == torch.float32 for v in stored.values())
+    assert resolve(mixed).served_dtype("float16") == "bfloat16->float16"
+    from weightcache import attach
+    disk, info = attach(mixed, socket_dir=sock_dir, dtype="float16")
+    assert info.reason == "no_daemon", info
+    assert disk.keys() == stored.keys()
+    for k, v in stored.items():
+        if v.dtype == torch.float32:
+            assert disk[k].dtype == torch.float32 and torch.equal(disk[k].view(torch.int32), v.view(torch.int32)), k
+        else:
+            assert disk[k].dtype == torch.float16 and torch.equal(disk[k], v.to(torch.float16)), k
+    daemon(mixed, "--dtype", "float16")
+    hit, info = attach(mixed, socket_dir=sock_dir, dtype="float16", fallback=False)
+    assert info.hit
+    for k in stored:
+        assert hit[k].dtype == disk[k].dtype and torch.equal(hit[k].view(torch.uint8), disk[k].view(torch.uint8)), k
+
+
 def test_hub_cache_offline(model, tmp_path, monkeypatch):
     commit = "a" * 40
     repo = tmp_path / "hub" / "models--org--tiny"

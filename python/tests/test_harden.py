@@ -1,6 +1,7 @@
 """Valid checkpoints the format allows, writes to zero_copy tensors, and
 segments a daemon must not hand out, against real daemon processes."""
 
+import fcntl
 import hashlib
 import json
 import os
@@ -85,16 +86,24 @@ def memfd(size, seals):
     fd = os.memfd_create("weightcache:host", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
     if seals:
-        import fcntl
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd
 
 
-@pytest.mark.parametrize("seals", [0, 1, 15])  # none, F_SEAL_SEAL only, all but F_SEAL_WRITE
-def test_unsealed_segment_refused(model, sock_dir, seals):
-    import fcntl
-    seals = {0: 0, 1: fcntl.F_SEAL_SEAL, 15: fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW}[seals]
+# Each seal missing on its own; without F_SEAL_WRITE whoever holds a
+# writable descriptor could change the bytes under the engine.
+UNSEALED = {
+    "none": 0,
+    "seal only": fcntl.F_SEAL_SEAL,
+    "all but write": fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW,
+    "all but seal": fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW,
+    "all but shrink": fcntl.F_SEAL_SEAL | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW,
+    "all but grow": fcntl.F_SEAL_SEAL | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK,
+}
 
+
+@pytest.mark.parametrize("seals", list(UNSEALED.values()), ids=list(UNSEALED))
+def test_unsealed_segment_refused(model, sock_dir, seals):
     def serve(c):
         read_frame(c)
         c.sendall(ok_frame(model))
@@ -137,7 +146,6 @@ def test_manifest_random_is_refused_or_in_bounds():
     """A bounded random test of the Python manifest decoder (the mapped
     binary index) over one sealed segment: a named error the attach path
     turns into protocol_error, or tensors inside the mapping."""
-    import fcntl
     import random
     from weightcache import index
     from weightcache.attach import Weights, map_manifest

@@ -44,6 +44,38 @@ def test_checkpoint_changed_and_verify_content(model, daemon, sock_dir, tmp_path
     assert not info.hit and info.reason == "checkpoint_changed"
 
 
+def rewrite_keeping_mtime(path):
+    """Flip path's last byte in place and put its times back, as
+    `rsync --inplace -t` leaves a file: same inode, size and mtime; only
+    the ctime, which no one can set, says the bytes changed."""
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    assert after.st_ctime_ns != before.st_ctime_ns, "a write left the ctime alone: nothing to tell by"
+
+
+def test_rewritten_in_place_with_mtime_restored_is_changed(model, daemon, sock_dir, tmp_path):
+    # The daemon's own files, rewritten under it; a private copy keeps the
+    # session's shared model intact.
+    own = str(tmp_path / "own")
+    shutil.copytree(model, own)
+    daemon(own)
+    w, info = attach(own, socket_dir=sock_dir, fallback=False)
+    assert info.hit
+    w.close()
+    shard = sorted(n for n in os.listdir(own) if n.endswith(".safetensors"))[0]
+    rewrite_keeping_mtime(os.path.join(own, shard))
+    with pytest.raises(MissError) as e:
+        attach(own, socket_dir=sock_dir, fallback=False)
+    assert e.value.reason == "checkpoint_changed" and shard in e.value.info.detail, e.value.info
+
+
 def test_other_headers_are_a_hash_mismatch(model, synth, daemon, sock_dir):
     daemon(model)
     other = synth("tiny", 1)

@@ -67,29 +67,46 @@ func TestSealGivesUpNamingTheCause(t *testing.T) {
 	}
 }
 
-// Clients map only segments that carry every seal.
+// Clients map only segments that carry every seal; each seal missing on
+// its own is refused, F_SEAL_WRITE above all (without it the daemon, or
+// whoever holds a writable descriptor, could change the bytes under them).
 func TestMapRefusesUnsealed(t *testing.T) {
-	seg, err := newSegment("weightcache:test", 4096)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name  string
+		seals int
+	}{
+		{"none", 0},
+		{"write only", unix.F_SEAL_WRITE},
+		{"all but seal", unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW},
+		{"all but write", unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW},
+		{"all but shrink", unix.F_SEAL_SEAL | unix.F_SEAL_WRITE | unix.F_SEAL_GROW},
+		{"all but grow", unix.F_SEAL_SEAL | unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK},
 	}
-	defer seg.Free()
-	for _, seals := range []int{0, unix.F_SEAL_WRITE, unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW} {
-		if seals != 0 {
-			if _, err := unix.FcntlInt(seg.f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seg, err := newSegment("weightcache:test", 4096)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		if _, err := Map(seg.f, 4096); err == nil || !strings.Contains(err.Error(), "seals") {
-			t.Fatalf("seals %#x: map %v", seals, err)
-		}
+			defer seg.Free()
+			if tt.seals != 0 {
+				if _, err := unix.FcntlInt(seg.f.Fd(), unix.F_ADD_SEALS, tt.seals); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := Map(seg.f, 4096); err == nil || !strings.Contains(err.Error(), "seals") {
+				t.Fatalf("seals %#x: map %v", tt.seals, err)
+			}
+		})
 	}
 	f, err := os.CreateTemp(t.TempDir(), "plain")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	_ = f.Truncate(4096)
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Map(f, 4096); err == nil || !strings.Contains(err.Error(), "not a sealable memfd") {
 		t.Fatalf("plain file: map %v", err)
 	}
