@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA backend's check on a real GPU (issues 5 and 10).
+# Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py).
 #
 # Builds weightcache, writes `synth --preset medium` (219 tensors, 1.4 GB),
 # measures plain host-to-device copies of those bytes, preloads them on one
@@ -416,7 +417,33 @@ else
 	TP_LINE="skipped: $(tail -n 1 "$WORK/tp.err")"
 fi
 
-# 10. Figures.
+# 10. Tier 2 of the vLLM loader on the GPU (fake vLLM's model classes, CUDA
+# tensors): the first start loads tier 1 from a host daemon and publishes
+# its processed weights into the GPU's own publish-only daemon; the restart
+# maps them there zero-copy. Restart time against tier 1 and auto.
+T2_LINE="skipped (no python3 with torch and CUDA)"
+if command -v python3 >/dev/null && python3 -c 'import torch,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+	T2SOCK=$WORK/t2sock
+	mkdir -m 700 "$T2SOCK"
+	"$BIN" preload --model "$MODEL" --socket-dir "$T2SOCK" --devices host >"$WORK/t2h.out" 2>"$WORK/t2h.err" &
+	T2H=$!
+	PIDS+=("$T2H")
+	"$BIN" preload --model "$MODEL" --socket-dir "$T2SOCK" --devices "$UUID" --publish-only >"$WORK/t2g.out" 2>"$WORK/t2g.err" &
+	T2G=$!
+	PIDS+=("$T2G")
+	wait_ready "$WORK/t2h.out" "$WORK/t2h.err" "$T2H" >/dev/null
+	wait_ready "$WORK/t2g.out" "$WORK/t2g.err" "$T2G" >/dev/null
+	if T2_OUT=$(step 300 "tier 2 on the GPU" python3 "$ROOT/scripts/gpu-tier2.py" "$MODEL" "$T2SOCK" "$DEVICE" 2>"$WORK/t2.err" | tail -n 1); then
+		T2_LINE="auto $(calc "$(field "$T2_OUT" auto_s)" 3) s, tier 1 $(calc "$(field "$T2_OUT" tier1_s)" 3) s, tier-2 hit $(calc "$(field "$T2_OUT" tier2_s)" 3) s; CUDA allocator gained $(field "$T2_OUT" auto_bytes) / $(field "$T2_OUT" tier1_bytes) / $(field "$T2_OUT" tier2_bytes) bytes"
+		check "tier 2 restart on the GPU: identical logits" "$([[ $(field "$T2_OUT" identical) == True || $(field "$T2_OUT" identical) == true ]] && echo 1 || echo 0)" "$T2_LINE"
+		check "tier 2 restart maps the GPU daemon's memory (no copy into allocator memory)" "$(ge "$(field "$T2_OUT" tier1_bytes)" "4 * $(field "$T2_OUT" tier2_bytes)")" "$(field "$T2_OUT" tier2_bytes) bytes allocated"
+	else
+		check "tier 2 on the GPU" 0 "$(tail -n 5 "$WORK/t2.err")"
+	fi
+	kill -TERM "$T2H" "$T2G" 2>/dev/null || true
+fi
+
+# 11. Figures.
 RATIO_PAGEABLE=$(calc "100 * $PRELOAD / $PAGEABLE" 0)
 RATIO_PINNED=$(calc "100 * $PRELOAD / $PINNED" 0)
 say ""
@@ -431,6 +458,7 @@ say "  attach (weightcache Python package):       $PKG_LINE"
 say "  read-only mappings:                        ${READ_ONLY:-false}"
 say "  publish into the GPU:                      $PUB_N tensors in $(calc "$PUB_S" 3) s; attach of the published layout $PUB_ATTACH_MS ms"
 say "  TP 2 on GPUs:                              $TP_LINE"
+say "  vLLM loader tier 2 restart on the GPU:     $T2_LINE"
 target "preload >= 70% of the pinned ceiling" "$(ge "$PRELOAD" "0.7 * $PINNED")" "$RATIO_PINNED%"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"

@@ -293,3 +293,83 @@ def test_the_adapter_reads_vllms_weight_files(llama):
             raise TypeError("_prepare_weights() got an unexpected keyword argument 'subfolder'")
     with pytest.raises(MissError, match="vllm_api: DefaultModelLoader._prepare_weights in vLLM 0.32.0: TypeError"):
         api.weight_files(Changed(LoadConfig()), mc)
+
+
+# -- the CPU worker's memory check -------------------------------------------
+
+def _ballast(out, size):
+    """A checkpoint of one uint8 tensor of size bytes, sparse on disk: a
+    resident daemon of that size without writing it to disk first."""
+    import struct
+    os.makedirs(out)
+    hdr = json.dumps({"ballast": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr)
+        f.truncate(8 + len(hdr) + size)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"architectures": ["Ballast"]}, f)
+    return out
+
+
+def test_cpu_worker_memory_check_with_a_resident_daemon(llama, daemon, sock_dir, wc_bin, tmp_path):
+    """vLLM's CPU worker refuses to start when the memory node's total times
+    --gpu-memory-utilization exceeds what is free or file cache (vLLM 0.32
+    v1/worker/cpu_worker.py, utils/cpu_resource_utils.py); a daemon's memfd
+    pages are neither. With a daemon holding a quarter of the machine's
+    memory, a utilization that fits without it is refused with vLLM's own
+    message, and --kv-cache-memory-bytes (the README's advice) starts the
+    engine, a hit."""
+    from vllm.utils.cpu_resource_utils import get_memory_node_info
+    with open("/proc/meminfo") as f:
+        machine = int(next(ln for ln in f if ln.startswith("MemTotal:")).split()[1]) * 1024
+    size = machine // 4
+    before = get_memory_node_info(0)
+    daemon(_ballast(str(tmp_path / "ballast"), size), "--devices", "host:9")
+    after = get_memory_node_info(0)
+    # Used, not available: a VM may plug memory in as it is used (this one does).
+    used = (after.total_memory - after.available_memory) - (before.total_memory - before.available_memory)
+    assert used > size * 0.9, (before, after, size)
+    daemon(llama, "--devices", "host")
+    # What would fit if the daemon's pages counted as free; does not now.
+    util = round((after.available_memory + size / 2) / after.total_memory, 3)
+    assert after.available_memory < util * after.total_memory < after.available_memory + size
+    with pytest.raises(ValueError, match="is less than desired CPU memory utilization"):
+        engines.llm(llama, "weightcache", strict(sock_dir), gpu_memory_utilization=util, kv_cache_memory_bytes=None)
+    assert run(llama, "weightcache", strict(sock_dir)) == auto(llama)  # kv_cache_memory_bytes set
+    hits = {s["device"]: s["handshakes"] for s in status(wc_bin, sock_dir)}
+    assert hits["host"] == {"hit": 1}
+
+
+# -- what makes the daemon unfit, known once the model is built -------------
+
+UNFIT = {
+    "patterns": (lambda m, lc: setattr(m, "allow_patterns_overrides", ["*.safetensors"]),
+                 "the model overrides the weight file patterns"),
+    "unused": (lambda m, lc: setattr(m, "is_unused_checkpoint_weight", lambda name: False),
+               "the model skips shards by weight name"),
+    "torchao": (lambda m, lc: setattr(lc, "safetensors_load_strategy", "torchao"),
+                "torchao checkpoints load through vLLM's torchao strategy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNFIT))
+def test_a_model_the_daemon_cannot_feed_reads_the_files(case, llama, caplog):
+    """A model built with its own file patterns or shard filter, or a torchao
+    checkpoint, reads other bytes than the daemon serves: a miss, the files."""
+    from safetensors.torch import load_file
+    from vllm.config import LoadConfig, ModelConfig
+    from vllm.model_executor.model_loader import get_model_loader
+    setup, reason = UNFIT[case]
+    loader = get_model_loader(LoadConfig(load_format="weightcache"))
+    served = {"from.the.daemon": torch.zeros(1)}
+    loader._weights = served
+    model = torch.nn.Module()
+    setup(model, loader.load_config)
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    assert loader._daemon_unfit(model) == reason
+    if case == "torchao":  # reading needs torchao, not installed here; the decision is made
+        return
+    got = dict(loader.get_all_weights(ModelConfig(model=llama, skip_tokenizer_init=True), model))
+    assert got.keys() == load_file(os.path.join(llama, "model.safetensors")).keys()
+    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: {reason}"]
