@@ -414,3 +414,63 @@ def test_mla_is_not_processed(model, monkeypatch):
     monkeypatch.setattr(ModelConfig, "use_mla", property(lambda self: True))
     mc = ModelConfig(model=model)
     assert unsafe_for_processed(VllmConfig(model_config=mc), mc) == "MLA attention"
+
+
+@pytest.mark.parametrize("tier", ["checkpoint", "processed"])
+def test_a_drafter_asks_the_draft_group(model, sock_dir, monkeypatch, tier):
+    """A speculative-decoding drafter is loaded with the target's load config
+    (vLLM 0.32 model_loader/utils.py get_draft_load_config) but its own
+    model config: it asks the launcher's draft group, never the target's
+    daemons (whose fingerprint would not match, or worse, whose processed
+    layout would)."""
+    import types
+    import weightcache.vllm as plugin
+    from vllm import _fake
+    from vllm.config import LoadConfig, ModelConfig, VllmConfig
+    from weightcache.source import MissError, miss
+    asked = []
+
+    def fake_attach(*a, **kw):
+        asked.append((kw.get("device"), kw.get("group")))
+        raise MissError(miss("no_daemon", "recorded"))
+    monkeypatch.setattr(plugin, "attach", fake_attach)
+
+    def load(draft):
+        cfg = VllmConfig(model_config=ModelConfig(model=model),
+                         load_config=LoadConfig(load_format="weightcache",
+                                                model_loader_extra_config={"socket_dir": sock_dir, "tier": tier}))
+        cfg.speculative_config = types.SimpleNamespace(draft_model_config=cfg.model_config if draft else None)
+        asked.clear()
+        with _fake.as_rank(0, 1):
+            _fake.load_model(cfg)
+        return list(asked)
+    assert load(True) == ([("host", "draft")] if tier == "checkpoint" else [("host:0", "draft"), ("host", "draft")])
+    assert {g for _, g in load(False)} == {"main"}  # the target itself
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_tier2_build_that_raises_is_a_miss(model, daemon, sock_dir, monkeypatch, caplog, fallback):
+    """The build over the meta device raising (vLLM's --cpu-offload-gb did,
+    outside any fallback) is a miss: tier 1, or with fallback off a
+    MissError with the reason, never vLLM's exception."""
+    import weightcache.vllm as plugin
+    from vllm.model_executor.model_loader import utils as loader_utils
+    from weightcache import processed, MissError
+    daemon(model, "--devices", "host")
+    daemon(model, "--publish-only", "--devices", "host:0")
+    good, want, _, _ = engine(model, "auto")
+    publish_layout(model, sock_dir, processed.capture(good)[0])
+
+    def broken(**kw):
+        raise RuntimeError("offloaded parameters cannot be built on meta")
+    monkeypatch.setattr(loader_utils, "initialize_model", broken)
+    assert plugin.register()  # its adapter imports the broken build; tier 1's own build is vLLM's
+    caplog.set_level(logging.INFO, "weightcache.vllm")
+    reason = "layout: model build: RuntimeError: offloaded parameters cannot be built on meta"
+    if not fallback:
+        with pytest.raises(MissError, match=reason):
+            engine(model, socket_dir=sock_dir, tier="processed", fallback=False)
+        return
+    _, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
+    assert torch.equal(got, want) and read == 0
+    assert fallback_lines(caplog) == ["weightcache: fallback: " + reason]

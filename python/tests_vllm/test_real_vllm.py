@@ -360,6 +360,8 @@ def test_a_model_the_daemon_cannot_feed_reads_the_files(case, llama, caplog):
     from safetensors.torch import load_file
     from vllm.config import LoadConfig, ModelConfig
     from vllm.model_executor.model_loader import get_model_loader
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # as an engine does before it asks for a loader
     setup, reason = UNFIT[case]
     loader = get_model_loader(LoadConfig(load_format="weightcache"))
     served = {"from.the.daemon": torch.zeros(1)}

@@ -82,6 +82,21 @@ def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
     return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
 
 
+def shard_paths(model, revision=None):
+    """The checkpoint's directory and its shards' paths, found as resolve()
+    finds them but reading no safetensors header: an engine that hits reads
+    nothing of the checkpoint but config.json. CheckpointError where there
+    is no checkpoint."""
+    loc = _locate(model, revision) if model else None
+    if loc is None:
+        c = checkpoint.resolve(model, revision)  # raises the error that names what is missing
+        return c.dir, [s.path for s in c.shards]
+    names = _shard_names(loc[0])
+    if not names:
+        raise CheckpointError(f"no *.safetensors files in {loc[0]}")
+    return loc[0], [os.path.join(loc[0], *n.split("/")) for n in names]
+
+
 def _shard_names(directory):
     idx = os.path.join(directory, INDEX_NAME)
     if os.path.exists(idx):

@@ -35,7 +35,8 @@ import torch
 
 from . import cuda, processed, source
 from .attach import attach, device_key
-from .checkpoint import CheckpointError, resolve
+from .checkpoint import CheckpointError
+from .identity import shard_paths
 from .publish import AlreadyPublished, BusyError, publish
 from .source import MissError
 
@@ -162,6 +163,7 @@ class Rank:
     dp_rank: int = 0
     pp_size: int = 1
     pp_rank: int = 0
+    dp_rank_local: int = None  # on this node, where data parallelism spans nodes
 
 
 def processed_key(r, device=None):
@@ -172,7 +174,10 @@ def processed_key(r, device=None):
     so that it is never the node's tier-1 daemon ("host")."""
     if device is not None and getattr(device, "type", "cpu") == "cuda":
         return device_key(device)
-    return f"host:{r.dp_rank * r.tp_size + r.tp_rank}"
+    # The launcher numbers its devices on each node from 0 (local device i
+    # serves dp_rank start + i / tp), so a node's first DP rank is host:0.
+    dp = r.dp_rank if r.dp_rank_local is None else r.dp_rank_local
+    return f"host:{dp * r.tp_size + r.tp_rank}"
 
 
 def engine_config(vllm_config, model_config, r, device):
@@ -273,7 +278,8 @@ def _rank(api, vllm_config):
     pp_size = getattr(par, "pipeline_parallel_size", 1) or 1
     return Rank(tp_size=api.tp_size(), tp_rank=api.tp_rank(),
                 dp_size=getattr(par, "data_parallel_size", 1) or 1, dp_rank=getattr(par, "data_parallel_rank", 0) or 0,
-                pp_size=pp_size, pp_rank=api.pp_group().rank_in_group if pp_size > 1 and api.pp_group else 0)
+                pp_size=pp_size, pp_rank=api.pp_group().rank_in_group if pp_size > 1 and api.pp_group else 0,
+                dp_rank_local=getattr(par, "data_parallel_rank_local", None))
 
 
 def _is_draft(vllm_config, model_config):
@@ -389,11 +395,11 @@ def make_loader_class(api):
                 # What vLLM's own load would read, asked first: it also
                 # downloads a hub id, so that it resolves from the cache.
                 files, use_st = api.weight_files(self, model_config)
-                self._ckpt = resolve(model_config.model, model_config.revision)
-                self._ckpt.model_arg, self._ckpt.revision_arg = model_config.model, model_config.revision
-                why = _files_differ(files, use_st, self._ckpt)
+                _, mine = shard_paths(model_config.model, model_config.revision)
+                why = _files_differ(files, use_st, mine)
                 if why:
                     raise MissError(source.miss("layout", why))
+                self._ckpt = types.SimpleNamespace(model_arg=model_config.model, revision_arg=model_config.revision)
             except (MissError, CheckpointError, OSError, ValueError) as e:
                 # Decided before any daemon is asked, so none counts a hit.
                 self._ckpt = None
@@ -549,10 +555,10 @@ def make_loader_class(api):
     return WeightcacheModelLoader
 
 
-def _files_differ(files, use_safetensors, ckpt):
-    """Why the daemon, serving ckpt, cannot stand in for the files vLLM
-    reads ("" when it can)."""
-    mine = {os.path.realpath(s.path) for s in ckpt.shards}
+def _files_differ(files, use_safetensors, shards):
+    """Why the daemon, serving the checkpoint's shards, cannot stand in for
+    the files vLLM reads ("" when it can)."""
+    mine = {os.path.realpath(p) for p in shards}
     if not use_safetensors or {os.path.realpath(f) for f in files} != mine:
         return f"vLLM reads {sorted(files)}, the daemon serves {sorted(mine)}"
     return ""
