@@ -77,8 +77,7 @@ def unload_fake():
 
 @pytest.fixture(autouse=True)
 def default_dtype():
-    # set_default_torch_dtype leaves its dtype behind when the body raises
-    # (test_set_default_torch_dtype_has_no_finally): start each test clean.
+    # A test that fails inside a load must not leave its dtype to the next.
     torch.set_default_dtype(torch.float32)
     yield
     torch.set_default_dtype(torch.float32)
@@ -345,15 +344,13 @@ def test_weights_load_only_with_a_current_config(tiny, rank0):
         get_model(vllm_config=engine(tiny))
 
 
-def test_set_default_torch_dtype_has_no_finally():
-    """utils/torch_utils.py:146 restores the dtype only on a clean exit."""
-    with set_default_torch_dtype(torch.bfloat16):
-        assert torch.get_default_dtype() == torch.bfloat16
-    assert torch.get_default_dtype() == torch.float32
-    with pytest.raises(RuntimeError):
-        with set_default_torch_dtype(torch.float16):
-            raise RuntimeError("load failed")
-    assert torch.get_default_dtype() == torch.float16
+def test_the_fake_shows_the_facts_of_the_vllm_it_is_pinned_to(tiny):
+    """facts.json: what the fake copies, observed here and, in
+    python/tests_vllm, from the installed real vLLM."""
+    import facts
+    want = facts.pinned()
+    got = facts.observed(tiny, want["default_loader_extra_config_keys"] + ["mode"])
+    assert got == {k: v for k, v in want.items() if k != "vllm"}
 
 
 def test_extra_config_keys(tiny):

@@ -375,3 +375,32 @@ def test_a_model_the_daemon_cannot_feed_reads_the_files(case, llama, caplog):
     got = dict(loader.get_all_weights(ModelConfig(model=llama, skip_tokenizer_init=True), model))
     assert got.keys() == load_file(os.path.join(llama, "model.safetensors")).keys()
     assert fallback_lines(caplog) == [f"weightcache: fallback: layout: {reason}"]
+
+
+# -- the fake, held to this vLLM ---------------------------------------------
+
+def test_the_fake_is_pinned_to_this_vllm(llama):
+    """python/tests/fakevllm/facts.json: what the fake copies, observed from
+    the installed real vLLM (python/tests checks the fake against it too)."""
+    import importlib.util
+    import vllm
+    path = os.path.join(os.path.dirname(HERE), "tests", "fakevllm", "facts.py")
+    spec = importlib.util.spec_from_file_location("fakevllm_facts", path)  # not on sys.path: it holds a fake vllm
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    want = facts.pinned()
+    assert vllm.__version__ == want["vllm"]
+    got = facts.observed(llama, want["default_loader_extra_config_keys"] + ["mode"])
+    assert got == {k: v for k, v in want.items() if k != "vllm"}
+
+
+def test_why_tier2_is_refused_on_the_cpu(llama):
+    """The defect the CPU refusal avoids, in real vLLM: after loading, every
+    linear weight lives in layer.cpu_linear and the parameter is empty."""
+    e = engines.llm(llama)
+    try:
+        model = e.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert callable(qkv.cpu_linear) and qkv.weight.numel() == 0
+    finally:
+        engines.close(e)

@@ -7,9 +7,12 @@ import torch
 
 @contextlib.contextmanager
 def set_default_torch_dtype(dtype):
-    """vllm/utils/torch_utils.py:146: no try/finally, as there; an exception
-    inside leaves the default dtype changed."""
+    """vLLM 0.32 utils/torch_utils.py:178: the default dtype is restored
+    even when the body raises (it had no finally at the commit the fake was
+    first written from)."""
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
-    yield
-    torch.set_default_dtype(old_dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old_dtype)
