@@ -136,7 +136,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 	d.mu.Lock()
 	state := d.state
 	d.mu.Unlock()
-	if state == protocol.StateDraining {
+	if state == stateDraining {
 		d.count(protocol.ResultNotReady, nil)
 		return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
 	}
@@ -153,7 +153,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
 		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
 	}
 	s.hello = &h
-	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: state, Device: dev, Daemon: Version, Identity: d.identity()}, nil, true
+	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version, Identity: d.identity()}, nil, true
 }
 
 func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
@@ -170,11 +170,11 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, boo
 		d.mu.Lock()
 		state, changed := d.state, d.pub.changed
 		d.mu.Unlock()
-		if state == protocol.StateReady {
+		if state == stateReady {
 			// Ready already: answered before a zero timeout could race it.
 			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
 		}
-		if state == protocol.StateEmpty {
+		if state == stateEmpty {
 			// Nobody is publishing: waiting cannot help.
 			d.count(protocol.ResultNotReady, nil)
 			return protocol.Errorf(protocol.CodeEmpty, "daemon on %s holds no weights: it waits for an engine to publish", d.ln.path), nil, false
@@ -202,10 +202,10 @@ func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
 	d.mu.Lock()
 	state, l := d.state, d.layout
 	d.mu.Unlock()
-	if state != protocol.StateReady || l == nil {
+	if state != stateReady || l == nil {
 		d.count(protocol.ResultNotReady, nil)
 		code := protocol.CodeNotReady
-		if state == protocol.StateDraining {
+		if state == stateDraining {
 			code = protocol.CodeDraining
 		}
 		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false

@@ -65,7 +65,7 @@ type Daemon struct {
 	total  atomic.Int64
 
 	mu         sync.Mutex
-	state      string
+	state      state // see state.go
 	loadErr    error
 	layout     *layout
 	loadSecs   float64
@@ -207,9 +207,7 @@ func (d *Daemon) Shutdown(ctx context.Context) int {
 }
 
 func (d *Daemon) shutdown(ctx context.Context) int {
-	d.mu.Lock()
-	d.state = protocol.StateDraining
-	d.mu.Unlock()
+	d.drain()
 	close(d.stopCh)
 	timer := time.NewTimer(d.drainTimeout())
 	defer timer.Stop()
@@ -258,7 +256,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Head:           protocol.NewHead(protocol.TypeStats),
 		Device:         d.cfg.Backend.Device(),
 		Group:          d.cfg.Group,
-		State:          d.state,
+		State:          string(d.state),
 		PID:            os.Getpid(),
 		Socket:         d.ln.path,
 		Model:          d.cfg.Model,

@@ -45,15 +45,6 @@ type writableSegment interface {
 	ExportWritable() (*os.File, error)
 }
 
-// initialState is where a daemon begins: loading from disk, or empty and
-// waiting for an engine to publish.
-func initialState(cfg Config) string {
-	if cfg.PublishOnly {
-		return protocol.StateEmpty
-	}
-	return protocol.StateLoading
-}
-
 // fingerprintDiff compares an engine's fingerprint with what this daemon
 // serves. A publish-only daemon that is still empty accepts any engine
 // name and version (the first writer decides them); once a writer claims
@@ -102,9 +93,9 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 	for {
 		d.mu.Lock()
 		state, writer, changed := d.state, d.pub.writer, d.pub.changed
-		if state == protocol.StateEmpty {
+		if d.moveLocked(stateEmpty, statePublishing) {
 			fp := s.hello.Fingerprint
-			d.pub.writer, d.pub.fp, d.state = s, &fp, protocol.StatePublishing
+			d.pub.writer, d.pub.fp = s, &fp
 			d.pub.identity = p.Identity
 			d.pub.signal()
 			d.mu.Unlock()
@@ -113,10 +104,10 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 		}
 		d.mu.Unlock()
 		switch {
-		case state == protocol.StateReady:
+		case state == stateReady:
 			// Someone committed while we waited: read theirs instead.
-			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: state}, nil, true
-		case state == protocol.StateDraining:
+			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
+		case state == stateDraining:
 			return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
 		case p.WaitMS <= 0:
 			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, quote(writer.hello.Client)), nil, true
@@ -233,9 +224,7 @@ func (d *Daemon) abortPublish(s *session, why string) {
 	}
 	segs := d.pub.segments
 	d.pub.writer, d.pub.segments, d.pub.fp = nil, nil, nil
-	if d.state == protocol.StatePublishing {
-		d.state = protocol.StateEmpty
-	}
+	d.moveLocked(statePublishing, stateEmpty)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
@@ -274,23 +263,21 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 		return protocol.Errorf(protocol.CodeBadRequest, "commit on %s: %v", d.ln.path, err), nil, false
 	}
 	d.mu.Lock()
-	if d.state != protocol.StatePublishing || d.pub.writer != s {
+	var fp checkpoint.Fingerprint
+	if d.pub.writer == s {
+		l.identity, fp = d.pub.identity, *d.pub.fp
+	}
+	if d.pub.writer != s || !d.becomeReadyLocked(statePublishing, l, 0, "ready: published layout committed", "client", quote(s.hello.Client), "fingerprint", fp.Sum()) {
 		d.mu.Unlock()
 		_ = l.index.Free()
 		d.abortPublish(s, "daemon stopped during commit")
 		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped during commit", d.ln.path), nil, false
 	}
-	l.identity = d.pub.identity
-	d.layout = l
-	d.state = protocol.StateReady
 	d.pub.writer, d.pub.segments = nil, nil
 	_ = idx.Free()
-	fp := *d.pub.fp
-	close(d.readyCh)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", quote(s.hello.Client), "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
 	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
 		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
 }
