@@ -71,7 +71,7 @@ type Daemon struct {
 	loadSecs   float64
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
-	conns      map[*net.UnixConn]*connState
+	conns      map[*net.UnixConn]*session
 	evicted    int64
 	handshakes map[string]int64
 	mismatches map[string]int64
@@ -129,7 +129,7 @@ func Start(cfg Config) (*Daemon, error) {
 		state:      initialState(cfg),
 		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
-		conns:      map[*net.UnixConn]*connState{},
+		conns:      map[*net.UnixConn]*session{},
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
@@ -161,39 +161,6 @@ func (d *Daemon) Leases() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.leases
-}
-
-func (d *Daemon) accept() {
-	defer d.wg.Done()
-	var backoff acceptBackoff
-	for {
-		uc, err := d.ln.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// At most a second: Shutdown closes the listener, and the next
-			// accept returns net.ErrClosed.
-			time.Sleep(backoff.fail(d, err))
-			continue
-		}
-		backoff.ok()
-		if !d.admit(uc) {
-			_ = uc.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = protocol.NewConn(uc, 0).Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d connections, all leased (limit %d)", d.ln.path, d.limits.MaxConnections, d.limits.MaxConnections))
-			_ = uc.Close()
-			continue
-		}
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			d.serveConn(uc)
-			d.mu.Lock()
-			delete(d.conns, uc)
-			d.mu.Unlock()
-			_ = uc.Close()
-		}()
-	}
 }
 
 // Shutdown stops serving: new hellos are refused (draining), live leases get
