@@ -189,8 +189,8 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 // meanwhile: ranks start while the checkpoint is read.
 func awaitListening(ctx context.Context, procs []*proc) error {
 	for _, p := range procs {
-		var m listening
-		if err := p.expect(typeListening, &m, ctx.Done()); err != nil {
+		var m daemon.RankListening
+		if err := p.expect(daemon.TypeRankListening, &m, ctx.Done()); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -201,17 +201,17 @@ func awaitListening(ctx context.Context, procs []*proc) error {
 	return nil
 }
 
-func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
+func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	g := l.cfg.Groups[gi]
 	fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
 	if err != nil {
-		return RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
+		return daemon.RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
 	}
-	return RankSpec{
+	return daemon.RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
 		PublishOnly: l.cfg.PublishOnly, SelfLoad: l.selfLoad(r.Device), GPU: l.cfg.GPU,
-		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(typeSpec), Plan: g.Report,
+		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
 	}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -53,7 +54,7 @@ func (p *proc) String() string {
 // it spec. The daemon gets SIGTERM if the launcher dies (Pdeathsig), and
 // stops by itself when the socketpair closes: either way it drains and
 // removes its socket, which SIGKILL would leave behind.
-func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
+func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
@@ -110,7 +111,7 @@ func (p *proc) read() {
 			return
 		}
 		fr.CloseFiles() // ranks send no descriptors
-		if fr.Type == typePong {
+		if fr.Type == daemon.TypeRankPong {
 			p.pong()
 			continue
 		}
