@@ -10,8 +10,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -126,11 +124,6 @@ func progressLine(progress func() (int64, int64), el time.Duration) string {
 		eta = (time.Duration(float64(total-n)/rate*1e9) + time.Second/2).Truncate(time.Second).String()
 	}
 	return fmt.Sprintf("loading %s / %s  %.2f GB/s  ETA %s", humanBytes(n), humanBytes(total), rate/1e9, eta)
-}
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 func humanBytes(n int64) string {

@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -55,7 +53,7 @@ func (p *proc) String() string {
 // stops by itself when the socketpair closes: either way it drains and
 // removes its socket, which SIGKILL would leave behind.
 func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fds, err := controlPair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
 	}
@@ -69,7 +67,7 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, e
 	cmd := exec.Command(exe, "daemon")
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3 = ControlFD
 	cmd.Stdout, cmd.Stderr = stderr, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = rankProcAttr()
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
 		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting}
 	if err := cmd.Start(); err != nil {
