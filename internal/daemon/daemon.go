@@ -1,6 +1,7 @@
 // Package daemon is one weightcache rank: it owns a device's segments, fills
 // them from a checkpoint, and serves them over its Unix socket until it is
-// told to stop.
+// told to stop. ServeRank (rank.go) runs it as the process that preload
+// starts per rank; its states are in state.go.
 package daemon
 
 import (
