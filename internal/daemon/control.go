@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -28,25 +27,17 @@ const ControlFD = 3
 // RankSpec is everything a rank daemon needs to start serving.
 type RankSpec struct {
 	protocol.Head
-	Group          string                 `json:"group"`
-	Device         string                 `json:"device"`
-	Model          string                 `json:"model"` // as the operator named it
-	Dir            string                 `json:"dir"`   // resolved checkpoint directory
-	Revision       string                 `json:"revision"`
-	Fingerprint    checkpoint.Fingerprint `json:"fingerprint"`
-	SocketDir      string                 `json:"socket_dir"`
-	DrainTimeoutMS int64                  `json:"drain_timeout_ms"`
-	// PublishOnly ranks load nothing: they start empty, ready for the
-	// first engine to publish its own weights.
-	PublishOnly bool `json:"publish_only,omitempty"`
+	Group       string                 `json:"group"`
+	Device      string                 `json:"device"`
+	Model       string                 `json:"model"` // as the operator named it
+	Dir         string                 `json:"dir"`   // resolved checkpoint directory
+	Revision    string                 `json:"revision"`
+	Fingerprint checkpoint.Fingerprint `json:"fingerprint"`
 	// SelfLoad ranks read the checkpoint themselves, through the same
 	// loader: GPU ranks under legacy IPC, whose memory dies with the
 	// process that allocated it.
-	SelfLoad  bool         `json:"self_load,omitempty"`
-	GPU       cuda.Options `json:"gpu"`
-	Workers   int          `json:"workers"`
-	ReadLimit int64        `json:"read_limit"`
-	Limits    Limits       `json:"limits"`
+	SelfLoad bool `json:"self_load,omitempty"`
+	Settings
 	// Plan is what the sharding plan replicates, for status.
 	Plan *protocol.PlanReport `json:"plan,omitempty"`
 }

@@ -25,23 +25,16 @@ const Version = "weightcache/0.1"
 
 // Config describes one daemon.
 type Config struct {
-	Model        string                 // as the operator named it, for stats
-	Checkpoint   *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
-	Fingerprint  checkpoint.Fingerprint
-	DType        string // served dtype, normalized; "" serves tensors as stored
-	Backend      backend.Backend
-	SocketDir    string
-	Group        string        // "main" or "draft"
-	DrainTimeout time.Duration // how long Shutdown waits for zero_copy leases
-	Workers      int           // parallel readers; default 4
-	ChunkBytes   int           // staging per reader; default scatter.DefaultChunk
-	MaxSegment   int64         // default backend.DefaultMaxSegment
-	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
-	Logger       *slog.Logger
-	// PublishOnly starts the daemon empty: it loads nothing from disk and
-	// serves the layout the first engine publishes (publish.go).
-	PublishOnly bool
-	Limits      Limits
+	Model       string                 // as the operator named it, for stats
+	Checkpoint  *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
+	Fingerprint checkpoint.Fingerprint
+	DType       string // served dtype, normalized; "" serves tensors as stored
+	Backend     backend.Backend
+	Group       string // "main" or "draft"
+	Settings           // socket directory, drain timeout, readers, limits, publish-only
+	ChunkBytes  int    // staging per reader; default scatter.DefaultChunk
+	MaxSegment  int64  // default backend.DefaultMaxSegment
+	Logger      *slog.Logger
 	// PlanReport, for a tensor-parallel rank, is what its sharding plan
 	// replicated; status shows it.
 	PlanReport *protocol.PlanReport

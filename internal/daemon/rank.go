@@ -101,7 +101,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		log.Warn("launcher went away: stopping")
 	}
 	if n := d.Leases(); n > 0 {
-		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", time.Duration(spec.DrainTimeoutMS)*time.Millisecond)
+		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", spec.DrainTimeout)
 	}
 	if left := d.Shutdown(context.Background()); left > 0 {
 		log.Warn("stopped with live leases; their mappings stay valid until those engines exit", "leases", left)
@@ -130,11 +130,8 @@ func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*Daemon, er
 		}
 	}
 	return Start(Config{
-		Workers: spec.Workers, ReadLimit: spec.ReadLimit,
-		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
-		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
-		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
-		PublishOnly: spec.PublishOnly, Limits: spec.Limits, PlanReport: spec.Plan,
+		Settings: spec.Settings, Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint,
+		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan,
 	})
 }
 

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
@@ -38,13 +37,7 @@ type Config struct {
 	Groups            []Group
 	Devices           []string
 	Layout            Layout
-	SocketDir         string
-	DrainTimeout      time.Duration
-	Workers           int
-	ReadLimit         int64
-	Limits            daemon.Limits // connection and request bounds of every rank
-	PublishOnly       bool          // ranks start empty; engines publish (see daemon/publish.go)
-	GPU               cuda.Options  // for GPU devices
+	daemon.Settings                 // every rank's, as each is started with them
 	MasterAddr        string        // multi-node rendezvous host
 	RendezvousTimeout time.Duration // bound on every wait for other nodes
 	HealthAddr        string        // "" serves no /health and /metrics
@@ -209,9 +202,8 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	}
 	return daemon.RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
-		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
-		PublishOnly: l.cfg.PublishOnly, SelfLoad: l.selfLoad(r.Device), GPU: l.cfg.GPU,
-		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
+		Fingerprint: fp, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
+		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
 	}, nil
 }
 
