@@ -196,10 +196,10 @@ func mismatchMiss(fr *protocol.Frame) Source {
 	}
 	for _, f := range m.Fields {
 		if f.Field == "device" {
-			return miss(ReasonDeviceMismatch, "", nil, m.Fields...)
+			return miss(ReasonDeviceMismatch, "", nil, fieldDiffs(m.Fields)...)
 		}
 	}
-	return miss(ReasonFingerprintMismatch, "", nil, m.Fields...)
+	return miss(ReasonFingerprintMismatch, "", nil, fieldDiffs(m.Fields)...)
 }
 
 // protocolMiss classifies an error from an exchange with the daemon.

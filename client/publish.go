@@ -152,7 +152,7 @@ func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, identi
 		if err := fr.Decode(&m); err != nil {
 			return err
 		}
-		return &MissError{Source: miss(ReasonFingerprintMismatch, "", nil, m.Fields...)}
+		return &MissError{Source: miss(ReasonFingerprintMismatch, "", nil, fieldDiffs(m.Fields)...)}
 	}
 	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: sizes, WaitMS: p.o.publishWait.Milliseconds(),
 		IndexSize: protocol.IndexSize(p.tensors), Identity: identity}

@@ -53,7 +53,22 @@ var reasonErr = map[Reason]error{
 
 // FieldDiff is one differing fingerprint field: what the engine wants and
 // what the daemon has.
-type FieldDiff = checkpoint.FieldDiff
+type FieldDiff struct {
+	Field string `json:"field"` // the fingerprint field's json name, or "device"
+	Want  string `json:"want"`
+	Got   string `json:"got"`
+}
+
+func fieldDiffs(in []checkpoint.FieldDiff) []FieldDiff {
+	if in == nil {
+		return nil
+	}
+	out := make([]FieldDiff, len(in))
+	for i, f := range in {
+		out[i] = FieldDiff{Field: f.Field, Want: f.Want, Got: f.Got}
+	}
+	return out
+}
 
 // Source says where the weights came from.
 type Source struct {

@@ -7,7 +7,7 @@ import (
 	"net"
 	"os"
 
-	"github.com/weightcache/weightcache/internal/launcher"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -22,22 +22,22 @@ func runDaemon(ctx context.Context, e env, args []string) error {
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	f := os.NewFile(launcher.ControlFD, "control")
+	f := os.NewFile(daemon.ControlFD, "control")
 	if f == nil {
-		return fmt.Errorf("no control descriptor on fd %d: the daemon command is started by preload", launcher.ControlFD)
+		return fmt.Errorf("no control descriptor on fd %d: the daemon command is started by preload", daemon.ControlFD)
 	}
 	fc, err := net.FileConn(f)
 	_ = f.Close()
 	if err != nil {
-		return fmt.Errorf("control descriptor on fd %d: %w (the daemon command is started by preload)", launcher.ControlFD, err)
+		return fmt.Errorf("control descriptor on fd %d: %w (the daemon command is started by preload)", daemon.ControlFD, err)
 	}
 	uc, ok := fc.(*net.UnixConn)
 	if !ok {
 		_ = fc.Close()
-		return fmt.Errorf("control descriptor on fd %d is not a unix socket", launcher.ControlFD)
+		return fmt.Errorf("control descriptor on fd %d is not a unix socket", daemon.ControlFD)
 	}
 	ctl := protocol.NewConn(uc, protocol.MaxReplyFrame)
 	defer ctl.Close()
 	log := slog.New(slog.NewTextHandler(e.stderr, nil)).With("pid", os.Getpid())
-	return launcher.ServeRank(ctx, ctl, log)
+	return daemon.ServeRank(ctx, ctl, log)
 }

@@ -10,8 +10,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -33,31 +31,27 @@ func init() {
 type readyLine = launcher.ReadyLine
 
 type preloadFlags struct {
-	model, devices, socketDir, dtype, revision string
-	drain                                      time.Duration
-	workers                                    int
-	readLimit                                  int64
-	limits                                     daemon.Limits
-	publishOnly                                bool
-	gpu                                        gpuFlags
+	model, devices, dtype, revision string
+	settings                        daemon.Settings // GPU comes from gpu
+	gpu                             gpuFlags
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
 	fs.StringVar(&p.devices, "devices", "", "devices to serve, one rank each: host, host:N, GPU-<uuid>, cuda:N or N, comma-separated (default: the first visible GPUs the ranks need, else host devices)")
-	fs.StringVar(&p.socketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
+	fs.StringVar(&p.settings.SocketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
 	fs.StringVar(&p.dtype, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one: bfloat16, float16, float32 (auto: every tensor as stored)")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
-	fs.DurationVar(&p.drain, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
-	fs.IntVar(&p.workers, "load-workers", 4, "parallel checkpoint readers")
-	fs.Int64Var(&p.readLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
-	fs.IntVar(&p.limits.MaxConnections, "max-connections", daemon.DefaultMaxConnections, "open connections per rank; over it the longest idle one without a lease is closed")
-	fs.Int64Var(&p.limits.MaxInflightBytes, "max-inflight-bytes", daemon.DefaultMaxInflightBytes, "bytes of requests being read at once per rank")
-	fs.DurationVar(&p.limits.IdleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection without a lease that sends nothing for this long")
-	fs.DurationVar(&p.limits.HelloTimeout, "hello-timeout", daemon.DefaultHelloTimeout, "close a connection that has not said hello after this long")
-	fs.DurationVar(&p.limits.WriteTimeout, "write-timeout", daemon.DefaultWriteTimeout, "close a connection (dropping its lease) that does not take a reply in this long")
-	fs.Int64Var(&p.limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments one publish may allocate (0: what the device can hold)")
-	fs.BoolVar(&p.publishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
+	fs.DurationVar(&p.settings.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
+	fs.IntVar(&p.settings.Workers, "load-workers", 4, "parallel checkpoint readers")
+	fs.Int64Var(&p.settings.ReadLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
+	fs.IntVar(&p.settings.Limits.MaxConnections, "max-connections", daemon.DefaultMaxConnections, "open connections per rank; over it the longest idle one without a lease is closed")
+	fs.Int64Var(&p.settings.Limits.MaxInflightBytes, "max-inflight-bytes", daemon.DefaultMaxInflightBytes, "bytes of requests being read at once per rank")
+	fs.DurationVar(&p.settings.Limits.IdleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection without a lease that sends nothing for this long")
+	fs.DurationVar(&p.settings.Limits.HelloTimeout, "hello-timeout", daemon.DefaultHelloTimeout, "close a connection that has not said hello after this long")
+	fs.DurationVar(&p.settings.Limits.WriteTimeout, "write-timeout", daemon.DefaultWriteTimeout, "close a connection (dropping its lease) that does not take a reply in this long")
+	fs.Int64Var(&p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments one publish may allocate (0: what the device can hold)")
+	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 	p.gpu.register(fs)
 }
 
@@ -73,8 +67,8 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if p.model == "" {
 		return usageErrorf("--model is required")
 	}
-	if p.workers < 1 {
-		return usageErrorf("--load-workers must be at least 1, got %d", p.workers)
+	if p.settings.Workers < 1 {
+		return usageErrorf("--load-workers must be at least 1, got %d", p.settings.Workers)
 	}
 	cfg, err := r.config(fs, &p)
 	if err != nil {
@@ -126,11 +120,6 @@ func progressLine(progress func() (int64, int64), el time.Duration) string {
 		eta = (time.Duration(float64(total-n)/rate*1e9) + time.Second/2).Truncate(time.Second).String()
 	}
 	return fmt.Sprintf("loading %s / %s  %.2f GB/s  ETA %s", humanBytes(n), humanBytes(total), rate/1e9, eta)
-}
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }
 
 func humanBytes(n int64) string {

@@ -54,8 +54,8 @@ func (r *rankFlags) register(fs *flag.FlagSet) {
 // config checks the flags and resolves every group's checkpoint and plan.
 func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, error) {
 	cfg := launcher.Config{
-		Layout:    launcher.Layout{TP: r.tp, DP: r.dp, DPStart: r.dpStart, DPLocal: r.dpLocal, NNodes: r.nnodes, NodeRank: r.nodeRank},
-		SocketDir: p.socketDir, DrainTimeout: p.drain, Workers: p.workers, ReadLimit: p.readLimit, PublishOnly: p.publishOnly, Limits: p.limits,
+		Layout:     launcher.Layout{TP: r.tp, DP: r.dp, DPStart: r.dpStart, DPLocal: r.dpLocal, NNodes: r.nnodes, NodeRank: r.nodeRank},
+		Settings:   p.settings,
 		MasterAddr: r.masterAddr, RendezvousTimeout: r.rendezvousTimeout,
 	}
 	if err := r.checkPorts(); err != nil {
@@ -75,7 +75,7 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 	if cfg.Devices, err = launcher.ParseDevices(strings.Join(keys, ",")); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
-	if cfg.GPU, err = p.gpu.options(fs, p.workers); err != nil {
+	if cfg.GPU, err = p.gpu.options(fs, p.settings.Workers); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
 	if launcher.OnGPU(cfg.Devices) && r.tp > 1 && cfg.GPU.IPC == cuda.IPCLegacy {

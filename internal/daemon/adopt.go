@@ -6,7 +6,6 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // Adopt serves segments that another process filled and sealed (the
@@ -29,15 +28,10 @@ func (d *Daemon) Adopt(segs []backend.Segment, index backend.Segment, count int,
 	l.identity = identity
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.state != protocol.StateLoading {
+	if !d.becomeReadyLocked(stateLoading, l, loadTime.Seconds(), "ready", "load_seconds", loadTime.Seconds()) {
 		l.free()
 		return errors.New("daemon stopped before its segments arrived")
 	}
 	d.loaded.Store(readBytes)
-	d.layout = l
-	d.loadSecs = loadTime.Seconds()
-	d.state = protocol.StateReady
-	close(d.readyCh)
-	d.log.Info("ready", "tensors", count, "bytes", l.bytes, "segments", len(segs), "load_seconds", d.loadSecs)
 	return nil
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"io"
+	"math"
 	"net"
 	"os"
 	"syscall"
@@ -12,15 +13,44 @@ import (
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
-// session is one client connection's state.
+// session is one client connection, from admission (admit.go) to close.
 type session struct {
-	conn   *protocol.Conn
+	uc *net.UnixConn
+
+	// Owned by the connection's goroutine.
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
+
+	// Guarded by Daemon.mu: what eviction sees of the connection, as of
+	// its goroutine's last setIdle.
+	idleSince time.Time // when it began waiting for a request; zero while busy
+	holding   bool      // leased or writing, so never evicted
+	evicted   bool
 }
 
-func (d *Daemon) serveConn(uc *net.UnixConn) {
+// reply is a handler's answer: a protocol message and the descriptors
+// that ride on it, closed once sent. The connection stays open after it.
+type reply struct {
+	msg   any
+	files []*os.File
+}
+
+// retryable is a handler's error after which the client may try again on
+// the same connection (busy, unknown type). Every other error closes the
+// connection once it is sent.
+type retryable struct{ err *protocol.Error }
+
+func (r retryable) Error() string { return r.err.Error() }
+
+// mismatch is a handler's error for an engine whose fingerprint or device
+// differs: sent as a mismatch frame, then the connection is closed.
+type mismatch []checkpoint.FieldDiff
+
+func (m mismatch) Error() string { return "mismatch: " + m[0].Field }
+
+func (d *Daemon) serveConn(s *session) {
+	uc := s.uc
 	conn := protocol.NewConn(uc, protocol.MaxRequestFrame)
 	if uid, err := d.cfg.peerUID(uc); err != nil || uid != os.Geteuid() {
 		d.log.Warn("refused connection", "peer_uid", uid, "err", err)
@@ -28,7 +58,6 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		return
 	}
 	conn.SetBudget(&d.budget)
-	s := &session{conn: conn}
 	defer func() {
 		conn.Release()
 		if s.leased {
@@ -49,9 +78,9 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		default:
 			_ = uc.SetReadDeadline(time.Now().Add(d.limits.IdleTimeout))
 		}
-		d.setConn(uc, true, s.leased || s.writer)
+		d.setIdle(s, true)
 		fr, err := conn.Recv()
-		d.setConn(uc, false, s.leased || s.writer)
+		d.setIdle(s, false)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 				d.log.Warn("bad frame", "err", err)
@@ -63,11 +92,11 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 		}
 		// Requests never carry descriptors.
 		fr.CloseFiles()
-		reply, files, keep := d.handle(s, fr)
+		msg, files, keep := d.answer(s, fr)
 		// A client that does not take its reply (a manifest it never
 		// reads) is closed, and its lease with it.
 		_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
-		err = conn.Send(reply, files...)
+		err = conn.Send(msg, files...)
 		for _, f := range files {
 			_ = f.Close()
 		}
@@ -81,12 +110,28 @@ func (d *Daemon) serveConn(uc *net.UnixConn) {
 	}
 }
 
-// handle answers one request. keep is false when the connection should be
-// closed after the reply.
-func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply any, files []*os.File, keep bool) {
+// answer turns a handler's reply or error into the frame to send. keep is
+// false when the connection should be closed after it.
+func (d *Daemon) answer(s *session, fr *protocol.Frame) (msg any, files []*os.File, keep bool) {
+	r, err := d.handle(s, fr)
+	var m mismatch
+	var re retryable
+	switch {
+	case err == nil:
+		return r.msg, r.files, true
+	case errors.As(err, &m):
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: m}, nil, false
+	case errors.As(err, &re):
+		return re.err, nil, true
+	}
+	return protocol.ToWire(err), nil, false
+}
+
+// handle runs the handler for one request.
+func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply, error) {
 	if fr.Version != protocol.Version {
 		d.count(protocol.ResultError, nil)
-		return protocol.Errorf(protocol.CodeVersion, "client speaks protocol version %d, daemon %s speaks %d", fr.Version, Version, protocol.Version), nil, false
+		return reply{}, protocol.Errorf(protocol.CodeVersion, "client speaks protocol version %d, daemon %s speaks %d", fr.Version, Version, protocol.Version)
 	}
 	switch fr.Type {
 	case protocol.TypeHello:
@@ -103,149 +148,21 @@ func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply any, files []*os.
 			d.releases++
 			d.mu.Unlock()
 		}
-		return protocol.NewHead(protocol.TypeReleased), nil, true
+		return reply{msg: protocol.NewHead(protocol.TypeReleased)}, nil
 	case protocol.TypeStats:
-		return d.Stats(), nil, true
+		return reply{msg: d.Stats()}, nil
 	case protocol.TypePublish:
 		return d.publish(s, fr)
 	case protocol.TypeCommit:
 		return d.commit(s, fr)
 	}
 	d.count(protocol.ResultError, nil)
-	return protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type), nil, true
+	return reply{}, retryable{protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type)}
 }
 
-func (d *Daemon) hello(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
-	var h protocol.Hello
-	if err := fr.Decode(&h); err != nil {
-		d.count(protocol.ResultError, nil)
-		return protocol.ToWire(err), nil, false
-	}
-	if s.hello != nil {
-		return protocol.Errorf(protocol.CodeBadRequest, "hello sent twice on one connection"), nil, false
-	}
-	if err := helloFieldTooLong(&h); err != nil {
-		d.count(protocol.ResultError, nil)
-		d.log.Warn("hello refused", "err", err, "client", quote(h.Client))
-		return protocol.Errorf(protocol.CodeBadRequest, "%v", err), nil, false
-	}
-	if h.Mode != protocol.ModeZeroCopy && h.Mode != protocol.ModeCopy {
-		d.count(protocol.ResultError, nil)
-		return protocol.Errorf(protocol.CodeBadRequest, "hello: field mode is %s, want %s or %s", quote(h.Mode), protocol.ModeZeroCopy, protocol.ModeCopy), nil, false
-	}
-	d.mu.Lock()
-	state := d.state
-	d.mu.Unlock()
-	if state == protocol.StateDraining {
-		d.count(protocol.ResultNotReady, nil)
-		return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
-	}
-	dev := d.cfg.Backend.Device()
-	if h.Device != dev {
-		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
-		d.count(protocol.ResultDeviceMismatch, diff)
-		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", quote(h.Device), "have", dev)
-		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
-	}
-	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
-		d.count(protocol.ResultMismatch, diff)
-		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diffFields(diff))
-		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
-	}
-	s.hello = &h
-	return protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: state, Device: dev, Daemon: Version, Identity: d.identity()}, nil, true
-}
-
-func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
-	var w protocol.WaitReady
-	if err := fr.Decode(&w); err != nil {
-		return protocol.ToWire(err), nil, false
-	}
-	if s.hello == nil {
-		return protocol.Errorf(protocol.CodeBadRequest, "wait_ready before hello"), nil, false
-	}
-	timer := time.NewTimer(msDuration(w.TimeoutMS))
-	defer timer.Stop()
-	for {
-		d.mu.Lock()
-		state, changed := d.state, d.pub.changed
-		d.mu.Unlock()
-		if state == protocol.StateReady {
-			// Ready already: answered before a zero timeout could race it.
-			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}, nil, true
-		}
-		if state == protocol.StateEmpty {
-			// Nobody is publishing: waiting cannot help.
-			d.count(protocol.ResultNotReady, nil)
-			return protocol.Errorf(protocol.CodeEmpty, "daemon on %s holds no weights: it waits for an engine to publish", d.ln.path), nil, false
-		}
-		select {
-		case <-d.readyCh:
-			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady, Identity: d.identity()}, nil, true
-		case <-changed:
-			continue
-		case <-d.stopCh:
-			d.count(protocol.ResultNotReady, nil)
-			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while loading", d.ln.path), nil, false
-		case <-timer.C:
-			d.count(protocol.ResultNotReady, nil)
-			done, total := d.Progress()
-			return protocol.Errorf(protocol.CodeNotReady, "daemon on %s still %s after %dms (%d of %d bytes)", d.ln.path, state, w.TimeoutMS, done, total), nil, false
-		}
-	}
-}
-
-func (d *Daemon) manifest(s *session) (any, []*os.File, bool) {
-	if s.hello == nil {
-		return protocol.Errorf(protocol.CodeBadRequest, "manifest before hello"), nil, false
-	}
-	d.mu.Lock()
-	state, l := d.state, d.layout
-	d.mu.Unlock()
-	if state != protocol.StateReady || l == nil {
-		d.count(protocol.ResultNotReady, nil)
-		code := protocol.CodeNotReady
-		if state == protocol.StateDraining {
-			code = protocol.CodeDraining
-		}
-		return protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state), nil, false
-	}
-	// A hello accepted while a publish-only daemon was empty named its own
-	// engine; the layout committed since may be another engine's.
-	if diff := d.fingerprintDiff(s.hello.Fingerprint); len(diff) > 0 {
-		d.count(protocol.ResultMismatch, diff)
-		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: diff}, nil, false
-	}
-	files, err := exportFiles(l)
-	if err != nil {
-		d.count(protocol.ResultError, nil)
-		return protocol.Errorf(protocol.CodeInternal, "%v", err), nil, false
-	}
-	if !s.leased {
-		s.leased = true
-		d.addLease(1)
-	}
-	d.count(protocol.ResultHit, nil)
-	return l.manifest, files, true
-}
-
-// peerUID is the uid of the process at the other end, from SO_PEERCRED.
-func peerUID(uc *net.UnixConn) (int, error) {
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	uid := -1
-	var cerr error
-	err = raw.Control(func(fd uintptr) {
-		var cred *syscall.Ucred
-		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-		if cerr == nil {
-			uid = int(cred.Uid)
-		}
-	})
-	if err != nil {
-		return -1, err
-	}
-	return uid, cerr
+// msDuration turns a client's millisecond count into a Duration: negative
+// is zero, and a huge one is capped instead of overflowing.
+func msDuration(ms int64) time.Duration {
+	const most = int64(math.MaxInt64 / int64(time.Millisecond))
+	return time.Duration(min(max(ms, 0), most)) * time.Millisecond
 }

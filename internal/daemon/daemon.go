@@ -1,6 +1,7 @@
 // Package daemon is one weightcache rank: it owns a device's segments, fills
 // them from a checkpoint, and serves them over its Unix socket until it is
-// told to stop.
+// told to stop. ServeRank (rank.go) runs it as the process that preload
+// starts per rank; its states are in state.go.
 package daemon
 
 import (
@@ -24,23 +25,16 @@ const Version = "weightcache/0.1"
 
 // Config describes one daemon.
 type Config struct {
-	Model        string                 // as the operator named it, for stats
-	Checkpoint   *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
-	Fingerprint  checkpoint.Fingerprint
-	DType        string // served dtype, normalized; "" serves tensors as stored
-	Backend      backend.Backend
-	SocketDir    string
-	Group        string        // "main" or "draft"
-	DrainTimeout time.Duration // how long Shutdown waits for zero_copy leases
-	Workers      int           // parallel readers; default 4
-	ChunkBytes   int           // staging per reader; default scatter.DefaultChunk
-	MaxSegment   int64         // default backend.DefaultMaxSegment
-	ReadLimit    int64         // checkpoint bytes per second; 0 is unlimited
-	Logger       *slog.Logger
-	// PublishOnly starts the daemon empty: it loads nothing from disk and
-	// serves the layout the first engine publishes (publish.go).
-	PublishOnly bool
-	Limits      Limits
+	Model       string                 // as the operator named it, for stats
+	Checkpoint  *checkpoint.Checkpoint // what Load reads; nil for a daemon that only adopts or is published to
+	Fingerprint checkpoint.Fingerprint
+	DType       string // served dtype, normalized; "" serves tensors as stored
+	Backend     backend.Backend
+	Group       string // "main" or "draft"
+	Settings           // socket directory, drain timeout, readers, limits, publish-only
+	ChunkBytes  int    // staging per reader; default scatter.DefaultChunk
+	MaxSegment  int64  // default backend.DefaultMaxSegment
+	Logger      *slog.Logger
 	// PlanReport, for a tensor-parallel rank, is what its sharding plan
 	// replicated; status shows it.
 	PlanReport *protocol.PlanReport
@@ -65,13 +59,13 @@ type Daemon struct {
 	total  atomic.Int64
 
 	mu         sync.Mutex
-	state      string
+	state      state // see state.go
 	loadErr    error
 	layout     *layout
 	loadSecs   float64
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
-	conns      map[*net.UnixConn]*connState
+	conns      map[*net.UnixConn]*session
 	evicted    int64
 	handshakes map[string]int64
 	mismatches map[string]int64
@@ -129,7 +123,7 @@ func Start(cfg Config) (*Daemon, error) {
 		state:      initialState(cfg),
 		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
-		conns:      map[*net.UnixConn]*connState{},
+		conns:      map[*net.UnixConn]*session{},
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
@@ -163,39 +157,6 @@ func (d *Daemon) Leases() int {
 	return d.leases
 }
 
-func (d *Daemon) accept() {
-	defer d.wg.Done()
-	var backoff acceptBackoff
-	for {
-		uc, err := d.ln.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// At most a second: Shutdown closes the listener, and the next
-			// accept returns net.ErrClosed.
-			time.Sleep(backoff.fail(d, err))
-			continue
-		}
-		backoff.ok()
-		if !d.admit(uc) {
-			_ = uc.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = protocol.NewConn(uc, 0).Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d connections, all leased (limit %d)", d.ln.path, d.limits.MaxConnections, d.limits.MaxConnections))
-			_ = uc.Close()
-			continue
-		}
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			d.serveConn(uc)
-			d.mu.Lock()
-			delete(d.conns, uc)
-			d.mu.Unlock()
-			_ = uc.Close()
-		}()
-	}
-}
-
 // Shutdown stops serving: new hellos are refused (draining), live leases get
 // up to DrainTimeout to go away (or until ctx ends), then every connection
 // is closed, the socket removed and the memory freed. It returns how many
@@ -207,9 +168,7 @@ func (d *Daemon) Shutdown(ctx context.Context) int {
 }
 
 func (d *Daemon) shutdown(ctx context.Context) int {
-	d.mu.Lock()
-	d.state = protocol.StateDraining
-	d.mu.Unlock()
+	d.drain()
 	close(d.stopCh)
 	timer := time.NewTimer(d.drainTimeout())
 	defer timer.Stop()
@@ -258,7 +217,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Head:           protocol.NewHead(protocol.TypeStats),
 		Device:         d.cfg.Backend.Device(),
 		Group:          d.cfg.Group,
-		State:          d.state,
+		State:          string(d.state),
 		PID:            os.Getpid(),
 		Socket:         d.ln.path,
 		Model:          d.cfg.Model,

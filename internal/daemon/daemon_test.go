@@ -64,7 +64,7 @@ func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, devi
 		t.Fatal(err)
 	}
 	cfg := Config{Model: model, Checkpoint: ckpt, Fingerprint: fp, DType: fp.DType, Backend: be,
-		SocketDir: dir, DrainTimeout: 5 * time.Second, Workers: 2, ChunkBytes: 64 << 10}
+		Settings: Settings{SocketDir: dir, DrainTimeout: 5 * time.Second, Workers: 2}, ChunkBytes: 64 << 10}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -276,7 +276,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 	d := startReady(t, model, dir)
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
-	_, err := Start(Config{Checkpoint: ckpt, Backend: be, SocketDir: dir})
+	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
 	if !errors.Is(err, ErrDeviceServed) || !strings.Contains(err.Error(), d.Socket()) || !strings.Contains(err.Error(), "pid") {
 		t.Fatalf("second Start = %v, want ErrDeviceServed naming the live daemon", err)
 	}
@@ -309,7 +309,7 @@ func TestNotASocketRefused(t *testing.T) {
 	}
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
-	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, SocketDir: dir}); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("Start = %v", err)
 	}
 	if _, err := os.Stat(path + ".lock"); !errors.Is(err, os.ErrNotExist) {
@@ -324,7 +324,7 @@ func TestUnsafeSocketDirRefused(t *testing.T) {
 	}
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
-	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, SocketDir: dir}); !errors.Is(err, protocol.ErrSocketDir) {
+	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, protocol.ErrSocketDir) {
 		t.Fatalf("Start = %v, want ErrSocketDir", err)
 	}
 }

@@ -2,9 +2,6 @@ package daemon
 
 import (
 	"encoding/json"
-	"fmt"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/backend/host"
@@ -31,7 +28,7 @@ type layout struct {
 // newLayout writes the index of tensors and prepares the manifest frame.
 // On error the segments are the caller's to free.
 func newLayout(device string, segs []backend.Segment, tensors []protocol.Tensor) (*layout, error) {
-	index, err := WriteIndex(tensors)
+	index, err := host.WriteIndex(tensors)
 	if err != nil {
 		return nil, err
 	}
@@ -74,45 +71,4 @@ func (l *layout) free() {
 	if l.index != nil {
 		_ = l.index.Free()
 	}
-}
-
-// WriteIndex encodes the manifest index of tensors straight into a shared
-// mapping of a fresh memfd (so the table never sits in private memory),
-// then seals it. The launcher writes its ranks' indexes with it.
-func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
-	hb, err := host.New("host")
-	if err != nil {
-		return nil, err
-	}
-	size := protocol.IndexSize(tensors)
-	seg, err := hb.Alloc(size)
-	if err != nil {
-		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
-	}
-	if err := fillIndex(seg, size, tensors); err != nil {
-		_ = seg.Free()
-		return nil, err
-	}
-	if err := seg.Seal(); err != nil {
-		_ = seg.Free()
-		return nil, fmt.Errorf("manifest index: %w", err)
-	}
-	return seg, nil
-}
-
-func fillIndex(seg backend.Segment, size int64, tensors []protocol.Tensor) error {
-	f, err := seg.(writableSegment).ExportWritable()
-	if err != nil {
-		return fmt.Errorf("manifest index: %w", err)
-	}
-	defer f.Close()
-	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("map manifest index of %d bytes: %w", size, err)
-	}
-	err = protocol.EncodeIndex(b, tensors)
-	if uerr := unix.Munmap(b); err == nil && uerr != nil {
-		err = fmt.Errorf("unmap manifest index: %w", uerr)
-	}
-	return err
 }

@@ -28,7 +28,7 @@ func busyConns(d *Daemon) int {
 	defer d.mu.Unlock()
 	n := 0
 	for _, st := range d.conns {
-		if st.idleSince.IsZero() && !st.leased {
+		if st.idleSince.IsZero() && !st.holding {
 			n++
 		}
 	}
@@ -144,7 +144,7 @@ func TestPublishSizeBounded(t *testing.T) {
 // interval, with the count of those left out.
 func TestAcceptBackoff(t *testing.T) {
 	var logged strings.Builder
-	d := &Daemon{log: slog.New(slog.NewTextHandler(&logged, nil)), conns: map[*net.UnixConn]*connState{}}
+	d := &Daemon{log: slog.New(slog.NewTextHandler(&logged, nil)), conns: map[*net.UnixConn]*session{}}
 	var b acceptBackoff
 	var last time.Duration
 	for range 20 {

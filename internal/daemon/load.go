@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
 
@@ -27,16 +26,12 @@ func (d *Daemon) Load(ctx context.Context) error {
 		d.loadErr = err
 		return err
 	}
-	if d.state != protocol.StateLoading {
+	secs := time.Since(start).Seconds()
+	if !d.becomeReadyLocked(stateLoading, l, secs, "ready", "load_seconds", secs) {
 		// Shutdown began while the last segments were sealed.
 		l.free()
 		return errors.New("daemon stopped while loading")
 	}
-	d.layout = l
-	d.loadSecs = time.Since(start).Seconds()
-	d.state = protocol.StateReady
-	close(d.readyCh)
-	d.log.Info("ready", "tensors", l.tensors, "bytes", l.bytes, "segments", len(l.segments), "load_seconds", d.loadSecs)
 	return nil
 }
 

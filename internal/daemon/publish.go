@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"time"
 
@@ -45,15 +46,6 @@ type writableSegment interface {
 	ExportWritable() (*os.File, error)
 }
 
-// initialState is where a daemon begins: loading from disk, or empty and
-// waiting for an engine to publish.
-func initialState(cfg Config) string {
-	if cfg.PublishOnly {
-		return protocol.StateEmpty
-	}
-	return protocol.StateLoading
-}
-
 // fingerprintDiff compares an engine's fingerprint with what this daemon
 // serves. A publish-only daemon that is still empty accepts any engine
 // name and version (the first writer decides them); once a writer claims
@@ -89,22 +81,22 @@ func (d *Daemon) identity() checkpoint.Identity {
 	return d.layout.identity
 }
 
-func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+func (d *Daemon) publish(s *session, fr *protocol.Frame) (reply, error) {
 	var p protocol.Publish
 	if err := fr.Decode(&p); err != nil {
-		return protocol.ToWire(err), nil, false
+		return reply{}, err
 	}
 	if err := d.checkPublish(s, p); err != nil {
-		return err, nil, false
+		return reply{}, err
 	}
 	deadline := time.NewTimer(msDuration(p.WaitMS))
 	defer deadline.Stop()
 	for {
 		d.mu.Lock()
 		state, writer, changed := d.state, d.pub.writer, d.pub.changed
-		if state == protocol.StateEmpty {
+		if d.moveLocked(stateEmpty, statePublishing) {
 			fp := s.hello.Fingerprint
-			d.pub.writer, d.pub.fp, d.state = s, &fp, protocol.StatePublishing
+			d.pub.writer, d.pub.fp = s, &fp
 			d.pub.identity = p.Identity
 			d.pub.signal()
 			d.mu.Unlock()
@@ -113,20 +105,20 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (any, []*os.File, bool)
 		}
 		d.mu.Unlock()
 		switch {
-		case state == protocol.StateReady:
+		case state == stateReady:
 			// Someone committed while we waited: read theirs instead.
-			return protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: state}, nil, true
-		case state == protocol.StateDraining:
-			return protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path), nil, false
+			return reply{msg: protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}}, nil
+		case state == stateDraining:
+			return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
 		case p.WaitMS <= 0:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, quote(writer.hello.Client)), nil, true
+			return reply{}, retryable{protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s is publishing; one writer at a time (set wait_ms to wait for it)", d.ln.path, quote(writer.hello.Client))}
 		}
 		select {
 		case <-changed:
 		case <-deadline.C:
-			return protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s still publishing after %dms", d.ln.path, quote(writer.hello.Client), p.WaitMS), nil, true
+			return reply{}, retryable{protocol.Errorf(protocol.CodeBusy, "daemon on %s: engine %s still publishing after %dms", d.ln.path, quote(writer.hello.Client), p.WaitMS)}
 		case <-d.stopCh:
-			return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while waiting to publish", d.ln.path), nil, false
+			return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while waiting to publish", d.ln.path)
 		}
 	}
 }
@@ -169,10 +161,10 @@ const maxPublishIndex = 4 << 30
 // grantSegments allocates the writer's segments, and after them a host
 // memfd of indexSize bytes for the writer's manifest index. On failure the
 // claim is dropped and the daemon is empty again.
-func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any, []*os.File, bool) {
+func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (reply, error) {
 	var segs []backend.Segment
 	var files []*os.File
-	fail := func(err error) (any, []*os.File, bool) {
+	fail := func(err error) (reply, error) {
 		for _, f := range files {
 			_ = f.Close()
 		}
@@ -180,7 +172,7 @@ func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any,
 		d.pub.segments = segs
 		d.mu.Unlock()
 		d.abortPublish(s, err.Error())
-		return protocol.ToWire(err), nil, false
+		return reply{}, err
 	}
 	hb, err := host.New("host")
 	if err != nil {
@@ -215,12 +207,12 @@ func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (any,
 	d.mu.Lock()
 	d.pub.segments = segs
 	d.mu.Unlock()
-	reply := protocol.PublishSegments{Head: protocol.NewHead(protocol.TypePublishSegments), Device: d.cfg.Backend.Device()}
+	segments := protocol.PublishSegments{Head: protocol.NewHead(protocol.TypePublishSegments), Device: d.cfg.Backend.Device()}
 	for i, seg := range segs[:len(sizes)] {
-		reply.Segments = append(reply.Segments, protocol.Segment{Index: i, Size: seg.Size()})
+		segments.Segments = append(segments.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
 	d.log.Info("publishing", "client", quote(s.hello.Client), "engine", quote(s.hello.Fingerprint.Engine), "engine_version", quote(s.hello.Fingerprint.EngineVersion), "segments", len(segs))
-	return reply, files, true
+	return reply{msg: segments, files: files}, nil
 }
 
 // abortPublish frees the segments of a writer that went away (or failed to
@@ -233,9 +225,7 @@ func (d *Daemon) abortPublish(s *session, why string) {
 	}
 	segs := d.pub.segments
 	d.pub.writer, d.pub.segments, d.pub.fp = nil, nil, nil
-	if d.state == protocol.StatePublishing {
-		d.state = protocol.StateEmpty
-	}
+	d.moveLocked(statePublishing, stateEmpty)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
@@ -247,14 +237,14 @@ func (d *Daemon) abortPublish(s *session, why string) {
 	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", quote(s.hello.Client), "reason", why)
 }
 
-func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) {
+func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
 	if !s.writer {
-		return protocol.Errorf(protocol.CodeBadRequest, "commit without a granted publish on this connection"), nil, false
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "commit without a granted publish on this connection")
 	}
 	var c protocol.Commit
 	if err := fr.Decode(&c); err != nil {
 		d.abortPublish(s, err.Error())
-		return protocol.ToWire(err), nil, false
+		return reply{}, err
 	}
 	d.mu.Lock()
 	segs := d.pub.segments
@@ -271,28 +261,26 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (any, []*os.File, bool) 
 		// Seals cannot be undone, so a failed commit cannot be retried:
 		// nothing of it is kept.
 		d.abortPublish(s, err.Error())
-		return protocol.Errorf(protocol.CodeBadRequest, "commit on %s: %v", d.ln.path, err), nil, false
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "commit on %s: %v", d.ln.path, err)
 	}
 	d.mu.Lock()
-	if d.state != protocol.StatePublishing || d.pub.writer != s {
+	var fp checkpoint.Fingerprint
+	if d.pub.writer == s {
+		l.identity, fp = d.pub.identity, *d.pub.fp
+	}
+	if d.pub.writer != s || !d.becomeReadyLocked(statePublishing, l, 0, "ready: published layout committed", "client", quote(s.hello.Client), "fingerprint", fp.Sum()) {
 		d.mu.Unlock()
 		_ = l.index.Free()
 		d.abortPublish(s, "daemon stopped during commit")
-		return protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped during commit", d.ln.path), nil, false
+		return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped during commit", d.ln.path)
 	}
-	l.identity = d.pub.identity
-	d.layout = l
-	d.state = protocol.StateReady
 	d.pub.writer, d.pub.segments = nil, nil
 	_ = idx.Free()
-	fp := *d.pub.fp
-	close(d.readyCh)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	d.log.Info("ready: published layout committed", "client", quote(s.hello.Client), "tensors", l.tensors, "bytes", l.bytes, "fingerprint", fp.Sum())
-	return protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
-		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}, nil, true
+	return reply{msg: protocol.Committed{Head: protocol.NewHead(protocol.TypeCommitted), State: protocol.StateReady,
+		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}}, nil
 }
 
 // sealLayout checks the writer's manifest against its segments, seals them
@@ -418,4 +406,28 @@ func readIndex(seg backend.Segment, count int) ([]protocol.Tensor, error) {
 		}
 	}
 	return out, nil
+}
+
+// checkPublishSize refuses a publish whose segments add up to more than
+// MaxPublishBytes or than the device can hold, before anything is
+// allocated: a sparse segment would be cheap to grant and dear to seal.
+func (d *Daemon) checkPublishSize(sizes []int64) error {
+	var total int64
+	for _, n := range sizes {
+		if n > math.MaxInt64-total {
+			return fmt.Errorf("publish: field sizes adds up to more than %d bytes", int64(math.MaxInt64))
+		}
+		total += n
+	}
+	if most := d.limits.MaxPublishBytes; most > 0 && total > most {
+		return fmt.Errorf("publish: field sizes adds up to %d bytes, over --max-publish-bytes %d", total, most)
+	}
+	// A device that plans its room (GPUs, --reserve-bytes) is asked when
+	// the segments are granted; host memory is bounded by the host's.
+	if _, planned := d.cfg.Backend.(backend.Planner); !planned {
+		if ram, err := hostMemory(); err == nil && total > ram {
+			return fmt.Errorf("publish: field sizes adds up to %d bytes, more than the host's %d bytes of memory", total, ram)
+		}
+	}
+	return nil
 }

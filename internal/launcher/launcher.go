@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
@@ -38,13 +37,7 @@ type Config struct {
 	Groups            []Group
 	Devices           []string
 	Layout            Layout
-	SocketDir         string
-	DrainTimeout      time.Duration
-	Workers           int
-	ReadLimit         int64
-	Limits            daemon.Limits // connection and request bounds of every rank
-	PublishOnly       bool          // ranks start empty; engines publish (see daemon/publish.go)
-	GPU               cuda.Options  // for GPU devices
+	daemon.Settings                 // every rank's, as each is started with them
 	MasterAddr        string        // multi-node rendezvous host
 	RendezvousTimeout time.Duration // bound on every wait for other nodes
 	HealthAddr        string        // "" serves no /health and /metrics
@@ -189,8 +182,8 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 // meanwhile: ranks start while the checkpoint is read.
 func awaitListening(ctx context.Context, procs []*proc) error {
 	for _, p := range procs {
-		var m listening
-		if err := p.expect(typeListening, &m, ctx.Done()); err != nil {
+		var m daemon.RankListening
+		if err := p.expect(daemon.TypeRankListening, &m, ctx.Done()); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -201,17 +194,16 @@ func awaitListening(ctx context.Context, procs []*proc) error {
 	return nil
 }
 
-func (l *launcher) spec(gi int, r Rank) (RankSpec, error) {
+func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	g := l.cfg.Groups[gi]
 	fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
 	if err != nil {
-		return RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
+		return daemon.RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
 	}
-	return RankSpec{
+	return daemon.RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
-		Fingerprint: fp, SocketDir: l.cfg.SocketDir, DrainTimeoutMS: l.cfg.DrainTimeout.Milliseconds(),
-		PublishOnly: l.cfg.PublishOnly, SelfLoad: l.selfLoad(r.Device), GPU: l.cfg.GPU,
-		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Limits: l.cfg.Limits, Head: headOf(typeSpec), Plan: g.Report,
+		Fingerprint: fp, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
+		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
 	}, nil
 }
 

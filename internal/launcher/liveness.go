@@ -3,6 +3,7 @@ package launcher
 import (
 	"time"
 
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -10,14 +11,8 @@ import (
 // channel; a rank that has not answered for livenessTimeout (stopped,
 // wedged, swapped out) is shown as unresponsive in /health and
 // weightcache_rank_ready until it answers again.
-const (
-	typePing     = "rank_ping"
-	typePong     = "rank_pong"
-	typeProgress = "rank_progress" // launcher -> rank while it loads for it
-
-	// StateUnresponsive is a ready rank that stopped answering.
-	StateUnresponsive = "unresponsive"
-)
+// StateUnresponsive is a ready rank that stopped answering.
+const StateUnresponsive = "unresponsive"
 
 var (
 	pingEvery       = time.Second
@@ -40,7 +35,7 @@ func (p *proc) ping() {
 			// A stopped rank stops reading too: the deadline keeps a
 			// full socket buffer from blocking this loop.
 			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
-			_ = p.ctl.Send(protocol.NewHead(typePing))
+			_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankPing))
 		}
 	}
 }
@@ -59,13 +54,6 @@ func (p *proc) liveState() string {
 	return p.state
 }
 
-// progress tells a rank how far the launcher's load for it has come.
-type progress struct {
-	protocol.Head
-	Done  int64 `json:"done"`
-	Total int64 `json:"total"`
-}
-
 // reportProgress sends progress to procs every pingEvery until stop is
 // closed; done is closed once it no longer sends.
 func reportProgress(procs []*proc, read func() (int64, int64), stop <-chan struct{}, done chan<- struct{}) {
@@ -81,7 +69,7 @@ func reportProgress(procs []*proc, read func() (int64, int64), stop <-chan struc
 		n, total := read()
 		for _, p := range procs {
 			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
-			_ = p.ctl.Send(progress{Head: protocol.NewHead(typeProgress), Done: n, Total: total})
+			_ = p.ctl.Send(daemon.RankProgress{Head: protocol.NewHead(daemon.TypeRankProgress), Done: n, Total: total})
 			_ = p.ctl.Unix().SetWriteDeadline(time.Time{})
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
+	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -67,7 +68,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 		}
 	}()
 	for _, p := range procs {
-		be, err := NewBackend(p.Device, l.cfg.GPU)
+		be, err := daemon.NewBackend(p.Device, l.cfg.GPU)
 		if err != nil {
 			return err
 		}
@@ -118,8 +119,8 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 // awaitReady waits for every rank of procs to report that it serves.
 func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 	for _, p := range procs {
-		var r ready
-		if err := p.expect(typeReady, &r, ctx.Done()); err != nil {
+		var r daemon.RankReady
+		if err := p.expect(daemon.TypeRankReady, &r, ctx.Done()); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -150,12 +151,12 @@ func handOff(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.
 	if len(rk.Segments)+1 > protocol.MaxFDs {
 		return fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
-	index, err := daemon.WriteIndex(rk.Tensors)
+	index, err := host.WriteIndex(rk.Tensors)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p, err)
 	}
 	defer index.Free()
-	m := segments{Head: headOf(typeSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+	m := daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
 		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
 	for _, t := range rk.Tensors {
 		m.DataBytes += t.NBytes

@@ -11,8 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -53,8 +52,8 @@ func (p *proc) String() string {
 // it spec. The daemon gets SIGTERM if the launcher dies (Pdeathsig), and
 // stops by itself when the socketpair closes: either way it drains and
 // removes its socket, which SIGKILL would leave behind.
-func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, error) {
+	fds, err := controlPair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
 	}
@@ -68,7 +67,7 @@ func spawn(exe string, r Rank, spec RankSpec, stderr io.Writer) (*proc, error) {
 	cmd := exec.Command(exe, "daemon")
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3 = ControlFD
 	cmd.Stdout, cmd.Stderr = stderr, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = rankProcAttr()
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
 		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting}
 	if err := cmd.Start(); err != nil {
@@ -110,7 +109,7 @@ func (p *proc) read() {
 			return
 		}
 		fr.CloseFiles() // ranks send no descriptors
-		if fr.Type == typePong {
+		if fr.Type == daemon.TypeRankPong {
 			p.pong()
 			continue
 		}

@@ -9,14 +9,12 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/weightcache/weightcache/internal/backend"
-	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 )
 
 // ParseDevices splits a --devices list ("host:0,host:1") and checks every
-// key. Device parsing lives here alone, so other backends add their keys
-// in one place (see NewBackend).
+// key. Keys are parsed here and made backends by daemon.NewBackend: a new
+// backend adds its key in both.
 func ParseDevices(list string) ([]string, error) {
 	var out []string
 	seen := map[string]bool{}
@@ -38,14 +36,6 @@ func ParseDevices(list string) ([]string, error) {
 		return nil, fmt.Errorf("--devices %q: GPUs and host devices in one launch; start one preload for each", list)
 	}
 	return out, nil
-}
-
-// NewBackend returns the backend for one device key; gpu configures a GPU's.
-func NewBackend(device string, gpu cuda.Options) (backend.Backend, error) {
-	if isGPU(device) {
-		return cuda.New(device, gpu)
-	}
-	return host.New(device)
 }
 
 func isGPU(device string) bool { return strings.HasPrefix(device, "GPU-") }

@@ -130,3 +130,17 @@ func Map(f *os.File, size int64) ([]byte, error) {
 
 // Unmap releases a mapping made by Map.
 func Unmap(b []byte) error { return unix.Munmap(b) }
+
+// fill maps the unsealed segment writable and shared and hands the
+// mapping to write.
+func (s *segment) fill(write func([]byte) error) error {
+	b, err := unix.Mmap(int(s.f.Fd()), 0, int(s.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("map %s (%d bytes) for writing: %w", s.f.Name(), s.size, err)
+	}
+	err = write(b)
+	if uerr := unix.Munmap(b); err == nil && uerr != nil {
+		err = fmt.Errorf("unmap %s: %w", s.f.Name(), uerr)
+	}
+	return err
+}

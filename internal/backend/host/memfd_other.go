@@ -14,6 +14,8 @@ func (s *segment) Seal() error                              { return ErrUnsuppor
 func (s *segment) Export() (*os.File, error)                { return nil, ErrUnsupported }
 func (s *segment) Free() error                              { return nil }
 
+func (s *segment) fill(func([]byte) error) error { return ErrUnsupported }
+
 // Map is not supported on this platform.
 func Map(f *os.File, size int64) ([]byte, error) { return nil, ErrUnsupported }
 

@@ -1,4 +1,4 @@
-package launcher
+package daemon
 
 import (
 	"context"
@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -24,7 +25,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		return fmt.Errorf("read rank spec from the launcher: %w", err)
 	}
 	var spec RankSpec
-	if err := fr.Decode(&spec); err != nil || fr.Type != typeSpec {
+	if err := fr.Decode(&spec); err != nil || fr.Type != TypeRankSpec {
 		return fmt.Errorf("rank spec from the launcher: type %q: %v", fr.Type, err)
 	}
 	if !spec.SelfLoad {
@@ -39,7 +40,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	if err != nil {
 		return errors.Join(err, be.Close())
 	}
-	if err := ctl.Send(listening{Head: protocol.NewHead(typeListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
+	if err := ctl.Send(RankListening{Head: protocol.NewHead(TypeRankListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
 		d.Shutdown(context.Background())
 		return fmt.Errorf("rank %s: tell the launcher: %w", spec.Device, err)
 	}
@@ -52,17 +53,17 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				gone <- err
 				return
 			}
-			if fr.Type == typeProgress {
-				var pr progress
+			if fr.Type == TypeRankProgress {
+				var pr RankProgress
 				if fr.Decode(&pr) == nil {
 					d.SetProgress(pr.Done, pr.Total)
 				}
 				continue
 			}
-			if fr.Type == typePing {
+			if fr.Type == TypeRankPing {
 				// Pings come only once this rank said ready, so this is
 				// the only sender left.
-				_ = ctl.Send(protocol.NewHead(typePong))
+				_ = ctl.Send(protocol.NewHead(TypeRankPong))
 				continue
 			}
 			frames <- fr
@@ -71,18 +72,18 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	switch {
 	case spec.PublishOnly:
 		// Nothing to wait for: the daemon starts empty and engines fill it.
-		err = ctl.Send(ready{Head: protocol.NewHead(typeReady)})
+		err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady)})
 	case spec.SelfLoad:
 		if err = d.Load(ctx); err == nil {
 			st := d.Stats()
-			err = ctl.Send(ready{Head: protocol.NewHead(typeReady), Bytes: st.Bytes, LoadSeconds: st.LoadSeconds})
+			err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady), Bytes: st.Bytes, LoadSeconds: st.LoadSeconds})
 		}
 	default:
 		select {
 		case fr := <-frames:
-			err = adopt(d, be, spec, fr)
+			err = adoptFrame(d, be, spec, fr)
 			if err == nil {
-				err = ctl.Send(ready{Head: protocol.NewHead(typeReady), Bytes: d.Stats().Bytes})
+				err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady), Bytes: d.Stats().Bytes})
 			}
 		case <-ctx.Done():
 			err = fmt.Errorf("rank %s interrupted while loading", spec.Device)
@@ -100,7 +101,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		log.Warn("launcher went away: stopping")
 	}
 	if n := d.Leases(); n > 0 {
-		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", time.Duration(spec.DrainTimeoutMS)*time.Millisecond)
+		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", spec.DrainTimeout)
 	}
 	if left := d.Shutdown(context.Background()); left > 0 {
 		log.Warn("stopped with live leases; their mappings stay valid until those engines exit", "leases", left)
@@ -109,7 +110,16 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	return nil
 }
 
-func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*daemon.Daemon, error) {
+// NewBackend returns the backend for one device key (launcher.ParseDevices
+// checks them); gpu configures a GPU's.
+func NewBackend(device string, gpu cuda.Options) (backend.Backend, error) {
+	if strings.HasPrefix(device, "GPU-") {
+		return cuda.New(device, gpu)
+	}
+	return host.New(device)
+}
+
+func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*Daemon, error) {
 	// Only a rank that loads itself reads the checkpoint: the launcher
 	// parsed every header once for the others.
 	var ckpt *checkpoint.Checkpoint
@@ -119,23 +129,20 @@ func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*daemon.Dae
 			return nil, err
 		}
 	}
-	return daemon.Start(daemon.Config{
-		Workers: spec.Workers, ReadLimit: spec.ReadLimit,
-		Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint, DType: spec.Fingerprint.DType,
-		Backend: be, SocketDir: spec.SocketDir, Group: spec.Group,
-		DrainTimeout: time.Duration(spec.DrainTimeoutMS) * time.Millisecond, Logger: log,
-		PublishOnly: spec.PublishOnly, Limits: spec.Limits, PlanReport: spec.Plan,
+	return Start(Config{
+		Settings: spec.Settings, Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint,
+		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan,
 	})
 }
 
-// adopt imports the segments on fr and serves them. The frame's fds are
+// adoptFrame imports the segments on fr and serves them. The frame's fds are
 // owned by the segments once imported; the rest are closed.
-func adopt(d *daemon.Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame) error {
-	if fr.Type != typeSegments {
+func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame) error {
+	if fr.Type != TypeRankSegments {
 		fr.CloseFiles()
 		return fmt.Errorf("rank %s: expected segments from the launcher, got %q", spec.Device, fr.Type)
 	}
-	var m segments
+	var m RankSegments
 	if err := fr.Decode(&m); err != nil {
 		fr.CloseFiles()
 		return err

@@ -1,0 +1,31 @@
+package host
+
+import (
+	"fmt"
+
+	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// WriteIndex writes the manifest index of tensors (protocol.EncodeIndex,
+// the format's one encoder) into a fresh sealed memfd. It is host memory
+// whatever the rank's device: clients map it beside the segments. The
+// launcher writes its ranks' indexes with it, the daemon its own.
+func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
+	size := protocol.IndexSize(tensors)
+	seg, err := newSegment("weightcache:host", size)
+	if err != nil {
+		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
+	}
+	// Encoded straight into a shared mapping, so that the table never sits
+	// in private memory.
+	if err := seg.fill(func(b []byte) error { return protocol.EncodeIndex(b, tensors) }); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	if err := seg.Seal(); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	return seg, nil
+}

@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"fmt"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
+	var h protocol.Hello
+	if err := fr.Decode(&h); err != nil {
+		d.count(protocol.ResultError, nil)
+		return reply{}, err
+	}
+	if s.hello != nil {
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "hello sent twice on one connection")
+	}
+	if err := helloFieldTooLong(&h); err != nil {
+		d.count(protocol.ResultError, nil)
+		d.log.Warn("hello refused", "err", err, "client", quote(h.Client))
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "%v", err)
+	}
+	if h.Mode != protocol.ModeZeroCopy && h.Mode != protocol.ModeCopy {
+		d.count(protocol.ResultError, nil)
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "hello: field mode is %s, want %s or %s", quote(h.Mode), protocol.ModeZeroCopy, protocol.ModeCopy)
+	}
+	d.mu.Lock()
+	state := d.state
+	d.mu.Unlock()
+	if state == stateDraining {
+		d.count(protocol.ResultNotReady, nil)
+		return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
+	}
+	dev := d.cfg.Backend.Device()
+	if h.Device != dev {
+		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
+		d.count(protocol.ResultDeviceMismatch, diff)
+		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", quote(h.Device), "have", dev)
+		return reply{}, mismatch(diff)
+	}
+	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
+		d.count(protocol.ResultMismatch, diff)
+		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diffFields(diff))
+		return reply{}, mismatch(diff)
+	}
+	s.hello = &h
+	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version, Identity: d.identity()}}, nil
+}
+
+// helloFieldTooLong names the first string field of h over MaxFieldBytes.
+func helloFieldTooLong(h *protocol.Hello) error {
+	fp := &h.Fingerprint
+	for _, f := range []struct{ name, value string }{
+		{"device", h.Device}, {"mode", h.Mode}, {"client", h.Client},
+		{"fingerprint.checkpoint_hash", fp.CheckpointHash}, {"fingerprint.architecture", fp.Architecture},
+		{"fingerprint.dtype", fp.DType}, {"fingerprint.quantization", fp.Quantization},
+		{"fingerprint.quantization_hash", fp.QuantizationHash}, {"fingerprint.revision", fp.Revision},
+		{"fingerprint.engine", fp.Engine}, {"fingerprint.engine_version", fp.EngineVersion},
+	} {
+		if len(f.value) > MaxFieldBytes {
+			return fmt.Errorf("hello: field %s is %d bytes, over the limit of %d", f.name, len(f.value), MaxFieldBytes)
+		}
+	}
+	return nil
+}

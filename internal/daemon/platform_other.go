@@ -1,0 +1,16 @@
+//go:build !linux
+
+package daemon
+
+import (
+	"errors"
+	"net"
+)
+
+// The daemon serves memfd segments and checks peers with SO_PEERCRED:
+// Linux only. These stubs let the packages that import it build elsewhere.
+var errNotSupported = errors.New("daemon: not supported on this platform (Linux only)")
+
+func peerUID(*net.UnixConn) (int, error) { return -1, errNotSupported }
+
+func hostMemory() (int64, error) { return 0, errNotSupported }
