@@ -8,6 +8,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -24,9 +25,24 @@ const vectorsPath = "testdata/fingerprint_vectors.json"
 
 type vectorFile struct {
 	Description         string              `json:"description"`
+	Fields              []fieldVector       `json:"fingerprint_fields"`
 	Fingerprints        []fingerprintVector `json:"fingerprints"`
 	QuantizationConfigs []quantVector       `json:"quantization_configs"`
 	CheckpointHashes    []hashVector        `json:"checkpoint_hashes"`
+}
+
+type fieldVector struct {
+	Name      string `json:"name"`
+	Type      string `json:"type"`
+	OmitEmpty bool   `json:"omitempty"`
+}
+
+func fieldVectors() []fieldVector {
+	var out []fieldVector
+	for _, f := range (Fingerprint{}).Fields() {
+		out = append(out, fieldVector{f.Name, f.Type, f.OmitEmpty})
+	}
+	return out
 }
 
 type fingerprintVector struct {
@@ -75,6 +91,7 @@ type shardEntry struct {
 }
 
 const vectorsDescription = "Pinned test vectors shared by the Go and Python weightcache code. " +
+	"fingerprint_fields: every fingerprint field in declaration order, with its JSON type and whether it is omitted when empty. " +
 	"fingerprints: canonical is json.dumps(d, sort_keys=True, separators=(',', ':'), ensure_ascii=False) " +
 	"of input with engine, engine_version and engine_config dropped when empty; sha256 is of its UTF-8 bytes. " +
 	"quantization_configs: canonical is the same dumps of config (as json.loads reads it); sha256 is the quantization_hash. " +
@@ -146,7 +163,7 @@ func hashVectorDir(t *testing.T) string {
 func (in fpInput) fingerprint() Fingerprint { return Fingerprint(in) }
 
 func generateVectors(t *testing.T) vectorFile {
-	v := vectorFile{Description: vectorsDescription}
+	v := vectorFile{Description: vectorsDescription, Fields: fieldVectors()}
 	for _, c := range fingerprintCases() {
 		fp := c.Input.fingerprint()
 		c.Canonical, c.SHA256 = string(fp.Canonical()), fp.Sum()
@@ -199,9 +216,20 @@ func TestVectors(t *testing.T) {
 	if err := json.Unmarshal(data, &pinned); err != nil {
 		t.Fatalf("%s: %v", vectorsPath, err)
 	}
+	t.Run("fields", func(t *testing.T) { checkFieldVectors(t, pinned.Fields) })
 	t.Run("fingerprints", func(t *testing.T) { checkFingerprintVectors(t, pinned.Fingerprints) })
 	t.Run("quantization", func(t *testing.T) { checkQuantVectors(t, pinned.QuantizationConfigs) })
 	t.Run("checkpoint hash", func(t *testing.T) { checkHashVectors(t, pinned.CheckpointHashes) })
+}
+
+// checkFieldVectors fails when a field is added to Fingerprint (or one
+// changes) without the pinned list that the Python client checks itself
+// against.
+func checkFieldVectors(t *testing.T, pinned []fieldVector) {
+	got := fieldVectors()
+	if !slices.Equal(got, pinned) {
+		t.Errorf("Fingerprint has fields\n %+v\npinned in %s\n %+v\n(run with -update, then make the Python client pass)", got, vectorsPath, pinned)
+	}
 }
 
 func checkFingerprintVectors(t *testing.T, vs []fingerprintVector) {
