@@ -1,5 +1,6 @@
 """The pinned vectors Go's internal/checkpoint passes: Python must too."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,6 +15,15 @@ from weightcache.safetensors import Header
 
 with open(os.path.join(ROOT, "internal", "checkpoint", "testdata", "fingerprint_vectors.json"), encoding="utf-8") as f:
     VECTORS = json.load(f)
+
+
+def test_fingerprint_fields():
+    # Go's struct is the list: a field added there must be added here.
+    # A string under `from __future__ import annotations`.
+    types = {str: "string", int: "integer", "str": "string", "int": "integer"}
+    got = [{"name": f.name, "type": types[f.type],
+            "omitempty": bool(f.metadata.get("omitempty"))} for f in dataclasses.fields(Fingerprint)]
+    assert got == VECTORS["fingerprint_fields"]
 
 
 @pytest.mark.parametrize("v", VECTORS["fingerprints"], ids=lambda v: v["name"])
