@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from weightcache import dtypes
+from weightcache import dtypes, protocol
 from weightcache.safetensors import FormatError, parse_header
 
 
@@ -49,3 +49,15 @@ def test_header(v):
             for t in h.tensors] == v["tensors"]
     assert (h.metadata or {}) == v.get("metadata", {})
     assert h.raw == raw and h.data_start == 8 + len(raw)
+
+
+SOCK = _load("internal", "protocol", "testdata", "socket_vectors.json")
+
+
+@pytest.mark.parametrize("v", SOCK["socket_paths"], ids=lambda v: v["name"])
+def test_socket_path(v):
+    if v.get("reason"):
+        with pytest.raises(protocol.ProtocolError, match=v["reason"]):
+            protocol.socket_path(v["dir"], v["group"], v["device"])
+        return
+    assert protocol.socket_path(v["dir"], v["group"], v["device"]) == v["path"]
