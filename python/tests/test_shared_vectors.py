@@ -1,5 +1,5 @@
 """The vectors Go's tests pass beside each implementation (dtypes and
-safetensors rules, socket naming): what Python does must agree."""
+safetensors rules, socket naming, stat identity): what Python does must agree."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from weightcache import dtypes, protocol
+from weightcache import dtypes, identity, protocol
 from weightcache.safetensors import FormatError, parse_header
 
 
@@ -61,3 +61,16 @@ def test_socket_path(v):
             protocol.socket_path(v["dir"], v["group"], v["device"])
         return
     assert protocol.socket_path(v["dir"], v["group"], v["device"]) == v["path"]
+
+
+IDENT = _load("internal", "checkpoint", "testdata", "identity_vectors.json")
+
+
+@pytest.mark.parametrize("v", IDENT["identity_diffs"], ids=lambda v: v["name"])
+def test_identity_diff(v):
+    assert identity.diff(v["want"], v["got"]) == v["diff"]
+
+
+@pytest.mark.parametrize("v", IDENT["local_names"], ids=lambda v: v["name"])
+def test_identity_local_name(v):
+    assert identity._local(v["name"]) == v["local"]
