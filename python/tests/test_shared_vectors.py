@@ -1,5 +1,6 @@
 """The vectors Go's tests pass beside each implementation (dtypes and
-safetensors rules, socket naming, stat identity): what Python does must agree."""
+safetensors rules, socket naming, stat identity, hub cache): what Python does
+must agree."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from weightcache import dtypes, identity, protocol
+from weightcache import checkpoint, dtypes, identity, protocol
 from weightcache.safetensors import FormatError, parse_header
 
 
@@ -74,3 +75,48 @@ def test_identity_diff(v):
 @pytest.mark.parametrize("v", IDENT["local_names"], ids=lambda v: v["name"])
 def test_identity_local_name(v):
     assert identity._local(v["name"]) == v["local"]
+
+
+HUB = _load("internal", "checkpoint", "testdata", "hub_vectors.json")
+_HUB_ENV = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")
+
+
+@pytest.mark.parametrize("v", HUB["cache_dirs"], ids=lambda v: v["name"])
+def test_hub_cache_dir(v, monkeypatch):
+    for k in _HUB_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", v["home"])
+    for k, val in v["env"].items():
+        monkeypatch.setenv(k, val)
+    assert checkpoint.hub_cache_dir() == v["want"]
+
+
+def test_hub_ids_and_commits():
+    assert {v["id"]: checkpoint.is_hub_id(v["id"]) for v in HUB["hub_ids"]} == {v["id"]: v["hub"] for v in HUB["hub_ids"]}
+    assert {v["s"]: checkpoint.is_commit(v["s"]) for v in HUB["commits"]} == {v["s"]: v["commit"] for v in HUB["commits"]}
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    for repo, r in HUB["cache"].items():
+        for name, content in r["refs"].items():
+            p = tmp_path.joinpath(repo, "refs", *name.split("/"))
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(content)
+        for commit in r["snapshots"]:
+            tmp_path.joinpath(repo, "snapshots", commit).mkdir(parents=True)
+    for k in _HUB_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("v", HUB["resolve"], ids=lambda v: v["name"])
+def test_hub_resolve(v, hub_cache):
+    if "reason" in v:
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint._resolve_hub(v["model"], v["revision"])
+        assert v["reason"] in str(e.value)
+        return
+    repo = "models--" + v["model"].replace("/", "--")
+    assert checkpoint._resolve_hub(v["model"], v["revision"]) == (str(hub_cache / repo / "snapshots" / v["commit"]), v["commit"])

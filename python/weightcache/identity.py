@@ -71,7 +71,7 @@ def _locate(model, revision):
     errors to resolve()."""
     if os.path.isdir(model):
         return os.path.abspath(model), revision or ""
-    if not os.path.exists(model) and checkpoint._HUB_ID.match(model) and ".." not in model:
+    if not os.path.exists(model) and checkpoint.is_hub_id(model):
         try:
             return checkpoint._resolve_hub(model, revision or "")
         except CheckpointError:
