@@ -1,6 +1,6 @@
 """The vectors Go's tests pass beside each implementation (dtypes and
-safetensors rules, socket naming, stat identity, hub cache): what Python does
-must agree."""
+safetensors rules, socket naming, stat identity, hub cache, segment packing):
+what Python does must agree."""
 
 import json
 import os
@@ -9,6 +9,7 @@ import pytest
 
 from conftest import ROOT
 from weightcache import checkpoint, dtypes, identity, protocol
+from weightcache.publish import ALIGNMENT, MAX_SEGMENT, pack
 from weightcache.safetensors import FormatError, parse_header
 
 
@@ -120,3 +121,20 @@ def test_hub_resolve(v, hub_cache):
         return
     repo = "models--" + v["model"].replace("/", "--")
     assert checkpoint._resolve_hub(v["model"], v["revision"]) == (str(hub_cache / repo / "snapshots" / v["commit"]), v["commit"])
+
+
+PACK = _load("internal", "backend", "testdata", "pack_vectors.json")
+
+
+def test_pack_constants():
+    assert (ALIGNMENT, MAX_SEGMENT) == (PACK["alignment"], PACK["default_max_segment"])
+
+
+@pytest.mark.parametrize("v", PACK["packs"], ids=lambda v: v["name"])
+def test_pack(v):
+    if "reason" in v:
+        with pytest.raises(ValueError, match=v["reason"]):
+            pack(v["sizes"], v["max_segment"])
+        return
+    places, segs = pack(v["sizes"], v["max_segment"])
+    assert ([list(p) for p in places], segs) == (v["placements"], v["segments"])
