@@ -29,6 +29,29 @@ type vectorFile struct {
 	Fingerprints        []fingerprintVector `json:"fingerprints"`
 	QuantizationConfigs []quantVector       `json:"quantization_configs"`
 	CheckpointHashes    []hashVector        `json:"checkpoint_hashes"`
+	DTypeSpellings      []spellingVector    `json:"dtype_spellings"`
+}
+
+// spellingVector is one --dtype spelling: the torch name it means ("" for
+// the checkpoint's own), or refused.
+type spellingVector struct {
+	In      string `json:"in"`
+	Out     string `json:"out"`
+	Refused bool   `json:"refused,omitempty"`
+}
+
+func spellingCases() []spellingVector {
+	var out []spellingVector
+	for _, in := range []string{"", "auto", "AUTO", "bf16", "bfloat16", "BF16", "torch.bfloat16", "f16", "fp16", "half",
+		"float16", "Float16", "f32", "fp32", "float", "float32", " float32 ", "torch.float32",
+		"int8", "fp8", "float64", "bf", "torch.", "torch.torch.float16", "bfloat16->float16"} {
+		v := spellingVector{In: in}
+		var err error
+		v.Out, err = NormalizeDType(in)
+		v.Refused = err != nil
+		out = append(out, v)
+	}
+	return out
 }
 
 type fieldVector struct {
@@ -96,7 +119,8 @@ const vectorsDescription = "Pinned test vectors shared by the Go and Python weig
 	"of input with engine, engine_version and engine_config dropped when empty; sha256 is of its UTF-8 bytes. " +
 	"quantization_configs: canonical is the same dumps of config (as json.loads reads it); sha256 is the quantization_hash. " +
 	"checkpoint_hashes: sha256 over the shards in byte order of name of: name, 0x00, decimal size, 0x00, " +
-	"header_length (the byte length of the header's UTF-8 encoding) as 8 bytes little-endian, the header's UTF-8 bytes."
+	"header_length (the byte length of the header's UTF-8 encoding) as 8 bytes little-endian, the header's UTF-8 bytes. " +
+	"dtype_spellings: what a --dtype spelling means as a torch dtype name (\"\" for the checkpoint's own), or refused."
 
 func fingerprintCases() []fingerprintVector {
 	hash := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -191,6 +215,7 @@ func generateVectors(t *testing.T) vectorFile {
 		hv.Shards = append(hv.Shards, shardEntry{Name: s.Name, Size: s.Size, HeaderLength: len(s.Header.Raw), Header: string(s.Header.Raw)})
 	}
 	v.CheckpointHashes = append(v.CheckpointHashes, hv)
+	v.DTypeSpellings = spellingCases()
 	return v
 }
 
@@ -220,6 +245,11 @@ func TestVectors(t *testing.T) {
 	t.Run("fingerprints", func(t *testing.T) { checkFingerprintVectors(t, pinned.Fingerprints) })
 	t.Run("quantization", func(t *testing.T) { checkQuantVectors(t, pinned.QuantizationConfigs) })
 	t.Run("checkpoint hash", func(t *testing.T) { checkHashVectors(t, pinned.CheckpointHashes) })
+	t.Run("dtype spellings", func(t *testing.T) {
+		if !slices.Equal(pinned.DTypeSpellings, spellingCases()) {
+			t.Errorf("NormalizeDType gives\n %+v\npinned\n %+v", spellingCases(), pinned.DTypeSpellings)
+		}
+	})
 }
 
 // checkFieldVectors fails when a field is added to Fingerprint (or one

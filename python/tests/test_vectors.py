@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from conftest import ROOT
+from weightcache import dtypes
 from weightcache.checkpoint import Shard, hash_shards, quantization_hash
 from weightcache.fingerprint import Fingerprint, canonical_json, diff
 from weightcache.safetensors import Header
@@ -47,6 +48,15 @@ def test_checkpoint_hash(v):
         assert len(raw) == s["header_length"]
         shards.append(Shard(s["name"], s["name"], s["size"], Header(raw, [], None)))
     assert hash_shards(list(reversed(shards))) == v["sha256"]
+
+
+@pytest.mark.parametrize("v", VECTORS["dtype_spellings"], ids=lambda v: repr(v["in"]))
+def test_dtype_spelling(v):
+    if v.get("refused"):
+        with pytest.raises(ValueError):
+            dtypes.normalize(v["in"])
+        return
+    assert dtypes.normalize(v["in"]) == v["out"]
 
 
 def test_vectors_are_not_trivial():
