@@ -1,8 +1,9 @@
 """The vectors Go's tests pass beside each implementation (dtypes and
-safetensors rules, socket naming, stat identity, hub cache, segment packing):
-what Python does must agree."""
+safetensors rules, socket naming, stat identity, hub cache, segment packing,
+CUDA driver names): what Python does must agree."""
 
 import json
+import re
 import os
 
 import pytest
@@ -138,3 +139,22 @@ def test_pack(v):
         return
     places, segs = pack(v["sizes"], v["max_segment"])
     assert ([list(p) for p in places], segs) == (v["placements"], v["segments"])
+
+
+CU = _load("internal", "backend", "cuda", "testdata", "driver_symbols.json")
+
+
+def _unversioned(name):
+    return re.sub(r"_v[0-9]+$", "", name)
+
+
+def test_cuda_names_are_the_go_bindings():
+    # ctypes looks names up as written: a plain name where cuda.h maps it to
+    # a _v2 would get the old ABI. Entry points Go does not bind are not checked.
+    bound = {_unversioned(n): s["names"] for s in CU["symbols"] for n in s["names"]}
+    with open(os.path.join(ROOT, "python", "weightcache", "cuda.py"), encoding="utf-8") as f:
+        used = set(re.findall(r"\bcu[A-Z]\w*", f.read()))
+    checked = sorted(n for n in used if _unversioned(n) in bound)
+    assert len(checked) >= 10
+    wrong = [(n, bound[_unversioned(n)]) for n in checked if n not in bound[_unversioned(n)]]
+    assert not wrong, f"cuda.py calls these names, Go binds the others: {wrong}"

@@ -1,6 +1,9 @@
 package cuda
 
 import (
+	"bytes"
+	"encoding/json"
+	"flag"
 	"os"
 	"reflect"
 	"regexp"
@@ -93,5 +96,48 @@ func TestSymbolTable(t *testing.T) {
 		if !slices.Contains(names, name) {
 			t.Errorf("the fake driver defines %s, which the symbol table lacks", name)
 		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/driver_symbols.json")
+
+const symbolsPath = "testdata/driver_symbols.json"
+
+// TestSymbolVectors pins the table for the Python client's ctypes binding
+// (python/tests/test_shared_vectors.py), which must call the same
+// versioned names. Regenerate with go test ./internal/backend/cuda -run
+// TestSymbolVectors -update.
+func TestSymbolVectors(t *testing.T) {
+	type entry struct {
+		Names  []string `json:"names"`
+		Params string   `json:"params"`
+	}
+	var want struct {
+		Description string  `json:"description"`
+		Symbols     []entry `json:"symbols"`
+	}
+	want.Description = "The CUDA driver entry points weightcache binds (internal/backend/cuda lib.symbols()): " +
+		"the C names to try, newest first, and the parameters cuda.h declares."
+	var l lib
+	for _, s := range l.symbols() {
+		want.Symbols = append(want.Symbols, entry{s.names, s.params})
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(want); err != nil {
+		t.Fatal(err)
+	}
+	if *update {
+		if err := os.WriteFile(symbolsPath, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinned, err := os.ReadFile(symbolsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(pinned, b.Bytes()) {
+		t.Errorf("%s differs from lib.symbols(): run with -update", symbolsPath)
 	}
 }
