@@ -91,13 +91,13 @@ func (f Fingerprint) Fields() []Field {
 	return out
 }
 
-// CheckLengths names the first string field longer than max bytes, as
-// "field fingerprint.NAME": a client's fingerprint is read before it is
-// trusted.
-func (f Fingerprint) CheckLengths(max int) error {
+// CheckLengths names the first field whose value is longer than limit
+// bytes, as "field fingerprint.NAME", for a daemon that bounds what a
+// client's hello makes it hold, compare and log.
+func (f Fingerprint) CheckLengths(limit int) error {
 	for _, fl := range f.Fields() {
-		if len(fl.Value) > max {
-			return fmt.Errorf("field fingerprint.%s is %d bytes, over the limit of %d", fl.Name, len(fl.Value), max)
+		if len(fl.Value) > limit {
+			return fmt.Errorf("field fingerprint.%s is %d bytes, over the limit of %d", fl.Name, len(fl.Value), limit)
 		}
 	}
 	return nil
@@ -116,7 +116,7 @@ func (f Fingerprint) Canonical() []byte {
 	d := map[string]any{}
 	for _, fl := range f.Fields() {
 		switch {
-		case fl.OmitEmpty && fl.empty():
+		case fl.OmitEmpty && fl.empty(): // left out
 		case fl.Type == "integer":
 			d[fl.Name] = json.Number(fl.Value)
 		default:
