@@ -1,49 +1,57 @@
 package backend
 
-import "testing"
+import (
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
 
+// TestPack runs testdata/pack_vectors.json, which the Python publisher
+// runs too: both must lay a published layout out as the daemon expects.
 func TestPack(t *testing.T) {
-	tests := []struct {
-		name   string
-		sizes  []int64
-		max    int64
-		places []Placement
-		segs   []int64
-	}{
-		{"empty", nil, 1024, []Placement{}, nil},
-		{"aligned offsets", []int64{10, 300, 1}, 4096, []Placement{{0, 0}, {0, 256}, {0, 768}}, []int64{1024}},
-		{"spills to next segment", []int64{600, 600}, 1024, []Placement{{0, 0}, {1, 0}}, []int64{768, 768}},
-		{"oversized item alone", []int64{10, 5000, 10}, 1024, []Placement{{0, 0}, {1, 0}, {2, 0}}, []int64{256, 5120, 256}},
-		{"zero sized", []int64{0, 0}, 1024, []Placement{{0, 0}, {0, 0}}, []int64{256}},
+	data, err := os.ReadFile("testdata/pack_vectors.json")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			places, segs, err := Pack(tt.sizes, tt.max)
+	var file struct {
+		Alignment  int64
+		MaxSegment int64 `json:"default_max_segment"`
+		Packs      []struct {
+			Name       string
+			Sizes      []int64
+			MaxSegment int64 `json:"max_segment"`
+			Placements [][2]int64
+			Segments   []int64
+			Reason     string
+		}
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	if file.Alignment != Alignment || file.MaxSegment != DefaultMaxSegment {
+		t.Errorf("pinned alignment %d and segment size %d, backend has %d and %d", file.Alignment, file.MaxSegment, Alignment, DefaultMaxSegment)
+	}
+	for _, v := range file.Packs {
+		t.Run(v.Name, func(t *testing.T) {
+			places, segs, err := Pack(v.Sizes, v.MaxSegment)
+			if v.Reason != "" {
+				if err == nil || !strings.Contains(err.Error(), v.Reason) {
+					t.Fatalf("Pack err = %v, want one with %q", err, v.Reason)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(places) != len(tt.places) {
-				t.Fatalf("places = %v, want %v", places, tt.places)
+			var got [][2]int64
+			for _, p := range places {
+				got = append(got, [2]int64{int64(p.Segment), p.Offset})
 			}
-			for i := range places {
-				if places[i] != tt.places[i] {
-					t.Fatalf("places = %v, want %v", places, tt.places)
-				}
-			}
-			if len(segs) != len(tt.segs) {
-				t.Fatalf("segs = %v, want %v", segs, tt.segs)
-			}
-			for i := range segs {
-				if segs[i] != tt.segs[i] {
-					t.Fatalf("segs = %v, want %v", segs, tt.segs)
-				}
+			if !slices.Equal(got, v.Placements) || !slices.Equal(segs, v.Segments) {
+				t.Errorf("Pack = %v, %v, want %v, %v", got, segs, v.Placements, v.Segments)
 			}
 		})
-	}
-	if _, _, err := Pack([]int64{-1}, 1024); err == nil {
-		t.Error("negative size accepted")
-	}
-	if _, _, err := Pack([]int64{1}, 10); err == nil {
-		t.Error("segment size below alignment accepted")
 	}
 }

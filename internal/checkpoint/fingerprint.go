@@ -3,7 +3,10 @@ package checkpoint
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,57 +41,87 @@ type Fingerprint struct {
 	EngineConfig string `json:"engine_config,omitempty"`
 }
 
-// fields lists every field by json name, in json-name order, with its
-// value rendered as a string. Canonical, Diff and the tests share it.
-func (f Fingerprint) fields() []struct{ name, value string } {
-	return []struct{ name, value string }{
-		{"architecture", f.Architecture},
-		{"checkpoint_hash", f.CheckpointHash},
-		{"dp_rank", strconv.Itoa(f.DPRank)},
-		{"dp_size", strconv.Itoa(f.DPSize)},
-		{"dtype", f.DType},
-		{"engine", f.Engine},
-		{"engine_config", f.EngineConfig},
-		{"engine_version", f.EngineVersion},
-		{"layout_version", strconv.Itoa(f.LayoutVersion)},
-		{"quantization", f.Quantization},
-		{"quantization_hash", f.QuantizationHash},
-		{"revision", f.Revision},
-		{"tp_rank", strconv.Itoa(f.TPRank)},
-		{"tp_size", strconv.Itoa(f.TPSize)},
+// Field is one fingerprint field, read from Fingerprint's json tags: the
+// struct is the only list of fields, and Canonical, Diff, CheckLengths,
+// the pinned vectors (so the Python client) and docs/protocol.md follow it.
+type Field struct {
+	Name      string // the json name
+	Type      string // the JSON type: "string" or "integer"
+	OmitEmpty bool   // left out of the wire and canonical forms when empty
+	Value     string // integers in decimal
+}
+
+func (fl Field) empty() bool {
+	return fl.Value == "" || fl.Type == "integer" && fl.Value == "0"
+}
+
+type fieldSpec struct {
+	name      string
+	omitEmpty bool
+}
+
+// fingerprintSpec panics at start-up on a field of a kind the canonical
+// form and the Python client have no rule for.
+var fingerprintSpec = func() []fieldSpec {
+	t := reflect.TypeFor[Fingerprint]()
+	out := make([]fieldSpec, t.NumField())
+	for i := range out {
+		sf := t.Field(i)
+		if k := sf.Type.Kind(); k != reflect.String && k != reflect.Int {
+			panic("checkpoint: fingerprint field " + sf.Name + " is a " + k.String() + ", want string or int")
+		}
+		name, opt, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		out[i] = fieldSpec{name, opt == "omitempty"}
 	}
+	return out
+}()
+
+// Fields lists f's fields in declaration order.
+func (f Fingerprint) Fields() []Field {
+	v := reflect.ValueOf(f)
+	out := make([]Field, len(fingerprintSpec))
+	for i, s := range fingerprintSpec {
+		out[i] = Field{Name: s.name, Type: "string", OmitEmpty: s.omitEmpty}
+		if fv := v.Field(i); fv.Kind() == reflect.Int {
+			out[i].Type, out[i].Value = "integer", strconv.FormatInt(fv.Int(), 10)
+		} else {
+			out[i].Value = fv.String()
+		}
+	}
+	return out
+}
+
+// CheckLengths names the first field whose value is longer than limit
+// bytes, as "field fingerprint.NAME", for a daemon that bounds what a
+// client's hello makes it hold, compare and log.
+func (f Fingerprint) CheckLengths(limit int) error {
+	for _, fl := range f.Fields() {
+		if len(fl.Value) > limit {
+			return fmt.Errorf("field fingerprint.%s is %d bytes, over the limit of %d", fl.Name, len(fl.Value), limit)
+		}
+	}
+	return nil
 }
 
 // Canonical returns the canonical JSON of f: exactly the bytes of Python's
 //
 //	json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 //
-// for the dict d of f's json fields, with engine, engine_version and
-// engine_config left out when empty. Strings are UTF-8, unescaped except for '"', '\\' and
-// control characters; integers are plain decimals. Pinned by
-// testdata/fingerprint_vectors.json, which the Python client shares.
+// for the dict d of f's json fields, with the omitempty ones (engine,
+// engine_version, engine_config) left out when empty. Strings are UTF-8,
+// unescaped except for '"', '\\' and control characters; integers are plain
+// decimals. Pinned by testdata/fingerprint_vectors.json, which the Python
+// client shares.
 func (f Fingerprint) Canonical() []byte {
-	d := map[string]any{
-		"checkpoint_hash":   f.CheckpointHash,
-		"architecture":      f.Architecture,
-		"tp_size":           f.TPSize,
-		"tp_rank":           f.TPRank,
-		"dp_size":           f.DPSize,
-		"dp_rank":           f.DPRank,
-		"dtype":             f.DType,
-		"quantization":      f.Quantization,
-		"quantization_hash": f.QuantizationHash,
-		"revision":          f.Revision,
-		"layout_version":    f.LayoutVersion,
-	}
-	if f.Engine != "" {
-		d["engine"] = f.Engine
-	}
-	if f.EngineVersion != "" {
-		d["engine_version"] = f.EngineVersion
-	}
-	if f.EngineConfig != "" {
-		d["engine_config"] = f.EngineConfig
+	d := map[string]any{}
+	for _, fl := range f.Fields() {
+		switch {
+		case fl.OmitEmpty && fl.empty(): // left out
+		case fl.Type == "integer":
+			d[fl.Name] = json.Number(fl.Value)
+		default:
+			d[fl.Name] = fl.Value
+		}
 	}
 	b, err := canonicalJSON(d)
 	if err != nil {
@@ -113,12 +146,13 @@ type FieldDiff struct {
 // Diff lists the fields in which got differs from want, in json-name order.
 func Diff(want, got Fingerprint) []FieldDiff {
 	var out []FieldDiff
-	w, g := want.fields(), got.fields()
+	w, g := want.Fields(), got.Fields()
 	for i := range w {
-		if w[i].value != g[i].value {
-			out = append(out, FieldDiff{Field: w[i].name, Want: w[i].value, Got: g[i].value})
+		if w[i].Value != g[i].Value {
+			out = append(out, FieldDiff{Field: w[i].Name, Want: w[i].Value, Got: g[i].Value})
 		}
 	}
+	slices.SortFunc(out, func(a, b FieldDiff) int { return strings.Compare(a.Field, b.Field) })
 	return out
 }
 

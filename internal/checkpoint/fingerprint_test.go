@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -32,29 +33,67 @@ func TestDiff(t *testing.T) {
 	}
 }
 
-// TestFieldsCoverStruct guards Diff and Canonical against a field added to
-// Fingerprint but not to fields(): every json name must be listed, sorted.
-func TestFieldsCoverStruct(t *testing.T) {
-	var names []string
-	typ := reflect.TypeFor[Fingerprint]()
-	for i := range typ.NumField() {
-		names = append(names, strings.Split(typ.Field(i).Tag.Get("json"), ",")[0])
+// TestEveryFieldCounts: each field of the struct, changed alone, is a
+// Diff naming it and a different canonical form.
+func TestEveryFieldCounts(t *testing.T) {
+	fields := (Fingerprint{}).Fields()
+	if len(fields) != reflect.TypeFor[Fingerprint]().NumField() {
+		t.Fatalf("Fields lists %d fields, the struct has %d", len(fields), reflect.TypeFor[Fingerprint]().NumField())
 	}
-	slices.Sort(names)
-	var listed []string
-	for _, f := range (Fingerprint{}).fields() {
-		listed = append(listed, f.name)
-	}
-	if !slices.Equal(names, listed) {
-		t.Errorf("fields() lists %v, struct has %v", listed, names)
-	}
-	// Every field must change the canonical form.
-	full := Fingerprint{Engine: "e", EngineVersion: "v", EngineConfig: "c"}
-	canon := string(full.Canonical())
-	for _, n := range names {
-		if !strings.Contains(canon, `"`+n+`":`) {
-			t.Errorf("canonical form %s lacks %q", canon, n)
+	base := Fingerprint{TPSize: 1, DPSize: 1}
+	for i, f := range fields {
+		changed := base
+		fv := reflect.ValueOf(&changed).Elem().Field(i)
+		if f.Type == "integer" {
+			fv.SetInt(fv.Int() + 1)
+		} else {
+			fv.SetString("x")
 		}
+		if d := Diff(base, changed); len(d) != 1 || d[0].Field != f.Name {
+			t.Errorf("%s changed alone: Diff = %+v", f.Name, d)
+		}
+		if string(changed.Canonical()) == string(base.Canonical()) {
+			t.Errorf("%s changed alone: same canonical form %s", f.Name, base.Canonical())
+		}
+	}
+}
+
+func TestCheckLengths(t *testing.T) {
+	fp := Fingerprint{Architecture: strings.Repeat("a", 10), EngineConfig: strings.Repeat("c", 11)}
+	if err := fp.CheckLengths(11); err != nil {
+		t.Errorf("CheckLengths(11) = %v", err)
+	}
+	want := "field fingerprint.engine_config is 11 bytes, over the limit of 10"
+	if err := fp.CheckLengths(10); err == nil || err.Error() != want {
+		t.Errorf("CheckLengths(10) = %v, want %q", err, want)
+	}
+}
+
+// TestProtocolDocListsFields: docs/protocol.md's fingerprint table names
+// exactly the struct's fields, in order, with their JSON types.
+func TestProtocolDocListsFields(t *testing.T) {
+	const doc = "../../docs/protocol.md"
+	data, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(data), "| fingerprint field | JSON type |")
+	if !ok {
+		t.Fatalf("%s has no table headed | fingerprint field | JSON type |", doc)
+	}
+	var got, want []string
+	for _, line := range strings.Split(table, "\n")[2:] { // past the header's rest and its rule
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(line, "|")
+		got = append(got, strings.TrimSpace(cells[1])+" "+strings.TrimSpace(cells[2]))
+	}
+	for _, f := range (Fingerprint{}).Fields() {
+		want = append(want, "`"+f.Name+"` "+f.Type)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%s lists fingerprint fields\n %q\nthe struct has\n %q", doc, got, want)
 	}
 }
 

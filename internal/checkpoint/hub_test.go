@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -113,35 +114,6 @@ func TestResolveHubErrors(t *testing.T) {
 	}
 }
 
-func TestHubCacheDir(t *testing.T) {
-	home := t.TempDir()
-	tests := []struct {
-		name string
-		env  map[string]string
-		want string
-	}{
-		{"HF_HUB_CACHE wins", map[string]string{"HF_HUB_CACHE": "/a", "HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"}, "/a"},
-		{"legacy HUGGINGFACE_HUB_CACHE", map[string]string{"HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"}, "/b"},
-		{"HF_HOME", map[string]string{"HF_HOME": "/c", "XDG_CACHE_HOME": "/d"}, "/c/hub"},
-		{"HF_HOME with tilde", map[string]string{"HF_HOME": "~/hf"}, home + "/hf/hub"},
-		{"XDG_CACHE_HOME", map[string]string{"XDG_CACHE_HOME": "/d"}, "/d/huggingface/hub"},
-		{"home", nil, home + "/.cache/huggingface/hub"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			clearHubEnv(t)
-			t.Setenv("HOME", home)
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			got, err := hubCacheDir()
-			if err != nil || got != tc.want {
-				t.Errorf("hubCacheDir() = %q, %v, want %q", got, err, tc.want)
-			}
-		})
-	}
-}
-
 // TestResolveHubViaHFHome resolves through HF_HOME and prefers a local
 // directory of the same name over the cache.
 func TestResolveHubViaHFHome(t *testing.T) {
@@ -167,16 +139,84 @@ func TestResolveHubViaHFHome(t *testing.T) {
 	}
 }
 
-func TestIsCommit(t *testing.T) {
-	for s, want := range map[string]bool{
-		commitMain: true,
-		"main":     false,
-		strings.ToUpper("abcdefabcdefabcdefabcdefabcdefabcdefabcd"): false,
-		"abcdefabcdefabcdefabcdefabcdefabcdefabc":                   false,
-		"abcdefabcdefabcdefabcdefabcdefabcdefabcd":                  true,
-	} {
-		if isCommit(s) != want {
-			t.Errorf("isCommit(%q) = %v", s, !want)
+// hubVectors is testdata/hub_vectors.json, which the Python client runs
+// too: an engine must find the snapshot its daemon loaded.
+type hubVectors struct {
+	CacheDirs []struct {
+		Name       string
+		Env        map[string]string
+		Home, Want string
+	} `json:"cache_dirs"`
+	HubIDs []struct {
+		ID  string
+		Hub bool
+	} `json:"hub_ids"`
+	Commits []struct {
+		S      string
+		Commit bool
+	}
+	Cache map[string]struct {
+		Refs      map[string]string
+		Snapshots []string
+	}
+	Resolve []struct{ Name, Model, Revision, Commit, Reason string }
+}
+
+func TestHubVectors(t *testing.T) {
+	data, err := os.ReadFile("testdata/hub_vectors.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v hubVectors
+	if err := json.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range v.CacheDirs {
+		t.Run("cache dir/"+c.Name, func(t *testing.T) {
+			clearHubEnv(t)
+			t.Setenv("HOME", c.Home)
+			for k, val := range c.Env {
+				t.Setenv(k, val)
+			}
+			if got, err := hubCacheDir(); err != nil || got != c.Want {
+				t.Errorf("hubCacheDir() = %q, %v, want %q", got, err, c.Want)
+			}
+		})
+	}
+	for _, c := range v.HubIDs {
+		if isHubID(c.ID) != c.Hub {
+			t.Errorf("isHubID(%q) = %v", c.ID, !c.Hub)
+		}
+	}
+	for _, c := range v.Commits {
+		if isCommit(c.S) != c.Commit {
+			t.Errorf("isCommit(%q) = %v", c.S, !c.Commit)
+		}
+	}
+	cache := t.TempDir()
+	for repo, r := range v.Cache {
+		for name, content := range r.Refs {
+			writeText(t, filepath.Join(cache, repo, "refs", filepath.FromSlash(name)), content)
+		}
+		for _, commit := range r.Snapshots {
+			if err := os.MkdirAll(filepath.Join(cache, repo, "snapshots", commit), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clearHubEnv(t)
+	t.Setenv("HF_HUB_CACHE", cache)
+	for _, c := range v.Resolve {
+		dir, commit, err := resolveHub(c.Model, c.Revision)
+		if c.Reason != "" {
+			if err == nil || !strings.Contains(err.Error(), c.Reason) {
+				t.Errorf("%s: resolveHub(%q, %q) = %s, %v, want an error with %q", c.Name, c.Model, c.Revision, dir, err, c.Reason)
+			}
+			continue
+		}
+		want := filepath.Join(cache, "models--"+strings.ReplaceAll(c.Model, "/", "--"), "snapshots", c.Commit)
+		if err != nil || dir != want || commit != c.Commit {
+			t.Errorf("%s: resolveHub(%q, %q) = %s, %s, %v, want %s", c.Name, c.Model, c.Revision, dir, commit, err, want)
 		}
 	}
 }

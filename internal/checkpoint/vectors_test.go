@@ -8,6 +8,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -24,9 +25,47 @@ const vectorsPath = "testdata/fingerprint_vectors.json"
 
 type vectorFile struct {
 	Description         string              `json:"description"`
+	Fields              []fieldVector       `json:"fingerprint_fields"`
 	Fingerprints        []fingerprintVector `json:"fingerprints"`
 	QuantizationConfigs []quantVector       `json:"quantization_configs"`
 	CheckpointHashes    []hashVector        `json:"checkpoint_hashes"`
+	DTypeSpellings      []spellingVector    `json:"dtype_spellings"`
+}
+
+// spellingVector is one --dtype spelling: the torch name it means ("" for
+// the checkpoint's own), or refused.
+type spellingVector struct {
+	In      string `json:"in"`
+	Out     string `json:"out"`
+	Refused bool   `json:"refused,omitempty"`
+}
+
+func spellingCases() []spellingVector {
+	var out []spellingVector
+	for _, in := range []string{"", "auto", "AUTO", "bf16", "bfloat16", "BF16", "torch.bfloat16", "f16", "fp16", "half",
+		"float16", "Float16", "f32", "fp32", "float", "float32", " float32 ", "torch.float32",
+		"int8", "fp8", "float64", "bf", "torch.", "torch.torch.float16", "bfloat16->float16"} {
+		v := spellingVector{In: in}
+		var err error
+		v.Out, err = NormalizeDType(in)
+		v.Refused = err != nil
+		out = append(out, v)
+	}
+	return out
+}
+
+type fieldVector struct {
+	Name      string `json:"name"`
+	Type      string `json:"type"`
+	OmitEmpty bool   `json:"omitempty"`
+}
+
+func fieldVectors() []fieldVector {
+	var out []fieldVector
+	for _, f := range (Fingerprint{}).Fields() {
+		out = append(out, fieldVector{f.Name, f.Type, f.OmitEmpty})
+	}
+	return out
 }
 
 type fingerprintVector struct {
@@ -75,11 +114,13 @@ type shardEntry struct {
 }
 
 const vectorsDescription = "Pinned test vectors shared by the Go and Python weightcache code. " +
+	"fingerprint_fields: every fingerprint field in declaration order, with its JSON type and whether it is omitted when empty. " +
 	"fingerprints: canonical is json.dumps(d, sort_keys=True, separators=(',', ':'), ensure_ascii=False) " +
 	"of input with engine, engine_version and engine_config dropped when empty; sha256 is of its UTF-8 bytes. " +
 	"quantization_configs: canonical is the same dumps of config (as json.loads reads it); sha256 is the quantization_hash. " +
 	"checkpoint_hashes: sha256 over the shards in byte order of name of: name, 0x00, decimal size, 0x00, " +
-	"header_length (the byte length of the header's UTF-8 encoding) as 8 bytes little-endian, the header's UTF-8 bytes."
+	"header_length (the byte length of the header's UTF-8 encoding) as 8 bytes little-endian, the header's UTF-8 bytes. " +
+	"dtype_spellings: what a --dtype spelling means as a torch dtype name (\"\" for the checkpoint's own), or refused."
 
 func fingerprintCases() []fingerprintVector {
 	hash := "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -146,7 +187,7 @@ func hashVectorDir(t *testing.T) string {
 func (in fpInput) fingerprint() Fingerprint { return Fingerprint(in) }
 
 func generateVectors(t *testing.T) vectorFile {
-	v := vectorFile{Description: vectorsDescription}
+	v := vectorFile{Description: vectorsDescription, Fields: fieldVectors()}
 	for _, c := range fingerprintCases() {
 		fp := c.Input.fingerprint()
 		c.Canonical, c.SHA256 = string(fp.Canonical()), fp.Sum()
@@ -174,6 +215,7 @@ func generateVectors(t *testing.T) vectorFile {
 		hv.Shards = append(hv.Shards, shardEntry{Name: s.Name, Size: s.Size, HeaderLength: len(s.Header.Raw), Header: string(s.Header.Raw)})
 	}
 	v.CheckpointHashes = append(v.CheckpointHashes, hv)
+	v.DTypeSpellings = spellingCases()
 	return v
 }
 
@@ -199,9 +241,25 @@ func TestVectors(t *testing.T) {
 	if err := json.Unmarshal(data, &pinned); err != nil {
 		t.Fatalf("%s: %v", vectorsPath, err)
 	}
+	t.Run("fields", func(t *testing.T) { checkFieldVectors(t, pinned.Fields) })
 	t.Run("fingerprints", func(t *testing.T) { checkFingerprintVectors(t, pinned.Fingerprints) })
 	t.Run("quantization", func(t *testing.T) { checkQuantVectors(t, pinned.QuantizationConfigs) })
 	t.Run("checkpoint hash", func(t *testing.T) { checkHashVectors(t, pinned.CheckpointHashes) })
+	t.Run("dtype spellings", func(t *testing.T) {
+		if !slices.Equal(pinned.DTypeSpellings, spellingCases()) {
+			t.Errorf("NormalizeDType gives\n %+v\npinned\n %+v", spellingCases(), pinned.DTypeSpellings)
+		}
+	})
+}
+
+// checkFieldVectors fails when a field is added to Fingerprint (or one
+// changes) without the pinned list that the Python client checks itself
+// against.
+func checkFieldVectors(t *testing.T, pinned []fieldVector) {
+	got := fieldVectors()
+	if !slices.Equal(got, pinned) {
+		t.Errorf("Fingerprint has fields\n %+v\npinned in %s\n %+v\n(run with -update, then make the Python client pass)", got, vectorsPath, pinned)
+	}
 }
 
 func checkFingerprintVectors(t *testing.T, vs []fingerprintVector) {

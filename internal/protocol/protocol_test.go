@@ -3,6 +3,7 @@ package protocol
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -222,17 +223,30 @@ func TestSocketDir(t *testing.T) {
 	}
 }
 
+// TestSocketPath runs testdata/socket_vectors.json, which the Python
+// client runs too: both must find the socket the daemon made.
 func TestSocketPath(t *testing.T) {
-	p, err := SocketPath("/run/user/1000/weightcache", "main", "GPU-8e3f/x")
-	if err != nil || p != "/run/user/1000/weightcache/main-GPU-8e3f_x.sock" {
-		t.Fatalf("SocketPath = %q, %v", p, err)
+	data, err := os.ReadFile("testdata/socket_vectors.json")
+	if err != nil {
+		t.Fatal(err)
 	}
-	long := "/" + strings.Repeat("d", 80)
-	p, err = SocketPath(long, "draft", "GPU-00000000-1111-2222-3333-444444444444")
-	if err != nil || len(p) > maxSocketPath || !strings.HasPrefix(p, long+"/wc-") {
-		t.Fatalf("long dir: %q (%d bytes), %v", p, len(p), err)
+	var file struct {
+		SocketPaths []struct{ Name, Dir, Group, Device, Path, Reason string } `json:"socket_paths"`
 	}
-	if _, err := SocketPath("/"+strings.Repeat("d", 120), "main", "host"); err == nil {
-		t.Fatal("path over the sockaddr limit accepted")
+	if err := json.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	if len(file.SocketPaths) < 10 {
+		t.Fatalf("%d socket path vectors", len(file.SocketPaths))
+	}
+	for _, v := range file.SocketPaths {
+		p, err := SocketPath(v.Dir, v.Group, v.Device)
+		if v.Reason != "" {
+			if err == nil || !strings.Contains(err.Error(), v.Reason) {
+				t.Errorf("%s: SocketPath = %q, %v, want an error with %q", v.Name, p, err, v.Reason)
+			}
+		} else if err != nil || p != v.Path {
+			t.Errorf("%s: SocketPath = %q, %v, want %q", v.Name, p, err, v.Path)
+		}
 	}
 }

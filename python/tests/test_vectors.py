@@ -1,5 +1,6 @@
 """The pinned vectors Go's internal/checkpoint passes: Python must too."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -8,12 +9,22 @@ import struct
 import pytest
 
 from conftest import ROOT
+from weightcache import dtypes
 from weightcache.checkpoint import Shard, hash_shards, quantization_hash
 from weightcache.fingerprint import Fingerprint, canonical_json, diff
 from weightcache.safetensors import Header
 
 with open(os.path.join(ROOT, "internal", "checkpoint", "testdata", "fingerprint_vectors.json"), encoding="utf-8") as f:
     VECTORS = json.load(f)
+
+
+def test_fingerprint_fields():
+    # Go's struct is the list: a field added there must be added here.
+    # A string under `from __future__ import annotations`.
+    types = {str: "string", int: "integer", "str": "string", "int": "integer"}
+    got = [{"name": f.name, "type": types[f.type],
+            "omitempty": bool(f.metadata.get("omitempty"))} for f in dataclasses.fields(Fingerprint)]
+    assert got == VECTORS["fingerprint_fields"]
 
 
 @pytest.mark.parametrize("v", VECTORS["fingerprints"], ids=lambda v: v["name"])
@@ -37,6 +48,15 @@ def test_checkpoint_hash(v):
         assert len(raw) == s["header_length"]
         shards.append(Shard(s["name"], s["name"], s["size"], Header(raw, [], None)))
     assert hash_shards(list(reversed(shards))) == v["sha256"]
+
+
+@pytest.mark.parametrize("v", VECTORS["dtype_spellings"], ids=lambda v: repr(v["in"]))
+def test_dtype_spelling(v):
+    if v.get("refused"):
+        with pytest.raises(ValueError):
+            dtypes.normalize(v["in"])
+        return
+    assert dtypes.normalize(v["in"]) == v["out"]
 
 
 def test_vectors_are_not_trivial():

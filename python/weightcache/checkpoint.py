@@ -5,6 +5,7 @@ the hub cache. Only headers are read here; nothing is downloaded."""
 import hashlib
 import json
 import os
+import posixpath
 import re
 import struct
 
@@ -12,8 +13,19 @@ from . import dtypes, safetensors
 from .fingerprint import LAYOUT_VERSION, Fingerprint, canonical_json
 
 INDEX_NAME = "model.safetensors.index.json"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# fullmatch, never match: "$" also matches before a trailing newline.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def is_hub_id(s):
+    """Whether s is looked up in the hub cache: "name" or "org/name"."""
+    return bool(_HUB_ID.fullmatch(s)) and ".." not in s
+
+
+def is_commit(s):
+    """A full commit hash as the hub writes them: 40 lowercase hex digits."""
+    return bool(_COMMIT.fullmatch(s))
 
 
 class CheckpointError(Exception):
@@ -126,7 +138,7 @@ def resolve(model, revision=None):
         directory, rev = os.path.abspath(model), revision
     elif os.path.exists(model):
         raise CheckpointError(f"invalid checkpoint: model {model} is a file, not a checkpoint directory")
-    elif _HUB_ID.match(model) and ".." not in model:
+    elif is_hub_id(model):
         directory, rev = _resolve_hub(model, revision)
     else:
         raise CheckpointError(f"checkpoint not found: model {model}: no such directory (and not a hub id like org/name; nothing is downloaded)")
@@ -156,16 +168,20 @@ def _resolve_hub(model_id, revision):
             f"weightcache resolves hub ids offline and downloads nothing")
     revision = revision or "main"
     commit = revision
-    if not _COMMIT.match(revision):
-        if os.path.isabs(revision) or ".." in revision.split("/"):
+    if not is_commit(revision):
+        # Go's filepath.IsLocal: any path that stays inside refs/.
+        clean = posixpath.normpath(revision)
+        if os.path.isabs(revision) or clean == ".." or clean.startswith("../"):
             raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision!r} is not a ref name")
-        ref = os.path.join(repo, "refs", revision)
+        ref = os.path.join(repo, "refs", clean)
         try:
             with open(ref) as f:
                 commit = f.read().strip()
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision} is not in the Hugging Face cache (no {ref}; nothing is downloaded)") from None
-        if not _COMMIT.match(commit):
+        except OSError as e:  # a directory of refs, say
+            raise CheckpointError(f"model {model_id} revision {revision}: {e}") from None
+        if not is_commit(commit):
             raise CheckpointError(f"invalid checkpoint: ref {ref} holds {commit!r}, not a commit hash")
     snap = os.path.join(repo, "snapshots", commit)
     if not os.path.isdir(snap):

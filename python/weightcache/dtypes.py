@@ -82,7 +82,7 @@ def nbytes(name, shape):
     total = n * bits(name)
     if total % 8:
         raise ValueError(f"{name} shape {list(shape)} is {total} bits, not a whole number of bytes")
-    if total // 8 >= 1 << 63:
+    if total >= 1 << 63:  # in bits, as Go and the reference reader bound it
         raise ValueError(f"{name} shape {list(shape)} overflows int64 bytes")
     return total // 8
 

@@ -13,8 +13,16 @@ def canonical_json(value):
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _omitempty():
+    # Go's `json:",omitempty"`: left out of the wire and canonical forms when empty.
+    return dataclasses.field(default="", metadata={"omitempty": True})
+
+
 @dataclasses.dataclass
 class Fingerprint:
+    """The dataclass is Python's one list of fields; tests/test_vectors.py
+    checks it against the list Go pins in fingerprint_vectors.json."""
+
     checkpoint_hash: str = ""
     architecture: str = ""
     tp_size: int = 0
@@ -26,16 +34,16 @@ class Fingerprint:
     quantization_hash: str = ""
     revision: str = ""
     layout_version: int = 0
-    engine: str = ""  # published layouts only
-    engine_version: str = ""  # published layouts only
-    engine_config: str = ""  # published layouts only: canonical JSON of the engine's weight-shaping settings
+    engine: str = _omitempty()  # published layouts only
+    engine_version: str = _omitempty()  # published layouts only
+    engine_config: str = _omitempty()  # published layouts only: canonical JSON of the engine's weight-shaping settings
 
     def to_wire(self):
-        """The JSON object the daemon decodes (engine fields omitted when empty)."""
+        """The JSON object the daemon decodes (omitempty fields omitted when empty)."""
         d = dataclasses.asdict(self)
-        for k in ("engine", "engine_version", "engine_config"):
-            if not d[k]:
-                del d[k]
+        for f in dataclasses.fields(self):
+            if f.metadata.get("omitempty") and not d[f.name]:
+                del d[f.name]
         return d
 
     def canonical(self):

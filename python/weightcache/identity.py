@@ -43,14 +43,26 @@ def files_change(offered, directory):
         mine = stat_identity(directory, [f.get("name") for f in offered])
     except (OSError, CheckpointError) as e:
         return str(e)
-    for a, b in zip(offered, mine):
-        n = b["name"]
-        if (a.get("dev"), a.get("ino")) != (b["dev"], b["ino"]):
-            return f"{n} is another file (device {b['dev']} inode {b['ino']}, was device {a.get('dev')} inode {a.get('ino')})"
-        if a.get("size") != b["size"]:
-            return f"{n} has {b['size']} bytes, was {a.get('size')}"
-        if (a.get("mtime_ns"), a.get("ctime_ns")) != (b["mtime_ns"], b["ctime_ns"]):
-            return f"{n} was modified (mtime {b['mtime_ns']} ns, ctime {b['ctime_ns']} ns; was {a.get('mtime_ns')}, {a.get('ctime_ns')})"
+    return diff(offered, mine)
+
+
+def diff(want, got):
+    """How identity got differs from want: the first file that differs and
+    in what, "" when none does (Go's Identity.Diff; testdata/identity_vectors.json)."""
+    if len(want) != len(got):
+        return f"{len(got)} files, not {len(want)}"
+    blank = dict.fromkeys(("name",) + _FIELDS)
+    for a, b in zip(want, got):
+        a, b = {**blank, **a}, {**blank, **b}  # an offered identity may lack a field
+        n = a["name"]
+        if n != b["name"]:
+            return f"file {b['name']} where {n} was"
+        if (a["dev"], a["ino"]) != (b["dev"], b["ino"]):
+            return f"{n} is another file (device {b['dev']} inode {b['ino']}, was device {a['dev']} inode {a['ino']})"
+        if a["size"] != b["size"]:
+            return f"{n} has {b['size']} bytes, was {a['size']}"
+        if (a["mtime_ns"], a["ctime_ns"]) != (b["mtime_ns"], b["ctime_ns"]):
+            return f"{n} was modified (mtime {b['mtime_ns']} ns, ctime {b['ctime_ns']} ns; was {a['mtime_ns']}, {a['ctime_ns']})"
     return ""
 
 
@@ -59,7 +71,7 @@ def _locate(model, revision):
     errors to resolve()."""
     if os.path.isdir(model):
         return os.path.abspath(model), revision or ""
-    if not os.path.exists(model) and checkpoint._HUB_ID.match(model) and ".." not in model:
+    if not os.path.exists(model) and checkpoint.is_hub_id(model):
         try:
             return checkpoint._resolve_hub(model, revision or "")
         except CheckpointError:

@@ -63,13 +63,20 @@ def _sanitize(s):
     return "".join(c if c in ok else "_" for c in s)
 
 
+def _join(directory, name):
+    # Go's filepath.Join cleans the path; the length that decides hashing
+    # must be the one the daemon measured. normpath alone keeps a leading "//".
+    p = os.path.normpath(os.path.join(directory, name))
+    return "/" + p.lstrip("/") if p.startswith("//") else p
+
+
 def socket_path(directory, group, device):
     """The socket of one daemon group on one device, as protocol.SocketPath names it."""
-    p = os.path.join(directory, f"{group}-{_sanitize(device)}.sock")
+    p = _join(directory, f"{group}-{_sanitize(device)}.sock")
     if len(p.encode()) <= _MAX_SOCKET_PATH:
         return p
     digest = hashlib.sha256(f"{group}\x00{device}".encode()).hexdigest()[:12]
-    p = os.path.join(directory, f"wc-{digest}.sock")
+    p = _join(directory, f"wc-{digest}.sock")
     if len(p.encode()) > _MAX_SOCKET_PATH:
         raise ProtocolError(f"socket directory {directory} is too long: a socket path there would exceed {_MAX_SOCKET_PATH} bytes")
     return p

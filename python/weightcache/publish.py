@@ -35,8 +35,12 @@ def _align(n):
 def pack(sizes, max_segment=MAX_SEGMENT):
     """Lay items out in order at aligned offsets in segments of at most
     max_segment bytes, as Go's backend.Pack: [(segment, offset)], [sizes]."""
+    if max_segment < ALIGNMENT:
+        raise ValueError(f"segment size {max_segment} is below the alignment of {ALIGNMENT} bytes")
     places, segs = [], []
-    for n in sizes:
+    for i, n in enumerate(sizes):
+        if n < 0:
+            raise ValueError(f"item {i} has negative size {n}")
         if not segs or (segs[-1] > 0 and _align(segs[-1]) + n > max_segment):
             segs.append(0)
         off = _align(segs[-1])

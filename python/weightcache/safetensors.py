@@ -75,10 +75,14 @@ def parse_header(raw, data_size, path="<header>"):
         raise FormatError(f"{path}: header does not begin with '{{'")
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates(path),
-                         parse_constant=lambda c: (_ for _ in ()).throw(FormatError(f"{path}: {c} in header")))
+                         parse_constant=lambda c: (_ for _ in ()).throw(FormatError(f"{path}: header is not valid JSON: {c}")))
     except FormatError:
         raise
-    except ValueError as e:
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # Go's wording, which the shared vectors pin
+            raise FormatError(f"{path}: header has data after its JSON object at byte {e.pos}") from None
+        raise FormatError(f"{path}: header is not valid JSON: {e}") from None
+    except ValueError as e:  # an integer too long for int()
         raise FormatError(f"{path}: header is not valid JSON: {e}") from None
     metadata = None
     tensors = []

@@ -68,57 +68,61 @@ type lib struct {
 	cuIpcCloseMemHandle            func(devicePtr) cuResult
 }
 
-// symbols lists every entry point with the C names to try, newest first.
-// The _v2 names are the ones cuda.h maps the plain names to since CUDA 3.2
-// (memory calls) or 11 (contexts, streams, UUIDs); calling a plain name that
-// has a _v2 would get the old 32-bit ABI.
+// symbols is the one table of the driver entry points: each with the C
+// names to try, newest first, and its parameters as cuda.h (CUDA 12)
+// declares them. The _v2 names are the ones cuda.h maps the plain names to
+// since CUDA 3.2 (memory calls) or 11 (contexts, streams, UUIDs); calling a
+// plain name that has a _v2 would get the old 32-bit ABI. symbols_test.go
+// checks each lib field's Go type and the fake driver's definition against
+// the parameters, so a binding and its fake cannot drift apart.
 func (l *lib) symbols() []symbol {
 	return []symbol{
-		{&l.cuGetErrorName, []string{"cuGetErrorName"}},
-		{&l.cuInit, []string{"cuInit"}},
-		{&l.cuDriverGetVersion, []string{"cuDriverGetVersion"}},
-		{&l.cuDeviceGetCount, []string{"cuDeviceGetCount"}},
-		{&l.cuDeviceGet, []string{"cuDeviceGet"}},
-		{&l.cuDeviceGetUuid, []string{"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}},
-		{&l.cuDeviceGetName, []string{"cuDeviceGetName"}},
-		{&l.cuDeviceGetAttribute, []string{"cuDeviceGetAttribute"}},
-		{&l.cuDeviceTotalMem, []string{"cuDeviceTotalMem_v2"}},
-		{&l.cuDevicePrimaryCtxRetain, []string{"cuDevicePrimaryCtxRetain"}},
-		{&l.cuDevicePrimaryCtxRelease, []string{"cuDevicePrimaryCtxRelease_v2"}},
-		{&l.cuCtxSetCurrent, []string{"cuCtxSetCurrent"}},
-		{&l.cuCtxSynchronize, []string{"cuCtxSynchronize"}},
-		{&l.cuMemGetInfo, []string{"cuMemGetInfo_v2"}},
-		{&l.cuMemGetAllocationGranularity, []string{"cuMemGetAllocationGranularity"}},
-		{&l.cuMemCreate, []string{"cuMemCreate"}},
-		{&l.cuMemRelease, []string{"cuMemRelease"}},
-		{&l.cuMemExportToShareableHandle, []string{"cuMemExportToShareableHandle"}},
-		{&l.cuMemImportFromShareableHandle, []string{"cuMemImportFromShareableHandle"}},
-		{&l.cuMemAddressReserve, []string{"cuMemAddressReserve"}},
-		{&l.cuMemAddressFree, []string{"cuMemAddressFree"}},
-		{&l.cuMemMap, []string{"cuMemMap"}},
-		{&l.cuMemUnmap, []string{"cuMemUnmap"}},
-		{&l.cuMemSetAccess, []string{"cuMemSetAccess"}},
-		{&l.cuMemAlloc, []string{"cuMemAlloc_v2"}},
-		{&l.cuMemFree, []string{"cuMemFree_v2"}},
-		{&l.cuMemsetD8, []string{"cuMemsetD8_v2"}},
-		{&l.cuMemcpyHtoD, []string{"cuMemcpyHtoD_v2"}},
-		{&l.cuMemcpyDtoH, []string{"cuMemcpyDtoH_v2"}},
-		{&l.cuMemcpyDtoD, []string{"cuMemcpyDtoD_v2"}},
-		{&l.cuMemcpyHtoDAsync, []string{"cuMemcpyHtoDAsync_v2"}},
-		{&l.cuMemHostAlloc, []string{"cuMemHostAlloc"}},
-		{&l.cuMemFreeHost, []string{"cuMemFreeHost"}},
-		{&l.cuStreamCreate, []string{"cuStreamCreate"}},
-		{&l.cuStreamDestroy, []string{"cuStreamDestroy_v2"}},
-		{&l.cuStreamSynchronize, []string{"cuStreamSynchronize"}},
-		{&l.cuIpcGetMemHandle, []string{"cuIpcGetMemHandle"}},
-		{&l.cuIpcOpenMemHandle, []string{"cuIpcOpenMemHandle_v2"}},
-		{&l.cuIpcCloseMemHandle, []string{"cuIpcCloseMemHandle"}},
+		{&l.cuGetErrorName, []string{"cuGetErrorName"}, "CUresult error, const char **pStr"},
+		{&l.cuInit, []string{"cuInit"}, "unsigned int Flags"},
+		{&l.cuDriverGetVersion, []string{"cuDriverGetVersion"}, "int *driverVersion"},
+		{&l.cuDeviceGetCount, []string{"cuDeviceGetCount"}, "int *count"},
+		{&l.cuDeviceGet, []string{"cuDeviceGet"}, "CUdevice *device, int ordinal"},
+		{&l.cuDeviceGetUuid, []string{"cuDeviceGetUuid_v2", "cuDeviceGetUuid"}, "CUuuid *uuid, CUdevice dev"},
+		{&l.cuDeviceGetName, []string{"cuDeviceGetName"}, "char *name, int len, CUdevice dev"},
+		{&l.cuDeviceGetAttribute, []string{"cuDeviceGetAttribute"}, "int *pi, CUdevice_attribute attrib, CUdevice dev"},
+		{&l.cuDeviceTotalMem, []string{"cuDeviceTotalMem_v2"}, "size_t *bytes, CUdevice dev"},
+		{&l.cuDevicePrimaryCtxRetain, []string{"cuDevicePrimaryCtxRetain"}, "CUcontext *pctx, CUdevice dev"},
+		{&l.cuDevicePrimaryCtxRelease, []string{"cuDevicePrimaryCtxRelease_v2"}, "CUdevice dev"},
+		{&l.cuCtxSetCurrent, []string{"cuCtxSetCurrent"}, "CUcontext ctx"},
+		{&l.cuCtxSynchronize, []string{"cuCtxSynchronize"}, "void"},
+		{&l.cuMemGetInfo, []string{"cuMemGetInfo_v2"}, "size_t *free, size_t *total"},
+		{&l.cuMemGetAllocationGranularity, []string{"cuMemGetAllocationGranularity"}, "size_t *granularity, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option"},
+		{&l.cuMemCreate, []string{"cuMemCreate"}, "CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags"},
+		{&l.cuMemRelease, []string{"cuMemRelease"}, "CUmemGenericAllocationHandle handle"},
+		{&l.cuMemExportToShareableHandle, []string{"cuMemExportToShareableHandle"}, "void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags"},
+		{&l.cuMemImportFromShareableHandle, []string{"cuMemImportFromShareableHandle"}, "CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType"},
+		{&l.cuMemAddressReserve, []string{"cuMemAddressReserve"}, "CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags"},
+		{&l.cuMemAddressFree, []string{"cuMemAddressFree"}, "CUdeviceptr ptr, size_t size"},
+		{&l.cuMemMap, []string{"cuMemMap"}, "CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags"},
+		{&l.cuMemUnmap, []string{"cuMemUnmap"}, "CUdeviceptr ptr, size_t size"},
+		{&l.cuMemSetAccess, []string{"cuMemSetAccess"}, "CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count"},
+		{&l.cuMemAlloc, []string{"cuMemAlloc_v2"}, "CUdeviceptr *dptr, size_t bytesize"},
+		{&l.cuMemFree, []string{"cuMemFree_v2"}, "CUdeviceptr dptr"},
+		{&l.cuMemsetD8, []string{"cuMemsetD8_v2"}, "CUdeviceptr dstDevice, unsigned char uc, size_t N"},
+		{&l.cuMemcpyHtoD, []string{"cuMemcpyHtoD_v2"}, "CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount"},
+		{&l.cuMemcpyDtoH, []string{"cuMemcpyDtoH_v2"}, "void *dstHost, CUdeviceptr srcDevice, size_t ByteCount"},
+		{&l.cuMemcpyDtoD, []string{"cuMemcpyDtoD_v2"}, "CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount"},
+		{&l.cuMemcpyHtoDAsync, []string{"cuMemcpyHtoDAsync_v2"}, "CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream"},
+		{&l.cuMemHostAlloc, []string{"cuMemHostAlloc"}, "void **pp, size_t bytesize, unsigned int Flags"},
+		{&l.cuMemFreeHost, []string{"cuMemFreeHost"}, "void *p"},
+		{&l.cuStreamCreate, []string{"cuStreamCreate"}, "CUstream *phStream, unsigned int Flags"},
+		{&l.cuStreamDestroy, []string{"cuStreamDestroy_v2"}, "CUstream hStream"},
+		{&l.cuStreamSynchronize, []string{"cuStreamSynchronize"}, "CUstream hStream"},
+		{&l.cuIpcGetMemHandle, []string{"cuIpcGetMemHandle"}, "CUipcMemHandle *pHandle, CUdeviceptr dptr"},
+		{&l.cuIpcOpenMemHandle, []string{"cuIpcOpenMemHandle_v2"}, "CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags"},
+		{&l.cuIpcCloseMemHandle, []string{"cuIpcCloseMemHandle"}, "CUdeviceptr dptr"},
 	}
 }
 
 type symbol struct {
-	fptr  any
-	names []string
+	fptr   any
+	names  []string
+	params string // cuda.h's parameter list
 }
 
 // libraryPath is the driver to load: $WEIGHTCACHE_LIBCUDA, else the
