@@ -48,19 +48,18 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version, Identity: d.identity()}}, nil
 }
 
-// helloFieldTooLong names the first string field of h over MaxFieldBytes.
+// helloFieldTooLong names the first string field of h over MaxFieldBytes;
+// the fingerprint's fields come from its one list (checkpoint.Fingerprint).
 func helloFieldTooLong(h *protocol.Hello) error {
-	fp := &h.Fingerprint
 	for _, f := range []struct{ name, value string }{
 		{"device", h.Device}, {"mode", h.Mode}, {"client", h.Client},
-		{"fingerprint.checkpoint_hash", fp.CheckpointHash}, {"fingerprint.architecture", fp.Architecture},
-		{"fingerprint.dtype", fp.DType}, {"fingerprint.quantization", fp.Quantization},
-		{"fingerprint.quantization_hash", fp.QuantizationHash}, {"fingerprint.revision", fp.Revision},
-		{"fingerprint.engine", fp.Engine}, {"fingerprint.engine_version", fp.EngineVersion},
 	} {
 		if len(f.value) > MaxFieldBytes {
 			return fmt.Errorf("hello: field %s is %d bytes, over the limit of %d", f.name, len(f.value), MaxFieldBytes)
 		}
+	}
+	if err := h.Fingerprint.CheckLengths(MaxFieldBytes); err != nil {
+		return fmt.Errorf("hello: %w", err)
 	}
 	return nil
 }

@@ -217,3 +217,33 @@ func TestInflightBudget(t *testing.T) {
 		}
 	}
 }
+
+// Every string field of a hello is bounded, the fingerprint's taken from
+// its one list: engine_config, missing from the hand-kept list before,
+// included.
+func TestHelloFieldsBounded(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startReady(t, model, dir)
+	ckpt, _ := checkpoint.Resolve(model, "")
+	long := strings.Repeat("x", MaxFieldBytes+1)
+	for _, tc := range []struct {
+		field string
+		set   func(h *protocol.Hello)
+	}{
+		{"client", func(h *protocol.Hello) { h.Client = long }},
+		{"fingerprint.engine_config", func(h *protocol.Hello) { h.Fingerprint.EngineConfig = long }},
+		{"fingerprint.revision", func(h *protocol.Hello) { h.Fingerprint.Revision = long }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+			h := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: d.cfg.Backend.Device(), Mode: "zero_copy"}
+			tc.set(&h)
+			c := rawConn(t, d.Socket())
+			_, err := c.Call(context.Background(), h, protocol.TypeOK)
+			want := fmt.Sprintf("field %s is %d bytes, over the limit of %d", tc.field, MaxFieldBytes+1, MaxFieldBytes)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("hello with a long %s: %v, want an error saying %q", tc.field, err, want)
+			}
+		})
+	}
+}
