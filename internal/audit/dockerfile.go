@@ -119,13 +119,16 @@ func fromStage(body string, stages map[string]dockerStage) dockerStage {
 
 // dockerImage records the command line a stage's image runs: ENTRYPOINT
 // with CMD as its arguments, or CMD as the arguments of a vLLM base
-// image's entrypoint.
+// image's entrypoint. A CMD that is itself a vLLM command line (python3 -m
+// vllm.entrypoints.openai.api_server on vllm/vllm-openai) is read as one:
+// its author meant it to run, and as arguments of vllm serve its program
+// would be a model name and the module the value of -m.
 func (f *facts) dockerImage(st dockerStage) {
 	var ws []Word
 	switch {
 	case st.entry != nil:
 		ws = append(append(ws, st.entry...), st.cmd...)
-	case st.cmd != nil && st.vllm && !st.entrySet:
+	case st.cmd != nil && st.vllm && !st.entrySet && recognise(st.cmd).prog == progNone:
 		f.Commands = append(f.Commands, Command{Words: st.cmd, recog: recog{prog: progVLLM, module: -1, script: -1}, Scope: f.scope})
 		return
 	case st.cmd != nil:

@@ -20,14 +20,9 @@ func parseYAML(src []byte, f *facts) error {
 		src = blankTemplates(src)
 	}
 	w := &yamlWalker{f: f, src: src}
-	slab := nodeSlabs.get(512)
-	defer nodeSlabs.put(slab) // after the walk, the last user of the tree
-	docs, ok := fastYAML(src, slab)
-	if !ok {
-		var err error
-		if docs, err = decodeYAML(src); err != nil {
-			return err
-		}
+	docs, err := decodeYAML(src)
+	if err != nil {
+		return err
 	}
 	for _, d := range docs {
 		w.document(d)
@@ -36,7 +31,8 @@ func parseYAML(src []byte, f *facts) error {
 	return nil
 }
 
-// decodeYAML is the full YAML parser, for what fastYAML leaves to it.
+// decodeYAML reads every document in src; yaml.v3 is the judge of what is
+// malformed.
 func decodeYAML(src []byte) ([]*yaml.Node, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	var docs []*yaml.Node
@@ -103,8 +99,6 @@ func blankTemplates(src []byte) []byte {
 	}
 	return out
 }
-
-var nodeSlabs slabPool[yaml.Node]
 
 // docKind is what a YAML document is, from its top-level keys: that
 // decides whether a key: value pair is an engine setting.

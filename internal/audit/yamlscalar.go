@@ -108,3 +108,19 @@ func (w *yamlWalker) blockText(n *yaml.Node) (string, int) {
 	}
 	return string(bytes.Join(w.lines[first:end], []byte("\n"))), first + 1
 }
+
+// quotedEnd returns the offset just after the quoted scalar at i, or -1.
+func quotedEnd(s string, i int) int {
+	q := s[i]
+	for j := i + 1; j < len(s); j++ {
+		switch {
+		case q == '"' && s[j] == '\\':
+			j++
+		case s[j] == q && q == '\'' && j+1 < len(s) && s[j+1] == '\'':
+			j++
+		case s[j] == q:
+			return j + 1
+		}
+	}
+	return -1
+}

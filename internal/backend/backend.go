@@ -10,6 +10,23 @@ import (
 
 // Backend allocates segments on one device. A Backend is created for one
 // device key, used by one daemon, and closed after every segment is freed.
+// The suite in backendtest holds every backend to this contract.
+//
+// A backend or its segments may also offer, checked by type assertion:
+//   - Stager (backend): per-worker staging pipelines whose asynchronous
+//     writes land in the segment by the stage's Flush or Close, with
+//     staging memory bounded whatever the model size.
+//   - Planner (backend): before any Alloc, refuses segment sizes that do
+//     not fit on the device, saying why.
+//   - Importer (backend): wraps a sealed segment another process filled;
+//     refuses one that is not sealed against writes or is too small.
+//   - Shared (segment): the manifest's handle type for segments that are
+//     not host memfds, the alignment an importer reserves with, and the
+//     legacy IPC handle where there is no descriptor.
+//   - ExporterBound (backend): exported memory dies with the exporter, so
+//     the daemon frees no segment while a lease lives.
+//   - Snapshotter (segment): a sealed copy that no writer maps, for
+//     segments whose writable exports cannot be revoked.
 type Backend interface {
 	// Device is the device key clients must name in hello ("host",
 	// "host:1", "GPU-<uuid>").

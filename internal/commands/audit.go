@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -56,7 +55,6 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	if len(paths) == 0 {
 		paths = []string{"."}
 	}
-	debug.SetGCPercent(audit.GCPercent) // this process only audits
 	rep, err := audit.Run(ctx, paths, rs)
 	if errors.Is(err, audit.ErrUnreadable) {
 		return &exitError{code: exitUsage, err: err}

@@ -1,6 +1,7 @@
 """The fake vLLM (tests/fakevllm) against facts read from vLLM's source at
 commit 28be48fa, so that it cannot drift into a fake that only copies names.
-Each test names the real code whose behaviour it pins."""
+Each test names the real code whose behaviour it pins, by file and line at
+that commit (not at the installed vLLM 0.32, whose lines differ)."""
 
 import glob
 import json

@@ -34,7 +34,7 @@ def test_mismatch_names_the_field(model, daemon, sock_dir, name):
     assert [d["field"] for d in diff(other, fp)] == [name]
     conn = protocol.Conn(protocol.socket_path(sock_dir, "main", "host"), 5)
     try:
-        fr = conn.call(protocol.head("hello", fingerprint=other.to_wire(), device="host", mode="zero_copy", client="t"),
+        fr = conn.call(protocol.Hello(fingerprint=other.to_wire(), device="host", mode="zero_copy", client="t"),
                        "mismatch", timeout=5)
     finally:
         conn.close()

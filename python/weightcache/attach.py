@@ -2,6 +2,8 @@
 engine's device, zero-copy, or load them from disk with a named reason.
 The behaviour is that of the Go client (client/attach.go)."""
 
+from __future__ import annotations
+
 import functools
 import glob
 import mmap
@@ -9,6 +11,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from typing import Optional, Union
 
 import torch
 
@@ -121,7 +124,7 @@ class Weights(Mapping):
             pass
 
 
-def device_key(device):
+def device_key(device: Union[str, torch.device]) -> str:
     """The daemon device key for a torch device or a key: cpu -> host,
     cuda[:N] -> GPU-<uuid>; host, host:N and GPU-... pass through."""
     s = str(device)
@@ -142,7 +145,7 @@ def rank_device(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2
         except OSError:
             continue
         try:
-            st = conn.call(protocol.head("stats"), "stats").body
+            st = conn.call(protocol.Stats(), "stats").body
         except (OSError, protocol.ProtocolError, protocol.WireError, socket.timeout):
             continue
         finally:
@@ -154,10 +157,13 @@ def rank_device(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2
     return "host"
 
 
-def attach(model, device=None, mode="zero_copy", fallback=True, connect_timeout_s=5.0,
-           state_timeout_s=300.0, dtype="auto", revision=None, socket_dir=None, tp_size=1,
-           tp_rank=0, dp_size=1, dp_rank=0, group="main", engine="", engine_version="",
-           engine_config="", client_name="weightcache-python", verify_content=False):
+def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
+           mode: str = "zero_copy", fallback: bool = True, connect_timeout_s: float = 5.0,
+           state_timeout_s: float = 300.0, dtype: str = "auto", revision: Optional[str] = None,
+           socket_dir: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
+           dp_rank: int = 0, group: str = "main", engine: str = "", engine_version: str = "",
+           engine_config: str = "", client_name: str = "weightcache-python",
+           verify_content: bool = False) -> tuple[Weights, AttachInfo]:
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
@@ -282,7 +288,7 @@ def _mismatch(fr):
 
 
 def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name):
-    hello = protocol.head("hello", fingerprint=fp.to_wire(), device=key, mode=mode, client=name)
+    hello = protocol.Hello(fingerprint=fp.to_wire(), device=key, mode=mode, client=name)
     try:
         fr = conn.call(hello, "ok", "mismatch", timeout=connect_timeout)
         if fr.type == "mismatch":
@@ -293,7 +299,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
             return None, miss(source.EMPTY, "daemon holds no weights yet: load from disk and publish")
         if state != "ready":
             try:
-                fr = conn.call(protocol.head("wait_ready", timeout_ms=int(state_timeout * 1000)), "ready",
+                fr = conn.call(protocol.WaitReady(timeout_ms=int(state_timeout * 1000)), "ready",
                                timeout=state_timeout + connect_timeout)
             except protocol.Timeout as e:
                 return None, miss(source.NOT_READY_TIMEOUT, e)
@@ -302,7 +308,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
             differs = identity.files_change(offered, directory)
             if differs:
                 return None, AttachInfo("fallback", _REHASH, detail=differs)
-        fr = conn.call(protocol.head("manifest"), "manifest", "mismatch", timeout=connect_timeout, fds_expected=True)
+        fr = conn.call(protocol.ManifestRequest(), "manifest", "mismatch", timeout=connect_timeout, fds_expected=True)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
     except _EXCHANGE_ERRORS as e:
@@ -318,7 +324,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
         bases = [b.clone() for b in bases]
         maps = None
         try:
-            conn.call(protocol.head("release"), "released", timeout=connect_timeout)
+            conn.call(protocol.Release(), "released", timeout=connect_timeout)
         except _EXCHANGE_ERRORS as e:
             return None, _classify(e)
         return Weights(index=idx, bases=bases, sizes=sizes), AttachInfo("hit")

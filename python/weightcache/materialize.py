@@ -1,5 +1,10 @@
 """Fill a module built on the meta device with tensors, without copying."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Optional
+
 import torch
 
 # Tied weights HF checkpoints often leave out: (absent name, its source).
@@ -36,7 +41,8 @@ def _slots(module):
     return out
 
 
-def materialize(module, tensors, aliases=None, check_shapes=True):
+def materialize(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor],
+                aliases: Optional[Mapping[str, str]] = None, check_shapes: bool = True) -> torch.nn.Module:
     """Install tensors (name -> tensor) as module's parameters and buffers.
 
     Parameters become requires_grad=False Parameters sharing the tensors'

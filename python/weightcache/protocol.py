@@ -5,13 +5,17 @@ A frame is a 4-byte big-endian length, then a JSON object with "type" and
 whoever receives a descriptor it did not ask for closes it.
 """
 
+from __future__ import annotations
+
 import array
+import dataclasses
 import json
 import os
 import socket
 import stat
 import struct
 import hashlib
+from typing import ClassVar, Optional, Union
 
 VERSION = 2  # 2: manifests place tensors through a mapped binary index (index.py)
 MAX_REPLY_FRAME = 256 << 20
@@ -82,21 +86,76 @@ def socket_path(directory, group, device):
     return p
 
 
-def head(type_, **fields):
-    msg = {"type": type_, "version": VERSION}
-    msg.update(fields)
-    return msg
+# Requests, one dataclass per message type, with the fields of its Go struct
+# in internal/protocol (messages.go, publish.go).
 
 
+@dataclasses.dataclass
+class Hello:
+    fingerprint: dict
+    device: str
+    mode: str
+    client: str
+    type: ClassVar[str] = "hello"
+
+
+@dataclasses.dataclass
+class WaitReady:
+    timeout_ms: int
+    type: ClassVar[str] = "wait_ready"
+
+
+@dataclasses.dataclass
+class ManifestRequest:
+    type: ClassVar[str] = "manifest"
+
+
+@dataclasses.dataclass
+class Release:
+    type: ClassVar[str] = "release"
+
+
+@dataclasses.dataclass
+class Stats:
+    type: ClassVar[str] = "stats"
+
+
+@dataclasses.dataclass
+class Publish:
+    sizes: list[int]
+    wait_ms: int
+    index_size: int
+    identity: Optional[list] = None
+    type: ClassVar[str] = "publish"
+
+
+@dataclasses.dataclass
+class Commit:
+    tensors: int
+    type: ClassVar[str] = "commit"
+
+
+Request = Union[Hello, WaitReady, ManifestRequest, Release, Stats, Publish, Commit]
+
+
+def encode(msg: Request) -> bytes:
+    """The JSON body of a request frame: type, version, then its fields."""
+    body = {"type": msg.type, "version": VERSION, **dataclasses.asdict(msg)}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@dataclasses.dataclass
 class Frame:
     """One received frame: its decoded JSON and the descriptors that came with it."""
 
-    def __init__(self, body, fds):
-        self.body = body
-        self.type = body.get("type")
-        self.fds = fds
+    body: dict
+    fds: list[int]
 
-    def close_fds(self):
+    @property
+    def type(self) -> Optional[str]:
+        return self.body.get("type")
+
+    def close_fds(self) -> None:
         for fd in self.fds:
             try:
                 os.close(fd)
@@ -108,7 +167,7 @@ class Frame:
 class Conn:
     """One client connection. Strictly request/reply; not thread-safe."""
 
-    def __init__(self, path, timeout):
+    def __init__(self, path: str, timeout: Optional[float]):
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
@@ -118,17 +177,17 @@ class Conn:
             self.sock.close()
             raise
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
 
-    def fileno(self):
+    def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, msg):
-        body = json.dumps(msg, separators=(",", ":")).encode()
+    def send(self, msg: Request) -> None:
+        body = encode(msg)
         self.sock.sendall(struct.pack(">I", len(body)) + body)
 
-    def recv(self, max_frame=MAX_REPLY_FRAME):
+    def recv(self, max_frame: int = MAX_REPLY_FRAME) -> Frame:
         fds = []
         try:
             hdr = self._read(4, fds)
@@ -164,7 +223,8 @@ class Conn:
             buf += data
         return bytes(buf)
 
-    def call(self, msg, want, *also, timeout=None, fds_expected=False):
+    def call(self, msg: Request, want: str, *also: str, timeout: Optional[float] = None,
+             fds_expected: bool = False) -> Frame:
         """Send msg and return the reply frame of type want (or one of also).
 
         An "error" frame raises WireError. Descriptors on a frame that is not

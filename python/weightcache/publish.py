@@ -3,8 +3,12 @@ writes its final, post-processed tensors into segments the daemon grants,
 and commits them under its fingerprint, which names the engine and its
 version. Later engines attach exactly those tensors."""
 
+from __future__ import annotations
+
 import ctypes
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
 
 import torch
 
@@ -63,9 +67,12 @@ class Publisher:
     commit() makes them the daemon's layout. close() before commit (or the
     process dying) abandons it and the daemon frees everything."""
 
-    def __init__(self, model, specs, engine, engine_version="", device="host", socket_dir=None,
-                 group="main", dtype="auto", revision=None, tp_size=1, tp_rank=0, dp_size=1,
-                 dp_rank=0, wait_s=0.0, connect_timeout_s=5.0, client_name="weightcache-python", engine_config=""):
+    def __init__(self, model: Union[str, os.PathLike], specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
+                 engine: str, engine_version: str = "", device: Union[str, torch.device] = "host",
+                 socket_dir: Optional[str] = None, group: str = "main", dtype: str = "auto",
+                 revision: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
+                 dp_rank: int = 0, wait_s: float = 0.0, connect_timeout_s: float = 5.0,
+                 client_name: str = "weightcache-python", engine_config: str = ""):
         """specs: [(name, torch dtype, shape)] in the order to lay them out."""
         if not engine:
             raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
@@ -103,7 +110,7 @@ class Publisher:
         self.index_fd = -1  # the daemon's memfd for our manifest index
         self.gpu = []  # writable GPU mappings, closed before commit
 
-    def open(self):
+    def open(self) -> Publisher:
         """Claim the daemon and receive the segments. On any error nothing
         stays open."""
         try:
@@ -114,13 +121,13 @@ class Publisher:
 
     def _open(self):
         self.conn = protocol.Conn(protocol.socket_path(self.dir, self.group, self.device), self.timeout)
-        hello = protocol.head("hello", fingerprint=self.fingerprint.to_wire(), device=self.device,
-                              mode="zero_copy", client=self.client)
+        hello = protocol.Hello(fingerprint=self.fingerprint.to_wire(), device=self.device,
+                               mode="zero_copy", client=self.client)
         fr = self.conn.call(hello, "ok", "mismatch", timeout=self.timeout)
         if fr.type == "mismatch":
             raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.body.get('fields')}")
-        req = protocol.head("publish", sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
-                            index_size=index.size(list(self.entries.values())), identity=self.identity)
+        req = protocol.Publish(sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
+                               index_size=index.size(list(self.entries.values())), identity=self.identity)
         try:
             fr = self.conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
         except protocol.WireError as e:
@@ -140,7 +147,7 @@ class Publisher:
             self.gpu = [cuda.Mapping(fd, s["size"], ordinal, writable=True) for fd, s in zip(self.fds, segs)]
         return self
 
-    def write(self, name, tensor):
+    def write(self, name: str, tensor: torch.Tensor) -> None:
         e = self.entries.get(name)
         if e is None:
             raise KeyError(f"publish: tensor {name} was not planned")
@@ -160,7 +167,7 @@ class Publisher:
             n = os.pwrite(fd, data, off)
             data, off = data[n:], off + n
 
-    def commit(self, timeout_s=600.0):
+    def commit(self, timeout_s: float = 600.0) -> dict[str, Any]:
         """Seal and install; returns the daemon's committed reply. The
         daemon checksums every byte before it answers."""
         try:
@@ -171,7 +178,7 @@ class Publisher:
             self.gpu = []
             self._write_index()
             self._close_fds()
-            req = protocol.head("commit", tensors=len(self.entries))
+            req = protocol.Commit(tensors=len(self.entries))
             try:
                 fr = self.conn.call(req, "committed", timeout=timeout_s)
             except protocol.WireError as e:
@@ -194,7 +201,7 @@ class Publisher:
             os.close(self.index_fd)
             self.index_fd = -1
 
-    def close(self):
+    def close(self) -> None:
         for m in self.gpu:
             m.close()
         self.gpu = []
@@ -210,7 +217,8 @@ class Publisher:
         self.close()
 
 
-def publish(model, tensors, engine, engine_version="", **kwargs):
+def publish(model: Union[str, os.PathLike], tensors: Mapping[str, torch.Tensor], engine: str,
+            engine_version: str = "", **kwargs: Any) -> dict[str, Any]:
     """Publish tensors (name -> tensor, in layout order) in one go; returns
     the daemon's committed reply. Raises BusyError, AlreadyPublished or
     PublishError."""

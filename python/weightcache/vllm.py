@@ -57,7 +57,7 @@ class Options:
     connect_timeout_s: float = 5.0
     state_timeout_s: float = 300.0
     tier: str = "checkpoint"
-    socket_dir: str = None
+    socket_dir: "str | None" = None
 
 
 def unknown_keys_error(keys):
@@ -69,7 +69,7 @@ def unknown_keys_error(keys):
                       f"and vLLM's default loader refused the rest")
 
 
-def parse_options(extra):
+def parse_options(extra: "dict | None") -> "tuple[Options, dict]":
     """Split --model-loader-extra-config into our Options and the keys left
     for vLLM's DefaultModelLoader, which refuses the ones it does not know
     (default_loader.py:78-91). Wrong types and values are errors, so a typo

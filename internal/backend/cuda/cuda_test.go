@@ -3,10 +3,12 @@ package cuda
 import (
 	"bytes"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/backendtest"
 	"github.com/weightcache/weightcache/internal/backend/cuda/cudatest"
 )
 
@@ -122,15 +124,49 @@ func fill(t *testing.T, b *Backend, seg backend.Segment, off int64, want []byte)
 	}
 }
 
-func pattern(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i*7 + i/4093)
-	}
-	return b
+func TestContract(t *testing.T) {
+	backendtest.Run(t, harness(func(t *testing.T) *Backend {
+		l, _ := fake(t)
+		b, err := newBackend(l, "cuda:0", Options{StagingBytes: 2 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}))
 }
 
-func TestSegmentLifecycle(t *testing.T) {
+// harness imports exported segments as the Go client does and reads them
+// back through the driver.
+func harness(newBackend func(*testing.T) *Backend) backendtest.Harness {
+	return backendtest.Harness{
+		New: func(t *testing.T) backend.Backend { return newBackend(t) },
+		Open: func(t *testing.T, bb backend.Backend, seg backend.Segment, f *os.File) (func() []byte, func()) {
+			b := bb.(*Backend)
+			m, err := b.dev.Import(f, uint64(seg.Size()), uint64(seg.(backend.Shared).Align()), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			read := func() []byte {
+				got := make([]byte, m.Size)
+				if err := b.dev.ReadAt(got, m.Ptr); err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			return read, func() {
+				if err := m.Close(); err != nil {
+					t.Error(err)
+				}
+			}
+		},
+	}
+}
+
+// What the contract leaves to the device: sizes rounded to the
+// allocation granularity, a mapping the driver keeps read-only, pinned
+// staging released, and the driver calls in the order the CUDA VMM API
+// requires.
+func TestSegmentOnTheDriver(t *testing.T) {
 	b, path := newFake(t, Options{StagingBytes: 2 << 20})
 	calls := trace(t, path)
 	seg, err := b.Alloc(5 << 20)
@@ -140,13 +176,9 @@ func TestSegmentLifecycle(t *testing.T) {
 	if seg.Size() != 6<<20 {
 		t.Fatalf("size %d, want 6 MiB (rounded to the 2 MiB granularity)", seg.Size())
 	}
-	want := pattern(5<<20 - 100)
-	fill(t, b, seg, 100, want)
+	fill(t, b, seg, 100, backendtest.Pattern(5<<20-100))
 	if err := seg.Seal(); err != nil {
 		t.Fatal(err)
-	}
-	if _, err := seg.WriteAt([]byte{1}, 0); err == nil {
-		t.Fatal("write after seal accepted")
 	}
 	f, err := seg.Export()
 	if err != nil {
@@ -157,17 +189,8 @@ func TestSegmentLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The import holds its own reference: freeing the daemon's segment
-	// leaves the mapping readable.
 	if err := seg.Free(); err != nil {
 		t.Fatal(err)
-	}
-	got := make([]byte, seg.Size())
-	if err := b.dev.ReadAt(got, m.Ptr); err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got[100:100+len(want)], want) || got[0] != 0 || got[len(got)-1] != 0 {
-		t.Fatal("segment bytes differ from what was written, or were not zeroed")
 	}
 	if !m.ReadOnly {
 		t.Fatal("zero_copy mapping is not read-only")
@@ -188,7 +211,7 @@ func TestSegmentLifecycle(t *testing.T) {
 		"cuMemHostAlloc", "cuStreamCreate", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize", "cuStreamDestroy_v2",
 		"cuMemUnmap", "cuMemAddressFree", "cuMemExportToShareableHandle",
 		"cuMemImportFromShareableHandle", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemRelease",
-		"cuMemRelease", "cuMemcpyDtoH_v2", "cuMemUnmap", "cuMemAddressFree")
+		"cuMemRelease", "cuMemUnmap", "cuMemAddressFree")
 }
 
 func TestStagingIsBoundedAndReleased(t *testing.T) {
@@ -320,7 +343,7 @@ func TestLegacyIPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := pattern(1000)
+	want := backendtest.Pattern(1000)
 	if _, err := seg.WriteAt(want, 4096); err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +403,7 @@ func TestCopyAndBench(t *testing.T) {
 		src.Close()
 		t.Fatal("copy from address 0 accepted")
 	}
-	bw, err := d.CopyPageable([][]byte{pattern(3 << 20), pattern(1 << 20)})
+	bw, err := d.CopyPageable([][]byte{backendtest.Pattern(3 << 20), backendtest.Pattern(1 << 20)})
 	if err != nil || bw.Bytes != 4<<20 || bw.Seconds <= 0 {
 		t.Fatalf("pageable bench: %+v, %v", bw, err)
 	}

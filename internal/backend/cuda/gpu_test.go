@@ -8,12 +8,21 @@ import (
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/backend"
+	"github.com/weightcache/weightcache/internal/backend/backendtest"
 )
 
 // These tests need a real GPU and its driver: go test -tags gpu. They skip
 // when no driver or no GPU is visible.
 
 func realBackend(t *testing.T, opts Options) *Backend {
+	t.Helper()
+	b := openReal(t, opts)
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// openReal is realBackend for a caller that closes the backend itself.
+func openReal(t *testing.T, opts Options) *Backend {
 	t.Helper()
 	if os.Getenv(LibraryEnv) != "" {
 		t.Skipf("%s is set: these tests are for the real driver", LibraryEnv)
@@ -26,9 +35,12 @@ func realBackend(t *testing.T, opts Options) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Close() })
 	t.Logf("%s %s, granularity %d", b.Device(), b.dev.Name, b.Granularity())
 	return b
+}
+
+func TestGPUContract(t *testing.T) {
+	backendtest.Run(t, harness(func(t *testing.T) *Backend { return openReal(t, Options{StagingBytes: 8 << 20}) }))
 }
 
 func TestGPUSegmentRoundTrip(t *testing.T) {
@@ -37,7 +49,7 @@ func TestGPUSegmentRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := pattern(40 << 20)
+	want := backendtest.Pattern(40 << 20)
 	fill(t, b, seg, 3, want)
 	if err := seg.Seal(); err != nil {
 		t.Fatal(err)
