@@ -32,41 +32,30 @@ type rvMsg struct {
 	Error  string     `json:"error,omitempty"`
 }
 
-// agreement is what every node must have identically: the fingerprint but
-// for its ranks, and the number of local devices.
+// agreement is what every node must have identically: the fingerprint
+// with its ranks zeroed (each node serves other ranks), compared field by
+// field from its one list, and the number of local devices.
 type agreement struct {
-	Group        string `json:"group"`
-	Checkpoint   string `json:"checkpoint_hash"`
-	Architecture string `json:"architecture"`
-	DType        string `json:"dtype"`
-	Quantization string `json:"quantization"`
-	QuantHash    string `json:"quantization_hash"`
-	Revision     string `json:"revision"`
-	Layout       int    `json:"layout_version"`
-	TPSize       int    `json:"tp_size"`
-	DPSize       int    `json:"dp_size"`
-	LocalDevices int    `json:"local_devices"`
+	Group        string                 `json:"group"`
+	Fingerprint  checkpoint.Fingerprint `json:"fingerprint"`
+	LocalDevices int                    `json:"local_devices"`
 }
 
 func agreementOf(g Group, fp checkpoint.Fingerprint, devices int) *agreement {
-	return &agreement{Group: g.Name, Checkpoint: fp.CheckpointHash, Architecture: fp.Architecture, DType: fp.DType,
-		Quantization: fp.Quantization, QuantHash: fp.QuantizationHash, Revision: fp.Revision, Layout: fp.LayoutVersion,
-		TPSize: fp.TPSize, DPSize: fp.DPSize, LocalDevices: devices}
+	fp.TPRank, fp.DPRank = 0, 0
+	return &agreement{Group: g.Name, Fingerprint: fp, LocalDevices: devices}
 }
 
 // diff names the first field in which b differs from a.
 func (a *agreement) diff(b *agreement) (field, av, bv string) {
-	pairs := []struct{ f, a, b string }{
-		{"group", a.Group, b.Group}, {"checkpoint_hash", a.Checkpoint, b.Checkpoint}, {"architecture", a.Architecture, b.Architecture},
-		{"dtype", a.DType, b.DType}, {"quantization", a.Quantization, b.Quantization}, {"quantization_hash", a.QuantHash, b.QuantHash},
-		{"revision", a.Revision, b.Revision}, {"layout_version", strconv.Itoa(a.Layout), strconv.Itoa(b.Layout)},
-		{"tp_size", strconv.Itoa(a.TPSize), strconv.Itoa(b.TPSize)}, {"dp_size", strconv.Itoa(a.DPSize), strconv.Itoa(b.DPSize)},
-		{"local devices", strconv.Itoa(a.LocalDevices), strconv.Itoa(b.LocalDevices)},
+	if a.Group != b.Group {
+		return "group", a.Group, b.Group
 	}
-	for _, p := range pairs {
-		if p.a != p.b {
-			return p.f, p.a, p.b
-		}
+	if d := checkpoint.Diff(a.Fingerprint, b.Fingerprint); len(d) > 0 {
+		return d[0].Field, d[0].Want, d[0].Got
+	}
+	if a.LocalDevices != b.LocalDevices {
+		return "local devices", strconv.Itoa(a.LocalDevices), strconv.Itoa(b.LocalDevices)
 	}
 	return "", "", ""
 }

@@ -7,13 +7,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
 // The rendezvous refuses nodes that cannot form the layout, and tells the
 // nodes why.
 func TestRendezvousChecks(t *testing.T) {
 	agree := func(mut func(*agreement)) *agreement {
-		a := &agreement{Group: "main", Checkpoint: "abc", Architecture: "LlamaForCausalLM", DType: "bfloat16", TPSize: 2, DPSize: 1, LocalDevices: 1}
+		a := &agreement{Group: "main", LocalDevices: 1, Fingerprint: checkpoint.Fingerprint{
+			CheckpointHash: "abc", Architecture: "LlamaForCausalLM", DType: "bfloat16", TPSize: 2, DPSize: 1}}
 		if mut != nil {
 			mut(a)
 		}
@@ -38,15 +41,19 @@ func TestRendezvousChecks(t *testing.T) {
 		}, 1, "says nnodes 3; node 0 has nnodes 2"},
 		{"fingerprint disagrees", 2, []rvMsg{
 			{Node: 0, NNodes: 2, Agree: agree(nil), Ranks: rank(0)},
-			{Node: 1, NNodes: 2, Agree: agree(func(a *agreement) { a.DType = "float16" }), Ranks: rank(1)},
+			{Node: 1, NNodes: 2, Agree: agree(func(a *agreement) { a.Fingerprint.DType = "float16" }), Ranks: rank(1)},
 		}, 0, "disagrees with node 0 on dtype"},
+		{"a field the hand-kept list lacked", 2, []rvMsg{
+			{Node: 0, NNodes: 2, Agree: agree(nil), Ranks: rank(0)},
+			{Node: 1, NNodes: 2, Agree: agree(func(a *agreement) { a.Fingerprint.EngineConfig = "{}" }), Ranks: rank(1)},
+		}, 0, "disagrees with node 0 on engine_config"},
 		{"rank served by two nodes", 2, []rvMsg{
 			{Node: 0, NNodes: 2, Agree: agree(nil), Ranks: rank(0)},
 			{Node: 1, NNodes: 2, Agree: agree(nil), Ranks: rank(0)},
 		}, 0, "tp_rank 0 dp_rank 0 is served by node "}, // in arrival order
 		{"ranks not covering the layout", 2, []rvMsg{
-			{Node: 0, NNodes: 2, Agree: agree(func(a *agreement) { a.TPSize = 4 }), Ranks: rank(0)},
-			{Node: 1, NNodes: 2, Agree: agree(func(a *agreement) { a.TPSize = 4 }), Ranks: rank(1)},
+			{Node: 0, NNodes: 2, Agree: agree(func(a *agreement) { a.Fingerprint.TPSize = 4 }), Ranks: rank(0)},
+			{Node: 1, NNodes: 2, Agree: agree(func(a *agreement) { a.Fingerprint.TPSize = 4 }), Ranks: rank(1)},
 		}, 0, "the nodes serve 2 ranks, the layout has 4"},
 	}
 	for _, tt := range tests {

@@ -174,7 +174,7 @@ func (s *rvServer) check(peers []*peer) error {
 		if f, a, b := zero.join.Agree.diff(p.join.Agree); f != "" {
 			return fmt.Errorf("node %d (%s) disagrees with node 0 on %s: node 0 has %q, node %d has %q", p.join.Node, p.conn.RemoteAddr(), f, a, p.join.Node, b)
 		}
-		want = p.join.Agree.TPSize * p.join.Agree.DPSize
+		want = p.join.Agree.Fingerprint.TPSize * p.join.Agree.Fingerprint.DPSize
 		for _, r := range p.join.Ranks {
 			k := [2]int{r.TPRank, r.DPRank}
 			if n, dup := seen[k]; dup {
