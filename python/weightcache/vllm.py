@@ -72,7 +72,7 @@ def unknown_keys_error(keys):
 def parse_options(extra: "dict | None") -> "tuple[Options, dict]":
     """Split --model-loader-extra-config into our Options and the keys left
     for vLLM's DefaultModelLoader, which refuses the ones it does not know
-    (default_loader.py:78-91). Wrong types and values are errors, so a typo
+    (vLLM 0.32 default_loader.py:97-114). Wrong types and values are errors, so a typo
     cannot silently turn strict mode off."""
     extra = extra or {}
     if not isinstance(extra, dict):
@@ -122,9 +122,10 @@ def unsafe_for_processed(vllm_config, model_config, api=None):
         (getattr(model_config, "quantization", None), "quantization {}"),
         (getattr(cache, "cache_dtype", "auto") not in (None, "auto") and cache.cache_dtype, "kv-cache dtype {}"),
         (getattr(model_config, "use_mla", False), "MLA attention"),
-        # cache.py:109: scales computed from the first batches, in place.
+        # Before vLLM 0.32 (gone from its cache config there): scales
+        # computed from the first batches, in place.
         (getattr(cache, "calculate_kv_scales", False), "calculate_kv_scales writes scales in place"),
-        # parallel.py:160: EPLB moves expert weights between ranks.
+        # vLLM 0.32 config/parallel.py:205: EPLB moves expert weights between ranks.
         (getattr(par, "enable_eplb", False), "EPLB rewrites expert weights"),
         ((getattr(par, "pipeline_parallel_size", 1) or 1) > 1, "pipeline parallel: no per-stage daemon layout"),
         (getattr(vllm_config, "lora_config", None) is not None, "LoRA wraps the layers"),
@@ -291,7 +292,7 @@ def _is_draft(vllm_config, model_config):
 
 
 def _target_device(vllm_config):
-    # base_loader.py:47-51: load_config.device, else device_config.device.
+    # vLLM 0.32 base_loader.py:69-73: load_config.device, else device_config.device.
     dev = getattr(vllm_config.load_config, "device", None) or vllm_config.device_config.device
     dev = torch.device(dev)
     if dev.type == "cuda" and dev.index is None:
@@ -300,7 +301,7 @@ def _target_device(vllm_config):
 
 
 def _device_scope(dev):
-    """`with target_device:` as base_loader.py:57 builds; torch.device is a
+    """`with target_device:` as vLLM 0.32 base_loader.py:74 builds; torch.device is a
     context manager from torch 2.0, and before it only the CPU, the
     default device already, can be a target."""
     if hasattr(dev, "__enter__"):
@@ -313,7 +314,7 @@ def _device_scope(dev):
 class _BareOnMeta(torch.overrides.TorchFunctionMode):
     """Send bare allocations (torch.empty without a device) to the meta
     device and nothing else, as vLLM's tensorizer loader does
-    (tensorizer.py:88-96): buffers computed in __init__, such as the rotary
+    (vLLM 0.32 tensorizer.py:90-95): buffers computed in __init__, such as the rotary
     cos_sin_cache, stay real. Inside `with device:` the device context
     below us still places everything else."""
 
