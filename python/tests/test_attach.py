@@ -290,3 +290,14 @@ def test_ranks_find_their_daemon(model, daemon, sock_dir):
     with pytest.raises(MissError) as e:
         attach(model, socket_dir=sock_dir, tp_size=4, tp_rank=1, fallback=False)
     assert e.value.reason == "no_daemon"
+
+
+def test_replies_decode_into_their_dataclasses():
+    """Replies are typed where they are read: a field of the wrong JSON type
+    is a ProtocolError naming it; fields a newer daemon adds are ignored."""
+    ok = protocol.Frame({"type": "ok", "state": "ready", "device": "host", "daemon": "v", "new_field": 1}, []).reply(protocol.OK)
+    assert ok == protocol.OK(state="ready", device="host", daemon="v", identity=None)
+    with pytest.raises(protocol.ProtocolError, match="manifest reply: field index_size is str, want int"):
+        protocol.Frame({"type": "manifest", "index_size": "64"}, []).reply(protocol.Manifest)
+    with pytest.raises(protocol.ProtocolError, match="field tensors is bool"):
+        protocol.Frame({"type": "manifest", "tensors": True}, []).reply(protocol.Manifest)

@@ -282,7 +282,7 @@ _EXCHANGE_ERRORS = (OSError, ValueError, protocol.ProtocolError, protocol.WireEr
 
 
 def _mismatch(fr):
-    fields = fr.body.get("fields") or []
+    fields = fr.reply(protocol.Mismatch).fields
     reason = source.DEVICE_MISMATCH if any(f.get("field") == "device" for f in fields) else source.FINGERPRINT_MISMATCH
     return miss(reason, fields=fields)
 
@@ -293,8 +293,8 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
         fr = conn.call(hello, "ok", "mismatch", timeout=connect_timeout)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
-        state = fr.body.get("state")
-        offered = fr.body.get("identity")
+        ok = fr.reply(protocol.OK)
+        state, offered = ok.state, ok.identity
         if state == "empty":
             return None, miss(source.EMPTY, "daemon holds no weights yet: load from disk and publish")
         if state != "ready":
@@ -303,7 +303,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
                                timeout=state_timeout + connect_timeout)
             except protocol.Timeout as e:
                 return None, miss(source.NOT_READY_TIMEOUT, e)
-            offered = fr.body.get("identity")
+            offered = fr.reply(protocol.Ready).identity
         if not change:
             differs = identity.files_change(offered, directory)
             if differs:
@@ -339,8 +339,8 @@ def map_manifest(fr):
     sizes, mappings). Every descriptor is closed on return (a mapping does
     not need it)."""
     try:
-        m = fr.body
-        segs = m.get("segments") or []
+        m = fr.reply(protocol.Manifest)
+        segs = m.segments
         if not fr.fds:
             raise protocol.ProtocolError("manifest came without its index descriptor")
         fds, index_fd = fr.fds[:-1], fr.fds[-1]
@@ -349,17 +349,17 @@ def map_manifest(fr):
         for i, s in enumerate(segs):
             if not isinstance(s, dict) or s.get("index") != i or not isinstance(s.get("size"), int) or s["size"] <= 0:
                 raise protocol.ProtocolError(f"manifest segment {i} is malformed: {s}")
-        isize = m.get("index_size")
-        if not isinstance(isize, int) or isize < index.HEADER_LEN:
+        isize = m.index_size
+        if isize < index.HEADER_LEN:
             raise protocol.ProtocolError(f"manifest index of {isize!r} bytes")
         idx_map = _map_host(index_fd, isize, "index")
         try:
             idx = index.Index(idx_map)
         except index.IndexError_ as e:
             raise protocol.ProtocolError(str(e)) from None
-        if len(idx) != m.get("tensors"):
-            raise protocol.ProtocolError(f"manifest says {m.get('tensors')} tensors, its index holds {len(idx)}")
-        device = str(m.get("device", ""))
+        if len(idx) != m.tensors:
+            raise protocol.ProtocolError(f"manifest says {m.tensors} tensors, its index holds {len(idx)}")
+        device = m.device
         if device.startswith("GPU-"):
             ordinal = cuda.ordinal_of(device)
             maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fds, segs)]

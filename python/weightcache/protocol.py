@@ -15,7 +15,7 @@ import socket
 import stat
 import struct
 import hashlib
-from typing import ClassVar, Optional, Union
+from typing import ClassVar, Optional, TypeVar, Union
 
 VERSION = 2  # 2: manifests place tensors through a mapped binary index (index.py)
 MAX_REPLY_FRAME = 256 << 20
@@ -144,6 +144,55 @@ def encode(msg: Request) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+# Replies, as the daemon sends them (internal/protocol/messages.go,
+# publish.go). Frame.reply(cls) decodes one: known fields are checked for
+# their JSON type, unknown ones ignored (a newer daemon may add some).
+@dataclasses.dataclass
+class OK:
+    state: str = ""
+    device: str = ""
+    daemon: str = ""
+    identity: Optional[list] = None
+
+
+@dataclasses.dataclass
+class Mismatch:
+    fields: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Ready:
+    state: str = ""
+    identity: Optional[list] = None
+
+
+@dataclasses.dataclass
+class Manifest:
+    device: str = ""
+    segments: list = dataclasses.field(default_factory=list)
+    tensors: int = 0
+    bytes: int = 0
+    index_size: int = 0
+
+
+@dataclasses.dataclass
+class PublishSegments:
+    device: str = ""
+    segments: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Committed:
+    state: str = ""
+    tensors: int = 0
+    bytes: int = 0
+    fingerprint_sum: str = ""
+
+
+R = TypeVar("R")
+_JSON_TYPES = {"str": str, "int": int, "list": list, "Optional[list]": (list, type(None))}
+
+
 @dataclasses.dataclass
 class Frame:
     """One received frame: its decoded JSON and the descriptors that came with it."""
@@ -154,6 +203,20 @@ class Frame:
     @property
     def type(self) -> Optional[str]:
         return self.body.get("type")
+
+    def reply(self, cls: type[R]) -> R:
+        """The body as reply class cls; ProtocolError names a field of the
+        wrong JSON type."""
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in self.body or (self.body[f.name] is None and f.type != "Optional[list]"):
+                continue
+            v = self.body[f.name]
+            want = _JSON_TYPES[f.type]
+            if not isinstance(v, want) or (isinstance(v, bool) and f.type == "int"):
+                raise ProtocolError(f"{self.type} reply: field {f.name} is {type(v).__name__}, want {f.type}")
+            kw[f.name] = v
+        return cls(**kw)
 
     def close_fds(self) -> None:
         for fd in self.fds:

@@ -125,7 +125,7 @@ class Publisher:
                                mode="zero_copy", client=self.client)
         fr = self.conn.call(hello, "ok", "mismatch", timeout=self.timeout)
         if fr.type == "mismatch":
-            raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.body.get('fields')}")
+            raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.reply(protocol.Mismatch).fields}")
         req = protocol.Publish(sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
                                index_size=index.size(list(self.entries.values())), identity=self.identity)
         try:
@@ -136,14 +136,15 @@ class Publisher:
             raise PublishError(f"publish to {self.conn.path}: {e}") from None
         if fr.type == "ready":
             raise AlreadyPublished(f"publish to {self.conn.path}: a layout is already committed")
-        segs = fr.body.get("segments") or []
+        reply = fr.reply(protocol.PublishSegments)
+        segs = reply.segments
         if len(segs) != len(self.sizes) or len(fr.fds) != len(self.sizes) + 1 or any(
                 s.get("index") != i or s.get("size", 0) < self.sizes[i] for i, s in enumerate(segs)):
             fr.close_fds()
             raise protocol.ProtocolError(f"asked {self.conn.path} for segments {self.sizes} and an index, got {segs} with {len(fr.fds)} descriptors")
         self.fds, self.index_fd, fr.fds = fr.fds[:-1], fr.fds[-1], []
-        if str(fr.body.get("device", "")).startswith("GPU-"):
-            ordinal = cuda.ordinal_of(fr.body["device"])
+        if reply.device.startswith("GPU-"):
+            ordinal = cuda.ordinal_of(reply.device)
             self.gpu = [cuda.Mapping(fd, s["size"], ordinal, writable=True) for fd, s in zip(self.fds, segs)]
         return self
 
