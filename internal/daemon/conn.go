@@ -93,14 +93,7 @@ func (d *Daemon) serveConn(s *session) {
 		// Requests never carry descriptors.
 		fr.CloseFiles()
 		msg, files, keep := d.answer(s, fr)
-		// A client that does not take its reply (a manifest it never
-		// reads) is closed, and its lease with it.
-		_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
-		err = conn.Send(msg, files...)
-		for _, f := range files {
-			_ = f.Close()
-		}
-		if err != nil {
+		if err := d.send(conn, msg, files); err != nil {
 			d.log.Warn("closed a connection that did not take its reply", "type", fr.Type, "err", err)
 			return
 		}
@@ -108,6 +101,36 @@ func (d *Daemon) serveConn(s *session) {
 			return
 		}
 	}
+}
+
+// send writes one reply and closes its descriptors. A reply that carries
+// descriptors is one the client must read before its next request is
+// read: descriptors queued in a client's socket count against the uid's
+// in-flight limit (RLIMIT_NOFILE, without CAP_SYS_RESOURCE) until it reads
+// them, so pipelined manifests that are never read would otherwise make
+// every sendmsg of the uid fail, for every engine. A connection thus queues
+// at most one reply's descriptors. A client that does not take its reply
+// within the write timeout is closed, and its lease with it.
+func (d *Daemon) send(conn *protocol.Conn, msg any, files []*os.File) error {
+	uc := conn.Unix()
+	_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
+	err := conn.Send(msg, files...)
+	for _, f := range files {
+		_ = f.Close()
+	}
+	if err == nil && len(files) > 0 {
+		d.queueFDs(len(files))
+		err = awaitTaken(uc)
+		d.queueFDs(-len(files))
+	}
+	return err
+}
+
+// queueFDs counts descriptors sent in replies not read yet, for stats.
+func (d *Daemon) queueFDs(n int) {
+	d.mu.Lock()
+	d.queuedFDs += n
+	d.mu.Unlock()
 }
 
 // answer turns a handler's reply or error into the frame to send. keep is

@@ -70,6 +70,7 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
+	queuedFDs  int // sent in replies that their clients have not read
 	pub        publishState
 
 	wg       sync.WaitGroup

@@ -36,3 +36,29 @@ func hostMemory() (int64, error) {
 	}
 	return int64(si.Totalram) * int64(si.Unit), nil
 }
+
+// awaitTaken waits until the peer has read everything written to uc, or
+// until uc's write deadline. The poller wakes a writer whenever the peer
+// frees a buffer it has read (sock_wfree calls unix_write_space), and a
+// peer that closes frees them all; SIOCOUTQ is what is still unread.
+func awaitTaken(uc *net.UnixConn) error {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	err = raw.Write(func(fd uintptr) bool {
+		n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		if err != nil {
+			ierr = err
+			return true
+		}
+		// sock_wfree wakes writers while it still holds one unit of the
+		// last buffer it frees, so 1 is empty too.
+		return n <= 1
+	})
+	if err != nil {
+		return err
+	}
+	return ierr
+}

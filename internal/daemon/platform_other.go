@@ -14,3 +14,5 @@ var errNotSupported = errors.New("daemon: not supported on this platform (Linux 
 func peerUID(*net.UnixConn) (int, error) { return -1, errNotSupported }
 
 func hostMemory() (int64, error) { return 0, errNotSupported }
+
+func awaitTaken(*net.UnixConn) error { return errNotSupported }
