@@ -23,9 +23,9 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 		d.mu.Lock()
 		state, changed := d.state, d.pub.changed
 		d.mu.Unlock()
-		if state == stateReady {
+		if l := d.served(); state == stateReady && l != nil {
 			// Ready already: answered before a zero timeout could race it.
-			return reply{msg: protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady}}, nil
+			return reply{msg: l.ready}, nil
 		}
 		if state == stateEmpty {
 			// Nobody is publishing: waiting cannot help.
@@ -34,7 +34,10 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 		}
 		select {
 		case <-d.readyCh:
-			return reply{msg: protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady, Identity: d.identity()}}, nil
+			if l := d.served(); l != nil {
+				return reply{msg: l.ready}, nil
+			}
+			continue // freed: stopCh is closed too
 		case <-changed:
 			continue
 		case <-d.stopCh:

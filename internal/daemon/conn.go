@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -111,20 +113,48 @@ func (d *Daemon) serveConn(s *session) {
 // every sendmsg of the uid fail, for every engine. A connection thus queues
 // at most one reply's descriptors. A client that does not take its reply
 // within the write timeout is closed, and its lease with it.
+//
+// A reply's bytes beyond freeReply count in the in-flight budget, as a
+// request's do, until the client has read them: a client that asks and
+// never reads holds them in its socket and in the daemon's memory. Over
+// the budget, the client gets busy instead and is closed.
 func (d *Daemon) send(conn *protocol.Conn, msg any, files []*os.File) error {
+	defer func() {
+		for _, f := range files {
+			_ = f.Close()
+		}
+	}()
 	uc := conn.Unix()
 	_ = uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
-	err := conn.Send(msg, files...)
-	for _, f := range files {
-		_ = f.Close()
+	body, ok := msg.(json.RawMessage)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(msg); err != nil {
+			return fmt.Errorf("encode a %T reply: %w", msg, err)
+		}
 	}
-	if err == nil && len(files) > 0 {
+	charge := int64(len(body)) - freeReply
+	if charge > 0 {
+		if err := d.budget.Take(charge); err != nil {
+			_ = conn.Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s: a reply of %d bytes: %v", d.ln.path, len(body), err))
+			return err
+		}
+		defer d.budget.Give(charge)
+	}
+	err := conn.Send(body, files...)
+	if err == nil && (len(files) > 0 || charge > 0) {
 		d.queueFDs(len(files))
 		err = awaitTaken(uc)
 		d.queueFDs(-len(files))
 	}
 	return err
 }
+
+// freeReply is the part of a reply sent without charging the in-flight
+// budget: a manifest of many segments, or the identity of a checkpoint of
+// hundreds of shards, fits in it, so a budget spent by others never
+// refuses an engine its reply.
+const freeReply = 64 << 10
 
 // queueFDs counts descriptors sent in replies not read yet, for stats.
 func (d *Daemon) queueFDs(n int) {

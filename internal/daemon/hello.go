@@ -45,7 +45,10 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 		return reply{}, mismatch(diff)
 	}
 	s.hello = &h
-	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version, Identity: d.identity()}}, nil
+	if l := d.served(); l != nil {
+		return reply{msg: l.hello}, nil
+	}
+	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version}}, nil
 }
 
 // helloFieldTooLong names the first string field of h over MaxFieldBytes;

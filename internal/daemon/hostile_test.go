@@ -1,13 +1,18 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -68,5 +73,133 @@ func TestPipelinedManifestsOneInFlight(t *testing.T) {
 	d.mu.Unlock()
 	if queued != 0 || fds != want {
 		t.Fatalf("%d descriptors counted queued after the close; the reply carried %d, want %d", queued, fds, want)
+	}
+}
+
+// fakeIdentity is n files whose names are nameLen bytes each.
+func fakeIdentity(n, nameLen int) checkpoint.Identity {
+	id := make(checkpoint.Identity, n)
+	for i := range id {
+		name := fmt.Sprintf("model-%05d.safetensors", i)
+		id[i] = checkpoint.FileStat{Name: name + strings.Repeat("x", max(nameLen-len(name), 0)), Size: 1 << 32, Ino: uint64(i)}
+	}
+	return id
+}
+
+// rawHello is a connection that said hello as engine raw to a
+// publish-only daemon, with its reply read.
+func rawHello(t *testing.T, d *Daemon, model string) *protocol.Conn {
+	t.Helper()
+	c := rawConn(t, d.Socket())
+	if _, err := c.Call(context.Background(), rawHelloMsg(t, model), protocol.TypeOK); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func rawHelloMsg(t *testing.T, model string) protocol.Hello {
+	t.Helper()
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp.Engine = "raw"
+	return protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}
+}
+
+// A publisher's identity is bounded in files and in bytes of names.
+func TestPublishIdentityBounded(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := startPublishOnly(t, model, dir)
+	for _, tc := range []struct {
+		name     string
+		identity checkpoint.Identity
+		want     string
+	}{
+		{"files", fakeIdentity(MaxIdentityFiles+1, 0), fmt.Sprintf("lists %d files, over the limit of %d", MaxIdentityFiles+1, MaxIdentityFiles)},
+		{"name", fakeIdentity(1, MaxFieldBytes+1), "identity[0].name is"},
+		{"names", fakeIdentity(MaxIdentityNameBytes/MaxFieldBytes+1, MaxFieldBytes), "bytes of file names, over the limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawHello(t, d, model)
+			req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexHeaderLen, Identity: tc.identity}
+			fr, err := c.Call(context.Background(), req, protocol.TypePublishSegments)
+			if err == nil {
+				fr.CloseFiles()
+			}
+			if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("publish: %v, want bad_request saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Clients that send hello and never read their replies hold nothing of
+// their own in the daemon: the reply carrying a publisher's identity is
+// encoded once, and its bytes beyond freeReply count in the in-flight
+// budget until read; over it, the client is told busy and closed. An
+// engine of another name meanwhile gets its named miss.
+func TestUnreadHelloRepliesBounded(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	const budget = 768 << 10
+	d := start(t, model, dir, "host", func(c *Config) { c.PublishOnly = true; c.Limits.MaxInflightBytes = budget })
+	id := fakeIdentity(MaxIdentityFiles, MaxIdentityNameBytes/MaxIdentityFiles)
+	ctx := context.Background()
+	w := rawHello(t, d, model)
+	rawPublishIdentity(t, w, []protocol.Tensor{{Name: "a", DType: "U8", Shape: []int64{1}, NBytes: 1}}, id).CloseFiles()
+	if _, err := w.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: 1}, protocol.TypeCommitted); err != nil {
+		t.Fatal(err)
+	}
+	l := d.served()
+	if len(l.hello) <= freeReply || 2*(len(l.hello)-freeReply) <= budget {
+		t.Fatalf("hello reply of %d bytes: the test needs one that takes over half the budget", len(l.hello))
+	}
+	hello := frames(t, rawHelloMsg(t, model), 1)
+	var conns []*protocol.Conn
+	for range 40 {
+		c := rawConn(t, d.Socket())
+		if _, err := c.Unix().Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// One reply fits the budget; the 39 others are refused once their
+	// hellos are answered.
+	waitFor(t, func() bool { return d.Stats().Connections == 2 })
+	if used := d.budget.used.Load(); used != int64(len(l.hello)-freeReply) {
+		t.Fatalf("budget holds %d bytes, want the one unread reply's %d", used, len(l.hello)-freeReply)
+	}
+	var refused int
+	for _, c := range conns {
+		fr, err := c.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fr.Type == protocol.TypeOK {
+			if !bytes.Equal(fr.Body, l.hello) {
+				t.Fatal("hello reply is not the one encoded for the layout")
+			}
+			continue
+		}
+		var e protocol.Error
+		if fr.Decode(&e); e.Code != protocol.CodeBusy || !strings.Contains(e.Message, fmt.Sprintf("(limit %d)", budget)) {
+			t.Fatalf("reply %s, want ok or busy naming the budget", fr.Body)
+		}
+		refused++
+	}
+	if refused != len(conns)-1 {
+		t.Fatalf("%d of %d unread replies refused, want all but one", refused, len(conns))
+	}
+	waitFor(t, func() bool { return d.budget.used.Load() == 0 })
+	e := attach(t, model, dir)
+	if e.Source.Reason != client.ReasonFingerprintMismatch {
+		t.Fatalf("engine beside the clients that do not read: %s, want a fingerprint_mismatch miss", e.Source)
+	}
+	// Every hello is answered from the bytes encoded once.
+	fr := &protocol.Frame{Type: protocol.TypeHello, Version: protocol.Version, Body: hello[4:]}
+	r, err := d.hello(&session{}, fr)
+	if got, ok := r.msg.(json.RawMessage); err != nil || !ok || &got[0] != &l.hello[0] {
+		t.Fatalf("hello reply re-encoded (%T, %v)", r.msg, err)
 	}
 }

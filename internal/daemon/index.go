@@ -23,6 +23,20 @@ type layout struct {
 	// identity is what hello offers: the stat identity of the files the
 	// layout came from, nil when they changed while loading.
 	identity checkpoint.Identity
+	// hello and ready are the encoded ok and ready replies that carry
+	// identity, encoded once: a publisher's identity can be large, and a
+	// copy per reply would grow with every client that does not read it.
+	hello, ready json.RawMessage
+}
+
+// encodeReplies encodes the replies that offer l's identity.
+func (l *layout) encodeReplies(device string) error {
+	var err error
+	l.hello, err = json.Marshal(protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: device, Daemon: Version, Identity: l.identity})
+	if err == nil {
+		l.ready, err = json.Marshal(protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady, Identity: l.identity})
+	}
+	return err
 }
 
 // newLayout writes the index of tensors and prepares the manifest frame.

@@ -34,6 +34,11 @@ const (
 	// MaxFieldBytes caps every string field of a request; logs quote at
 	// most logPrefix bytes of one (quote.go).
 	MaxFieldBytes = 4 << 10
+	// MaxIdentityFiles and MaxIdentityNameBytes bound the stat identity a
+	// publisher states (a checkpoint's shards and its index): every hello
+	// reply carries it.
+	MaxIdentityFiles     = 4096
+	MaxIdentityNameBytes = 256 << 10
 )
 
 func (l Limits) withDefaults() Limits {

@@ -73,12 +73,36 @@ func (d *Daemon) fingerprintDiff(want checkpoint.Fingerprint) []checkpoint.Field
 // identity is the stat identity offered to engines: the layout's, or nil
 // while there is none.
 func (d *Daemon) identity() checkpoint.Identity {
+	if l := d.served(); l != nil {
+		return l.identity
+	}
+	return nil
+}
+
+// served is the layout served, or nil while there is none.
+func (d *Daemon) served() *layout {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.layout == nil {
-		return nil
+	return d.layout
+}
+
+// checkIdentity bounds what a publisher says its files are: hello replies
+// carry it to every engine.
+func checkIdentity(id checkpoint.Identity) error {
+	if len(id) > MaxIdentityFiles {
+		return fmt.Errorf("publish: field identity lists %d files, over the limit of %d", len(id), MaxIdentityFiles)
 	}
-	return d.layout.identity
+	n := 0
+	for i, f := range id {
+		if len(f.Name) > MaxFieldBytes {
+			return fmt.Errorf("publish: field identity[%d].name is %d bytes, over the limit of %d", i, len(f.Name), MaxFieldBytes)
+		}
+		n += len(f.Name)
+	}
+	if n > MaxIdentityNameBytes {
+		return fmt.Errorf("publish: field identity names %d bytes of file names, over the limit of %d", n, MaxIdentityNameBytes)
+	}
+	return nil
 }
 
 func (d *Daemon) publish(s *session, fr *protocol.Frame) (reply, error) {
@@ -147,6 +171,9 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 	}
 	if p.IndexSize < protocol.IndexHeaderLen || p.IndexSize > maxPublishIndex {
 		return protocol.Errorf(protocol.CodeBadRequest, "publish: field index_size is %d, want %d to %d bytes", p.IndexSize, protocol.IndexHeaderLen, int64(maxPublishIndex))
+	}
+	if err := checkIdentity(p.Identity); err != nil {
+		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
 	if err := d.checkPublishSize(p.Sizes); err != nil {
 		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)

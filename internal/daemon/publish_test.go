@@ -308,7 +308,13 @@ func TestManifestAfterOtherEnginePublished(t *testing.T) {
 // the index memfd that comes after it.
 func rawPublish(t *testing.T, c *protocol.Conn, ts []protocol.Tensor) *protocol.Frame {
 	t.Helper()
-	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexSize(ts)}
+	return rawPublishIdentity(t, c, ts, nil)
+}
+
+// rawPublishIdentity is rawPublish stating identity as the writer's files.
+func rawPublishIdentity(t *testing.T, c *protocol.Conn, ts []protocol.Tensor, identity checkpoint.Identity) *protocol.Frame {
+	t.Helper()
+	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexSize(ts), Identity: identity}
 	fr, err := c.Call(context.Background(), req, protocol.TypePublishSegments)
 	if err != nil {
 		t.Fatal(err)

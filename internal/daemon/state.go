@@ -67,6 +67,12 @@ func allowed(from, to state) bool {
 // It reports false, changing nothing, when the daemon left from
 // meanwhile; l is then the caller's to free. Callers hold d.mu.
 func (d *Daemon) becomeReadyLocked(from state, l *layout, loadSecs float64, msg string, logArgs ...any) bool {
+	if err := l.encodeReplies(d.cfg.Backend.Device()); err != nil {
+		// Cannot happen (plain fields); offering no identity is safe.
+		d.log.Warn("encode the identity: engines must send the checkpoint hash", "err", err)
+		l.identity = nil
+		_ = l.encodeReplies(d.cfg.Backend.Device())
+	}
 	if !d.moveLocked(from, stateReady) {
 		return false
 	}
