@@ -155,7 +155,7 @@ func (p *Publisher) claim(ctx context.Context, fp checkpoint.Fingerprint, identi
 		return &MissError{Source: miss(ReasonFingerprintMismatch, "", nil, fieldDiffs(m.Fields)...)}
 	}
 	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: sizes, WaitMS: p.o.publishWait.Milliseconds(),
-		IndexSize: protocol.IndexSize(p.tensors), Identity: identity}
+		IndexSize: protocol.IndexSize(p.tensors), Tensors: len(p.tensors), Identity: identity}
 	wctx, cancel := context.WithTimeout(ctx, p.o.connectTimeout+p.o.publishWait)
 	fr, err = p.conn.Call(wctx, req, protocol.TypePublishSegments, protocol.TypeReady)
 	cancel()

@@ -44,7 +44,7 @@ func gpuClaim(t *testing.T, d *Daemon, model string, ts []protocol.Tensor) (*pro
 	if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: d.cfg.Backend.Device(), Mode: "zero_copy"}, protocol.TypeOK); err != nil {
 		t.Fatal(err)
 	}
-	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{2 << 20}, IndexSize: protocol.IndexSize(ts), Identity: ckpt.Identity}
+	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{2 << 20}, IndexSize: protocol.IndexSize(ts), Tensors: len(ts), Identity: ckpt.Identity}
 	fr, err := c.Call(ctx, req, protocol.TypePublishSegments)
 	if err != nil {
 		return c, nil, err

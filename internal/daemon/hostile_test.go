@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -123,7 +125,7 @@ func TestPublishIdentityBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := rawHello(t, d, model)
-			req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexHeaderLen, Identity: tc.identity}
+			req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexHeaderLen, Tensors: 1, Identity: tc.identity}
 			fr, err := c.Call(context.Background(), req, protocol.TypePublishSegments)
 			if err == nil {
 				fr.CloseFiles()
@@ -201,5 +203,82 @@ func TestUnreadHelloRepliesBounded(t *testing.T) {
 	r, err := d.hello(&session{}, fr)
 	if got, ok := r.msg.(json.RawMessage); err != nil || !ok || &got[0] != &l.hello[0] {
 		t.Fatalf("hello reply re-encoded (%T, %v)", r.msg, err)
+	}
+}
+
+// index_size is bounded by what the tensor count can need and counts in
+// --max-publish-bytes, and a commit must list the tensors its publish did.
+func TestPublishIndexBounded(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	const most = 1 << 20
+	d := start(t, model, dir, "host", func(c *Config) { c.PublishOnly = true; c.Limits.MaxPublishBytes = most })
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		tensors   int
+		indexSize int64
+		want      string
+	}{
+		{"no count", 0, protocol.IndexHeaderLen, "field tensors is 0"},
+		{"over the count's need", 1, maxIndexSize(1) + 1, fmt.Sprintf("want %d to %d bytes (what 1 tensors can need)", protocol.IndexHeaderLen, maxIndexSize(1))},
+		{"over the budget", 1000, most - 4095, fmt.Sprintf("add up to %d bytes, over --max-publish-bytes %d", most+1, most)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawHello(t, d, model)
+			req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: tc.indexSize, Tensors: tc.tensors}
+			fr, err := c.Call(ctx, req, protocol.TypePublishSegments)
+			if err == nil {
+				fr.CloseFiles()
+			}
+			if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("publish: %v, want bad_request saying %q", err, tc.want)
+			}
+			waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
+		})
+	}
+	c := rawHello(t, d, model)
+	ts := []protocol.Tensor{{Name: "a", DType: "U8", Shape: []int64{1}, NBytes: 1}}
+	rawPublish(t, c, ts).CloseFiles()
+	_, err := c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: 2}, protocol.TypeCommitted)
+	if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "lists 2 tensors, the publish 1") {
+		t.Fatalf("commit of another count: %v", err)
+	}
+}
+
+// The committed index is mapped, not read into the heap: a large index
+// costs the daemon only the pages its entries use.
+func TestCommitReadsIndexMapped(t *testing.T) {
+	hb, err := host.New("host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 64 << 20
+	seg, err := hb.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Free()
+	ts := []protocol.Tensor{{Name: "a", DType: "U8", Shape: []int64{1}, NBytes: 1}}
+	idx := make([]byte, protocol.IndexSize(ts))
+	if err := protocol.EncodeIndex(idx, ts); err != nil {
+		t.Fatal(err)
+	}
+	// The header says where the index ends: at the segment's end, as a
+	// writer that asked for more room than its entries need writes it.
+	binary.LittleEndian.PutUint64(idx[56:], size)
+	if _, err := seg.(interface {
+		WriteAt([]byte, int64) (int, error)
+	}).WriteAt(idx, 0); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, err := readIndex(seg, 1)
+	runtime.ReadMemStats(&after)
+	if err != nil || len(got) != 1 || got[0].Name != "a" {
+		t.Fatalf("readIndex: %v %v", got, err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > size/2 {
+		t.Fatalf("reading a %d-byte index allocated %d bytes", size, grew)
 	}
 }

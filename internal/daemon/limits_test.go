@@ -126,7 +126,7 @@ func TestPublishSizeBounded(t *testing.T) {
 		{[]int64{math.MaxInt64, math.MaxInt64}, "adds up to more than"},
 	} {
 		c := helloConn(t, d, model, "raw")
-		_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: tc.sizes, IndexSize: protocol.IndexHeaderLen}, protocol.TypePublishSegments)
+		_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: tc.sizes, IndexSize: protocol.IndexHeaderLen, Tensors: 1}, protocol.TypePublishSegments)
 		if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
 			t.Fatalf("publish %v: %v, want %q", tc.sizes, err, tc.want)
 		}
@@ -134,7 +134,7 @@ func TestPublishSizeBounded(t *testing.T) {
 	d2 := start(t, model, sockDir(t), "host:1", func(c *Config) { c.PublishOnly = true })
 	c := helloConn(t, d2, model, "raw")
 	tib := int64(1) << 40
-	_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{tib, tib, tib, tib}, IndexSize: protocol.IndexHeaderLen}, protocol.TypePublishSegments)
+	_, err := c.Call(context.Background(), protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{tib, tib, tib, tib}, IndexSize: protocol.IndexHeaderLen, Tensors: 1}, protocol.TypePublishSegments)
 	if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), "memory") {
 		t.Fatalf("4 x 1 TiB publish: %v", err)
 	}

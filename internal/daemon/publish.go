@@ -25,8 +25,10 @@ type publishState struct {
 	// fp is the fingerprint hellos must match exactly: the writer's while
 	// it publishes, the committed one afterwards; nil while empty.
 	fp *checkpoint.Fingerprint
-	// identity is what the writer says its checkpoint files are.
+	// identity is what the writer says its checkpoint files are, and
+	// tensors how many entries its index holds.
 	identity checkpoint.Identity
+	tensors  int
 	// changed is closed and replaced whenever the writer or the layout
 	// changes, to wake waiting writers and readers.
 	changed chan struct{}
@@ -121,7 +123,7 @@ func (d *Daemon) publish(s *session, fr *protocol.Frame) (reply, error) {
 		if d.moveLocked(stateEmpty, statePublishing) {
 			fp := s.hello.Fingerprint
 			d.pub.writer, d.pub.fp = s, &fp
-			d.pub.identity = p.Identity
+			d.pub.identity, d.pub.tensors = p.Identity, p.Tensors
 			d.pub.signal()
 			d.mu.Unlock()
 			s.writer = true
@@ -169,21 +171,35 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 			return protocol.Errorf(protocol.CodeBadRequest, "publish: sizes[%d] is %d, want a positive byte count", i, n)
 		}
 	}
-	if p.IndexSize < protocol.IndexHeaderLen || p.IndexSize > maxPublishIndex {
-		return protocol.Errorf(protocol.CodeBadRequest, "publish: field index_size is %d, want %d to %d bytes", p.IndexSize, protocol.IndexHeaderLen, int64(maxPublishIndex))
+	if p.Tensors < 1 || p.Tensors > maxPublishTensors {
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: field tensors is %d, want the count of entries the index will hold, 1 to %d", p.Tensors, maxPublishTensors)
+	}
+	if most := maxIndexSize(p.Tensors); p.IndexSize < protocol.IndexHeaderLen || p.IndexSize > most {
+		return protocol.Errorf(protocol.CodeBadRequest, "publish: field index_size is %d, want %d to %d bytes (what %d tensors can need)", p.IndexSize, protocol.IndexHeaderLen, most, p.Tensors)
 	}
 	if err := checkIdentity(p.Identity); err != nil {
 		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
-	if err := d.checkPublishSize(p.Sizes); err != nil {
+	if err := d.checkPublishSize(p.Sizes, p.IndexSize); err != nil {
 		return protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
 	return nil
 }
 
-// maxPublishIndex bounds the index a writer may ask room for: 4 GiB, some
-// tens of millions of tensors.
-const maxPublishIndex = 4 << 30
+// maxPublishTensors bounds the entries of a published index (its format
+// allows 2^32-1): some tens of millions of tensors, far beyond any model.
+const maxPublishTensors = 1 << 26
+
+// maxTensorDims is the most dimensions per tensor that maxIndexSize makes
+// room for, on average over the index.
+const maxTensorDims = 32
+
+// maxIndexSize is the largest index n tensors can need: an entry, an
+// order slot, maxTensorDims dimensions and a name of MaxFieldBytes each.
+func maxIndexSize(n int) int64 {
+	const perTensor = protocol.IndexEntryLen + 4 + 8*maxTensorDims + MaxFieldBytes
+	return protocol.IndexHeaderLen + int64(n)*perTensor + 8
+}
 
 // grantSegments allocates the writer's segments, and after them a host
 // memfd of indexSize bytes for the writer's manifest index. On failure the
@@ -274,8 +290,13 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
 		return reply{}, err
 	}
 	d.mu.Lock()
-	segs := d.pub.segments
+	segs, promised := d.pub.segments, d.pub.tensors
 	d.mu.Unlock()
+	if c.Tensors != promised {
+		err := fmt.Errorf("commit on %s lists %d tensors, the publish %d", d.ln.path, c.Tensors, promised)
+		d.abortPublish(s, err.Error())
+		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "%v", err)
+	}
 	// The last segment is the writer's index: read once sealed, then
 	// replaced by the daemon's own, checksums included.
 	segs, idx := segs[:len(segs)-1], segs[len(segs)-1]
@@ -405,20 +426,27 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 }
 
 // readIndex seals the writer's index segment (so that it cannot change
-// under us), reads it and decodes every entry; count is how many the
-// commit says there are.
-func readIndex(seg backend.Segment, count int) ([]protocol.Tensor, error) {
+// under us), maps it and decodes every entry; count is how many the
+// commit says there are. Mapped, not read into the heap: only the pages
+// the entries use are touched, whatever index_size the writer asked for.
+func readIndex(seg backend.Segment, count int) (_ []protocol.Tensor, err error) {
 	if err := seg.Seal(); err != nil {
 		return nil, fmt.Errorf("seal the index segment: %w (unmap every writable mapping of it before commit)", err)
 	}
-	r, ok := seg.(io.ReaderAt)
-	if !ok {
-		return nil, errors.New("the index segment cannot be read")
+	f, err := seg.Export()
+	if err != nil {
+		return nil, fmt.Errorf("export the index segment: %w", err)
 	}
-	buf := make([]byte, seg.Size())
-	if _, err := r.ReadAt(buf, 0); err != nil {
-		return nil, fmt.Errorf("read the index segment: %w", err)
+	buf, err := host.Map(f, seg.Size())
+	_ = f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("map the index segment: %w", err)
 	}
+	defer func() {
+		if uerr := host.Unmap(buf); uerr != nil && err == nil {
+			err = fmt.Errorf("unmap the index segment: %w", uerr)
+		}
+	}()
 	x, err := protocol.OpenIndex(buf)
 	if err != nil {
 		return nil, err
@@ -438,23 +466,27 @@ func readIndex(seg backend.Segment, count int) ([]protocol.Tensor, error) {
 // checkPublishSize refuses a publish whose segments add up to more than
 // MaxPublishBytes or than the device can hold, before anything is
 // allocated: a sparse segment would be cheap to grant and dear to seal.
-func (d *Daemon) checkPublishSize(sizes []int64) error {
+//
+// The index memfd counts too: it is host memory whatever the device.
+func (d *Daemon) checkPublishSize(sizes []int64, indexSize int64) error {
 	var total int64
-	for _, n := range sizes {
+	for _, n := range append(sizes[:len(sizes):len(sizes)], indexSize) {
 		if n > math.MaxInt64-total {
 			return fmt.Errorf("publish: field sizes adds up to more than %d bytes", int64(math.MaxInt64))
 		}
 		total += n
 	}
 	if most := d.limits.MaxPublishBytes; most > 0 && total > most {
-		return fmt.Errorf("publish: field sizes adds up to %d bytes, over --max-publish-bytes %d", total, most)
+		return fmt.Errorf("publish: fields sizes and index_size add up to %d bytes, over --max-publish-bytes %d", total, most)
 	}
 	// A device that plans its room (GPUs, --reserve-bytes) is asked when
 	// the segments are granted; host memory is bounded by the host's.
-	if _, planned := d.cfg.Backend.(backend.Planner); !planned {
-		if ram, err := hostMemory(); err == nil && total > ram {
-			return fmt.Errorf("publish: field sizes adds up to %d bytes, more than the host's %d bytes of memory", total, ram)
-		}
+	onHost := total
+	if _, planned := d.cfg.Backend.(backend.Planner); planned {
+		onHost = indexSize
+	}
+	if ram, err := hostMemory(); err == nil && onHost > ram {
+		return fmt.Errorf("publish: fields sizes and index_size add up to %d bytes of host memory, more than the host's %d bytes", onHost, ram)
 	}
 	return nil
 }

@@ -314,7 +314,7 @@ func rawPublish(t *testing.T, c *protocol.Conn, ts []protocol.Tensor) *protocol.
 // rawPublishIdentity is rawPublish stating identity as the writer's files.
 func rawPublishIdentity(t *testing.T, c *protocol.Conn, ts []protocol.Tensor, identity checkpoint.Identity) *protocol.Frame {
 	t.Helper()
-	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexSize(ts), Identity: identity}
+	req := protocol.Publish{Head: protocol.NewHead(protocol.TypePublish), Sizes: []int64{4096}, IndexSize: protocol.IndexSize(ts), Tensors: len(ts), Identity: identity}
 	fr, err := c.Call(context.Background(), req, protocol.TypePublishSegments)
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,9 @@ type Publish struct {
 	// which the writer encodes every tensor's entry (CRC32C 0) before it
 	// commits, so that a commit costs the same at any tensor count.
 	IndexSize int64 `json:"index_size"`
+	// Tensors is how many entries the index will hold: the commit must
+	// say the same, and IndexSize may be at most what that many can need.
+	Tensors int `json:"tensors"`
 	// Identity is the stat identity of the checkpoint files the engine
 	// loaded; the daemon offers it with the committed layout.
 	Identity checkpoint.Identity `json:"identity,omitempty"`

@@ -125,6 +125,7 @@ class Publish:
     sizes: list[int]
     wait_ms: int
     index_size: int
+    tensors: int
     identity: Optional[list] = None
     type: ClassVar[str] = "publish"
 

@@ -127,7 +127,8 @@ class Publisher:
         if fr.type == "mismatch":
             raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.reply(protocol.Mismatch).fields}")
         req = protocol.Publish(sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
-                               index_size=index.size(list(self.entries.values())), identity=self.identity)
+                               index_size=index.size(list(self.entries.values())),
+                               tensors=len(self.entries), identity=self.identity)
         try:
             fr = self.conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
         except protocol.WireError as e:
