@@ -34,6 +34,8 @@ type DaemonStatus struct {
 	TotalBytes     int64            `json:"total_bytes,omitempty"` // what loading reads in all
 	LoadSeconds    float64          `json:"load_seconds"`
 	Leases         int              `json:"leases"`
+	LeaseLimit     int              `json:"lease_limit"`    // leases the daemon grants at most
+	LeasesRefused  int64            `json:"leases_refused"` // a process over its cap, or the table full
 	Connections    int              `json:"connections"`
 	Handshakes     map[string]int64 `json:"handshakes"` // by result: hit, fingerprint_mismatch, ...
 	Mismatches     map[string]int64 `json:"mismatches"` // by fingerprint field
@@ -65,7 +67,8 @@ func statusOf(st protocol.Stats) DaemonStatus {
 		Type: st.Type, Version: st.Version, Device: st.Device, Group: st.Group, State: st.State, PID: st.PID,
 		Socket: st.Socket, Model: st.Model, Fingerprint: Fingerprint(st.Fingerprint), FingerprintSum: st.FingerprintSum,
 		Tensors: st.Tensors, Bytes: st.Bytes, Segments: st.Segments, LoadedBytes: st.LoadedBytes, TotalBytes: st.TotalBytes,
-		LoadSeconds: st.LoadSeconds, Leases: st.Leases, Connections: st.Connections, Handshakes: st.Handshakes,
+		LoadSeconds: st.LoadSeconds, Leases: st.Leases, LeaseLimit: st.LeaseLimit, LeasesRefused: st.LeasesRefused,
+		Connections: st.Connections, Handshakes: st.Handshakes,
 		Mismatches: st.Mismatches, Releases: st.Releases, Error: st.Error,
 	}
 	if p := st.Plan; p != nil {

@@ -50,7 +50,8 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.settings.Limits.IdleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection without a lease that sends nothing for this long")
 	fs.DurationVar(&p.settings.Limits.HelloTimeout, "hello-timeout", daemon.DefaultHelloTimeout, "close a connection that has not said hello after this long")
 	fs.DurationVar(&p.settings.Limits.WriteTimeout, "write-timeout", daemon.DefaultWriteTimeout, "close a connection (dropping its lease) that does not take a reply in this long")
-	fs.Int64Var(&p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments one publish may allocate (0: what the device can hold)")
+	fs.Int64Var(&p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments and index one publish may allocate (0: what the device can hold)")
+	fs.IntVar(&p.settings.Limits.MaxLeasesPerProcess, "max-leases-per-process", daemon.DefaultMaxLeasesPerProcess, "leases one engine process (by its pid) may hold per rank")
 	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 	p.gpu.register(fs)
 }

@@ -72,14 +72,15 @@ func (d *Daemon) manifest(s *session) (reply, error) {
 		d.count(protocol.ResultMismatch, diff)
 		return reply{}, mismatch(diff)
 	}
+	if err := d.takeLease(s); err != nil {
+		d.count(protocol.ResultNotReady, nil)
+		return reply{}, retryable{err}
+	}
 	files, err := exportFiles(l)
 	if err != nil {
+		d.dropLease(s)
 		d.count(protocol.ResultError, nil)
 		return reply{}, protocol.Errorf(protocol.CodeInternal, "%v", err)
-	}
-	if !s.leased {
-		s.leased = true
-		d.addLease(1)
 	}
 	d.count(protocol.ResultHit, nil)
 	return reply{msg: l.manifest, files: files}, nil

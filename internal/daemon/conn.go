@@ -20,6 +20,7 @@ type session struct {
 	uc *net.UnixConn
 
 	// Owned by the connection's goroutine.
+	pid    int // the peer's, from SO_PEERCRED: leases are capped per process
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
@@ -54,17 +55,17 @@ func (m mismatch) Error() string { return "mismatch: " + m[0].Field }
 func (d *Daemon) serveConn(s *session) {
 	uc := s.uc
 	conn := protocol.NewConn(uc, protocol.MaxRequestFrame)
-	if uid, err := d.cfg.peerUID(uc); err != nil || uid != os.Geteuid() {
+	uid, pid, err := d.cfg.peerCred(uc)
+	if err != nil || uid != os.Geteuid() {
 		d.log.Warn("refused connection", "peer_uid", uid, "err", err)
 		_ = conn.Send(protocol.Errorf(protocol.CodePermission, "socket %s serves uid %d only; peer is uid %d", d.ln.path, os.Geteuid(), uid))
 		return
 	}
+	s.pid = pid
 	conn.SetBudget(&d.budget)
 	defer func() {
 		conn.Release()
-		if s.leased {
-			d.addLease(-1)
-		}
+		d.dropLease(s)
 		if s.writer {
 			d.abortPublish(s, "connection closed before commit")
 		}
@@ -194,9 +195,7 @@ func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply, error) {
 	case protocol.TypeManifest:
 		return d.manifest(s)
 	case protocol.TypeRelease:
-		if s.leased {
-			s.leased = false
-			d.addLease(-1)
+		if d.dropLease(s) {
 			d.mu.Lock()
 			d.releases++
 			d.mu.Unlock()

@@ -38,9 +38,9 @@ type Config struct {
 	// PlanReport, for a tensor-parallel rank, is what its sharding plan
 	// replicated; status shows it.
 	PlanReport *protocol.PlanReport
-	// peerUID reads the uid of a connection's peer; nil is SO_PEERCRED.
-	// Tests fake it: a peer of a second uid needs root to make.
-	peerUID func(*net.UnixConn) (int, error)
+	// peerCred reads the uid and pid of a connection's peer; nil is
+	// SO_PEERCRED. Tests fake it: a peer of a second uid needs root to make.
+	peerCred func(*net.UnixConn) (uid, pid int, err error)
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -65,6 +65,8 @@ type Daemon struct {
 	loadSecs   float64
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
+	peerLeases map[int]int   // live leases by peer pid
+	refused    int64         // leases refused: a peer's cap, or the table full
 	conns      map[*net.UnixConn]*session
 	evicted    int64
 	handshakes map[string]int64
@@ -100,8 +102,8 @@ func Start(cfg Config) (*Daemon, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.peerUID == nil {
-		cfg.peerUID = peerUID
+	if cfg.peerCred == nil {
+		cfg.peerCred = peerCred
 	}
 	if err := protocol.EnsureSocketDir(cfg.SocketDir); err != nil {
 		return nil, err
@@ -125,6 +127,7 @@ func Start(cfg Config) (*Daemon, error) {
 		pub:        newPublishState(),
 		leaseCh:    make(chan struct{}, 1),
 		conns:      map[*net.UnixConn]*session{},
+		peerLeases: map[int]int{},
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
@@ -228,12 +231,14 @@ func (d *Daemon) Stats() protocol.Stats {
 		TotalBytes:     d.total.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
+		LeasesRefused:  d.refused,
 		Connections:    len(d.conns),
 		Handshakes:     copyMap(d.handshakes),
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
 		Plan:           d.cfg.PlanReport,
 	}
+	st.LeaseLimit, _ = d.limits.leaseTable()
 	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
 		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in
 	}
@@ -268,14 +273,54 @@ func (d *Daemon) count(result string, fields []checkpoint.FieldDiff) {
 	}
 }
 
-func (d *Daemon) addLease(n int) {
-	d.mu.Lock()
-	d.leases += n
-	d.mu.Unlock()
-	if n < 0 {
-		select {
-		case d.leaseCh <- struct{}{}:
-		default:
-		}
+// takeLease gives s a lease unless that takes its peer process over
+// MaxLeasesPerProcess or the lease table over its limit. Leases are never
+// evicted, so the table keeps room that no lease takes (for stats, which
+// the launcher's /metrics and status read) and a share that only a
+// process holding no lease yet may take: one client cannot lock every
+// engine out. A connection holds at most one lease.
+func (d *Daemon) takeLease(s *session) *protocol.Error {
+	if s.leased {
+		return nil
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	table, shared := d.limits.leaseTable()
+	held := d.peerLeases[s.pid]
+	var err *protocol.Error
+	switch {
+	case held >= d.limits.MaxLeasesPerProcess:
+		err = protocol.Errorf(protocol.CodeBusy, "daemon on %s: process %d holds %d leases (limit %d, --max-leases-per-process)", d.ln.path, s.pid, held, d.limits.MaxLeasesPerProcess)
+	case d.leases >= table:
+		err = protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d leases, its limit (--max-connections %d, less room kept for stats)", d.ln.path, d.leases, d.limits.MaxConnections)
+	case held > 0 && d.leases >= shared:
+		err = protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d leases; the last %d are kept for processes that hold none, and process %d holds %d", d.ln.path, d.leases, table-shared, s.pid, held)
+	}
+	if err != nil {
+		d.refused++
+		return err
+	}
+	s.leased = true
+	d.leases++
+	d.peerLeases[s.pid]++
+	return nil
+}
+
+// dropLease ends s's lease, reporting whether it held one.
+func (d *Daemon) dropLease(s *session) bool {
+	if !s.leased {
+		return false
+	}
+	s.leased = false
+	d.mu.Lock()
+	d.leases--
+	if d.peerLeases[s.pid]--; d.peerLeases[s.pid] <= 0 {
+		delete(d.peerLeases, s.pid)
+	}
+	d.mu.Unlock()
+	select {
+	case d.leaseCh <- struct{}{}:
+	default:
+	}
+	return true
 }

@@ -451,7 +451,7 @@ func TestPeerOfAnotherUIDRefused(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := start(t, model, sockDir(t), "host", func(c *Config) {
-				c.peerUID = func(*net.UnixConn) (int, error) { return tt.uid, tt.err }
+				c.peerCred = func(*net.UnixConn) (int, int, error) { return tt.uid, 1, tt.err }
 			})
 			c := rawConn(t, d.Socket())
 			served := tt.uid == me && tt.err == nil

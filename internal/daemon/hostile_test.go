@@ -7,7 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +21,7 @@ import (
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -280,5 +287,141 @@ func TestCommitReadsIndexMapped(t *testing.T) {
 	}
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > size/2 {
 		t.Fatalf("reading a %d-byte index allocated %d bytes", size, grew)
+	}
+}
+
+// TestLeaseHog is a client process of its own (SO_PEERCRED gives it
+// another pid) that takes WC_HOG_N leases when TestLeasesCapped runs it,
+// says how many it got, and holds them until its stdin closes.
+func TestLeaseHog(t *testing.T) {
+	dir := os.Getenv("WC_HOG_DIR")
+	if dir == "" {
+		t.Skip("a helper process of TestLeasesCapped")
+	}
+	n, _ := strconv.Atoi(os.Getenv("WC_HOG_N"))
+	got := 0
+	for range n {
+		w, err := client.Attach(context.Background(), os.Getenv("WC_HOG_MODEL"), client.WithSocketDir(dir), client.WithFallback(false))
+		if err == nil {
+			defer w.Close()
+			got++
+		}
+	}
+	fmt.Printf("leases %d\n", got)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// hog runs TestLeaseHog asking for n leases and returns how many it got;
+// it holds them until the test ends.
+func hog(t *testing.T, model, dir string, n int) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLeaseHog$")
+	cmd.Env = append(os.Environ(), "WC_HOG_DIR="+dir, "WC_HOG_MODEL="+model, fmt.Sprintf("WC_HOG_N=%d", n))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	var got int
+	if _, err := fmt.Fscanf(out, "leases %d\n", &got); err != nil {
+		t.Fatalf("lease hog: %v", err)
+	}
+	return got
+}
+
+// One process gets at most --max-leases-per-process leases, and one that
+// holds some already cannot take the share of the table kept for others:
+// an engine of another process hits, and stats (what /metrics and /health
+// read) still answer, saying how many were refused.
+func TestLeasesCapped(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		perProcess, asks  int
+		want, wantRefused int
+	}{
+		// 16 connections: 15 leases in all, the last 3 for processes
+		// holding none.
+		{"per process", 4, 10, 4, 6},
+		{"share for new processes", 100, 14, 12, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			model, dir := synth(t), sockDir(t)
+			d := start(t, model, dir, "host", func(c *Config) {
+				c.Limits.MaxConnections, c.Limits.MaxLeasesPerProcess = 16, tc.perProcess
+			})
+			if err := d.Load(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := hog(t, model, dir, tc.asks); got != tc.want {
+				t.Fatalf("a process asking for %d leases got %d, want %d", tc.asks, got, tc.want)
+			}
+			w := attach(t, model, dir, client.WithFallback(false))
+			if !w.Source.Hit {
+				t.Fatalf("engine of another process: %s", w.Source)
+			}
+			st, err := client.StatsOf(context.Background(), d.Socket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Leases != tc.want+1 || st.LeaseLimit != 15 || st.LeasesRefused != int64(tc.wantRefused) {
+				t.Fatalf("stats: %d leases of %d, %d refused; want %d of 15, %d refused", st.Leases, st.LeaseLimit, st.LeasesRefused, tc.want+1, tc.wantRefused)
+			}
+		})
+	}
+}
+
+type oneRank struct{ metrics.RankState }
+
+func (r oneRank) Ranks() []metrics.RankState { return []metrics.RankState{r.RankState} }
+
+// A full lease table refuses new engines but still answers stats, so that
+// /health says why it is not ready and /metrics keeps every series.
+func TestFullLeaseTableShown(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxConnections = 4 })
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := hog(t, model, dir, 4); got != 3 {
+		t.Fatalf("a process asking for 4 leases of 3 got %d", got)
+	}
+	if _, err := strictAttach(model, dir); err == nil || !strings.Contains(err.Error(), "holds 3 leases, its limit") {
+		t.Fatalf("attach to a full table: %v, want busy naming the limit", err)
+	}
+	srv, err := metrics.Serve("127.0.0.1:0", oneRank{metrics.RankState{Group: "main", Device: "host", State: "ready", Socket: d.Socket()}}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + srv.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/health"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"pressure":"3 leases, the limit`) {
+		t.Fatalf("/health with a full lease table: %d %s", code, body)
+	}
+	_, body := get("/metrics")
+	for _, series := range []string{"weightcache_leases{", "weightcache_lease_limit{", "weightcache_leases_refused_total{", "weightcache_resident_bytes{", "weightcache_handshakes_total{"} {
+		if !strings.Contains(body, series) {
+			t.Fatalf("/metrics with a full lease table lacks %s:\n%s", series, body)
+		}
 	}
 }

@@ -22,6 +22,18 @@ type Limits struct {
 	// MaxPublishBytes caps what one publish may ask to allocate; the
 	// backend's free memory caps it too.
 	MaxPublishBytes int64 `json:"max_publish_bytes,omitempty"`
+	// MaxLeasesPerProcess caps the leases one peer process (SO_PEERCRED
+	// pid) holds; takeLease also keeps a share of the table for others.
+	MaxLeasesPerProcess int `json:"max_leases_per_process,omitempty"`
+}
+
+// leaseTable is how many leases the daemon grants in all (table), and how
+// many of them a process that holds one already may get a share of
+// (shared): the rest are kept for processes holding none. Connections
+// beyond table are kept for clients without a lease, stats among them.
+func (l Limits) leaseTable() (table, shared int) {
+	table = l.MaxConnections - max(1, l.MaxConnections/64)
+	return table, table - table/4
 }
 
 // Default limits.
@@ -31,6 +43,9 @@ const (
 	DefaultIdleTimeout      = 60 * time.Second
 	DefaultHelloTimeout     = 10 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
+	// An engine process holds one lease per rank daemon and group it
+	// maps; 64 leaves room for many models and restarts in one process.
+	DefaultMaxLeasesPerProcess = 64
 	// MaxFieldBytes caps every string field of a request; logs quote at
 	// most logPrefix bytes of one (quote.go).
 	MaxFieldBytes = 4 << 10
@@ -53,6 +68,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.HelloTimeout <= 0 {
 		l.HelloTimeout = DefaultHelloTimeout
+	}
+	if l.MaxLeasesPerProcess <= 0 {
+		l.MaxLeasesPerProcess = DefaultMaxLeasesPerProcess
 	}
 	if l.WriteTimeout <= 0 {
 		l.WriteTimeout = DefaultWriteTimeout

@@ -7,25 +7,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerUID is the uid of the process at the other end, from SO_PEERCRED.
-func peerUID(uc *net.UnixConn) (int, error) {
+// peerCred is the uid and pid of the process at the other end (as of its
+// connect), from SO_PEERCRED.
+func peerCred(uc *net.UnixConn) (uid, pid int, err error) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return -1, err
+		return -1, 0, err
 	}
-	uid := -1
+	uid = -1
 	var cerr error
 	err = raw.Control(func(fd uintptr) {
 		var cred *syscall.Ucred
 		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 		if cerr == nil {
-			uid = int(cred.Uid)
+			uid, pid = int(cred.Uid), int(cred.Pid)
 		}
 	})
 	if err != nil {
-		return -1, err
+		return -1, 0, err
 	}
-	return uid, cerr
+	return uid, pid, cerr
 }
 
 // hostMemory is the host's RAM in bytes.

@@ -11,7 +11,7 @@ import (
 // Linux only. These stubs let the packages that import it build elsewhere.
 var errNotSupported = errors.New("daemon: not supported on this platform (Linux only)")
 
-func peerUID(*net.UnixConn) (int, error) { return -1, errNotSupported }
+func peerCred(*net.UnixConn) (uid, pid int, err error) { return -1, 0, errNotSupported }
 
 func hostMemory() (int64, error) { return 0, errNotSupported }
 

@@ -29,6 +29,9 @@ var (
 	descFields     = desc("weightcache_mismatch_fields_total", "Fingerprint or device fields that differed in refused handshakes.", "field")
 	descLeases     = desc("weightcache_leases", "Live zero_copy leases.")
 	descReleases   = desc("weightcache_releases_total", "Copy-mode releases.")
+	descLeaseLimit = desc("weightcache_lease_limit", "Leases the rank grants at most; leases at it lock new engines out.")
+	descRefused    = desc("weightcache_leases_refused_total", "Leases refused: a process over --max-leases-per-process, or the table full.")
+	descConns      = desc("weightcache_connections", "Open client connections.")
 )
 
 // collector asks every live rank daemon for its stats at scrape time, over
@@ -39,29 +42,14 @@ type collector struct{ src Source }
 func newCollector(src Source) *collector { return &collector{src: src} }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases} {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns} {
 		ch <- d
 	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ranks := c.src.Ranks()
-	stats := make([]*client.DaemonStatus, len(ranks))
-	var wg sync.WaitGroup
-	for i, r := range ranks {
-		if r.Socket == "" || r.State == "exited" || r.State == "starting" || r.State == "unresponsive" {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st, err := client.StatsOf(context.Background(), r.Socket)
-			if err == nil {
-				stats[i] = st
-			}
-		}()
-	}
-	wg.Wait()
+	stats, _ := fetchStats(ranks)
 	for i, r := range ranks {
 		l := []string{r.Group, r.Device, strconv.Itoa(r.TPRank), strconv.Itoa(r.DPRank)}
 		ready := 0.0
@@ -75,6 +63,26 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// fetchStats asks every live rank for its stats at once; a rank that
+// cannot answer has nil stats and its error.
+func fetchStats(ranks []RankState) ([]*client.DaemonStatus, []error) {
+	stats := make([]*client.DaemonStatus, len(ranks))
+	errs := make([]error, len(ranks))
+	var wg sync.WaitGroup
+	for i, r := range ranks {
+		if r.Socket == "" || r.State == "exited" || r.State == "starting" || r.State == "unresponsive" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stats[i], errs[i] = client.StatsOf(context.Background(), r.Socket)
+		}()
+	}
+	wg.Wait()
+	return stats, errs
+}
+
 func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string) {
 	with := func(extra string) []string { return append(append([]string{}, l...), extra) }
 	ch <- prometheus.MustNewConstMetric(descResident, prometheus.GaugeValue, float64(st.Bytes), l...)
@@ -82,6 +90,9 @@ func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string)
 	ch <- prometheus.MustNewConstMetric(descLoad, prometheus.GaugeValue, st.LoadSeconds, l...)
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.Leases), l...)
 	ch <- prometheus.MustNewConstMetric(descReleases, prometheus.CounterValue, float64(st.Releases), l...)
+	ch <- prometheus.MustNewConstMetric(descLeaseLimit, prometheus.GaugeValue, float64(st.LeaseLimit), l...)
+	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.LeasesRefused), l...)
+	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(st.Connections), l...)
 	for _, res := range results {
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(st.Handshakes[res]), with(res)...)
 	}

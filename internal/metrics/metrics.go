@@ -82,17 +82,42 @@ func (s *Server) Close() {
 }
 
 type healthBody struct {
-	Ready bool        `json:"ready"`
-	Ranks []RankState `json:"ranks"`
+	Ready bool         `json:"ready"`
+	Ranks []healthRank `json:"ranks"`
 }
 
+// healthRank is a rank as /health shows it: its state, and how full its
+// lease table is, from its own stats.
+type healthRank struct {
+	RankState
+	Leases        int    `json:"leases"`
+	LeaseLimit    int    `json:"lease_limit,omitempty"`
+	LeasesRefused int64  `json:"leases_refused"`
+	Connections   int    `json:"connections"`
+	Pressure      string `json:"pressure,omitempty"` // why new engines are refused
+	StatsError    string `json:"stats_error,omitempty"`
+}
+
+// health is 200 only when every rank is ready and can take a new engine:
+// a rank whose lease table is full serves no one new, and says so.
 func health(w http.ResponseWriter, src Source) {
 	ranks := src.Ranks()
-	body := healthBody{Ready: len(ranks) > 0, Ranks: ranks}
-	for _, r := range ranks {
-		if r.State != "ready" {
+	stats, errs := fetchStats(ranks)
+	body := healthBody{Ready: len(ranks) > 0}
+	for i, r := range ranks {
+		hr := healthRank{RankState: r}
+		if st := stats[i]; st != nil {
+			hr.Leases, hr.LeaseLimit, hr.LeasesRefused, hr.Connections = st.Leases, st.LeaseLimit, st.LeasesRefused, st.Connections
+			if st.LeaseLimit > 0 && st.Leases >= st.LeaseLimit {
+				hr.Pressure = fmt.Sprintf("%d leases, the limit: new engines are refused until one ends", st.Leases)
+			}
+		} else if errs[i] != nil {
+			hr.StatsError = errs[i].Error()
+		}
+		if r.State != "ready" || hr.Pressure != "" {
 			body.Ready = false
 		}
+		body.Ranks = append(body.Ranks, hr)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

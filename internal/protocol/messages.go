@@ -153,6 +153,8 @@ type Stats struct {
 	TotalBytes     int64                  `json:"total_bytes,omitempty"` // what loading reads in all
 	LoadSeconds    float64                `json:"load_seconds"`
 	Leases         int                    `json:"leases"`
+	LeaseLimit     int                    `json:"lease_limit"`    // leases granted at most, in all
+	LeasesRefused  int64                  `json:"leases_refused"` // a process's cap, or the table full
 	Connections    int                    `json:"connections"`
 	Handshakes     map[string]int64       `json:"handshakes"`
 	Mismatches     map[string]int64       `json:"mismatches"`
