@@ -21,6 +21,7 @@ type session struct {
 
 	// Owned by the connection's goroutine.
 	pid    int // the peer's, from SO_PEERCRED: leases are capped per process
+	unread int // descriptors of the last reply, while the client may not have read them
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
@@ -66,6 +67,7 @@ func (d *Daemon) serveConn(s *session) {
 	defer func() {
 		conn.Release()
 		d.dropLease(s)
+		d.queueFDs(-s.unread)
 		if s.writer {
 			d.abortPublish(s, "connection closed before commit")
 		}
@@ -95,8 +97,12 @@ func (d *Daemon) serveConn(s *session) {
 		}
 		// Requests never carry descriptors.
 		fr.CloseFiles()
+		if err := d.awaitUnread(s); err != nil {
+			d.log.Warn("closed a connection that sent a request before reading its last reply's descriptors", "type", fr.Type, "err", err)
+			return
+		}
 		msg, files, keep := d.answer(s, fr)
-		if err := d.send(conn, msg, files); err != nil {
+		if err := d.send(s, conn, msg, files); err != nil {
 			d.log.Warn("closed a connection that did not take its reply", "type", fr.Type, "err", err)
 			return
 		}
@@ -106,20 +112,23 @@ func (d *Daemon) serveConn(s *session) {
 	}
 }
 
-// send writes one reply and closes its descriptors. A reply that carries
-// descriptors is one the client must read before its next request is
-// read: descriptors queued in a client's socket count against the uid's
-// in-flight limit (RLIMIT_NOFILE, without CAP_SYS_RESOURCE) until it reads
-// them, so pipelined manifests that are never read would otherwise make
-// every sendmsg of the uid fail, for every engine. A connection thus queues
-// at most one reply's descriptors. A client that does not take its reply
-// within the write timeout is closed, and its lease with it.
+// send writes one reply and closes its descriptors.
 //
 // A reply's bytes beyond freeReply count in the in-flight budget, as a
-// request's do, until the client has read them: a client that asks and
-// never reads holds them in its socket and in the daemon's memory. Over
-// the budget, the client gets busy instead and is closed.
-func (d *Daemon) send(conn *protocol.Conn, msg any, files []*os.File) error {
+// request's do, until the client has read them (within the write
+// timeout): a client that asks and never reads holds them in its socket
+// and in the daemon's memory. Over the budget, the client gets busy
+// instead and is closed.
+//
+// A reply that carries descriptors must be read before the client's next
+// request is answered (awaitUnread): descriptors queued in a client's
+// socket count against the uid's in-flight limit (RLIMIT_NOFILE, without
+// CAP_SYS_RESOURCE) until it reads them, so pipelined manifests that are
+// never read would otherwise make every sendmsg of the uid fail, for
+// every engine. A connection thus queues at most one reply's descriptors.
+// One that holds its manifest unread and asks nothing more is an engine
+// holding its lease.
+func (d *Daemon) send(s *session, conn *protocol.Conn, msg any, files []*os.File) error {
 	defer func() {
 		for _, f := range files {
 			_ = f.Close()
@@ -143,10 +152,12 @@ func (d *Daemon) send(conn *protocol.Conn, msg any, files []*os.File) error {
 		defer d.budget.Give(charge)
 	}
 	err := conn.Send(body, files...)
-	if err == nil && (len(files) > 0 || charge > 0) {
-		d.queueFDs(len(files))
+	if err == nil && len(files) > 0 {
+		s.unread = len(files)
+		d.queueFDs(s.unread)
+	}
+	if err == nil && charge > 0 {
 		err = awaitTaken(uc)
-		d.queueFDs(-len(files))
 	}
 	return err
 }
@@ -157,7 +168,22 @@ func (d *Daemon) send(conn *protocol.Conn, msg any, files []*os.File) error {
 // refuses an engine its reply.
 const freeReply = 64 << 10
 
-// queueFDs counts descriptors sent in replies not read yet, for stats.
+// awaitUnread waits, within the write timeout, until the client has read
+// the descriptors of the last reply, if it has not yet.
+func (d *Daemon) awaitUnread(s *session) error {
+	if s.unread == 0 {
+		return nil
+	}
+	_ = s.uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
+	if err := awaitTaken(s.uc); err != nil {
+		return err
+	}
+	d.queueFDs(-s.unread)
+	s.unread = 0
+	return nil
+}
+
+// queueFDs counts descriptors sent in replies not known to be read.
 func (d *Daemon) queueFDs(n int) {
 	d.mu.Lock()
 	d.queuedFDs += n

@@ -72,7 +72,7 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
-	queuedFDs  int // sent in replies that their clients have not read
+	queuedFDs  int // sent in each connection's last reply, not known to be read
 	pub        publishState
 
 	wg       sync.WaitGroup
