@@ -37,7 +37,9 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 			if l := d.served(); l != nil {
 				return reply{msg: l.ready}, nil
 			}
-			continue // freed: stopCh is closed too
+			// Freed already: Shutdown is under way.
+			d.count(protocol.ResultNotReady, nil)
+			return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
 		case <-changed:
 			continue
 		case <-d.stopCh:
