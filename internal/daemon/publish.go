@@ -187,8 +187,9 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 }
 
 // maxPublishTensors bounds the entries of a published index (its format
-// allows 2^32-1): some tens of millions of tensors, far beyond any model.
-const maxPublishTensors = 1 << 26
+// allows 2^32-1): a commit decodes every entry into the daemon's heap, and
+// 4 Mi is some twenty times the largest mixture-of-experts checkpoints.
+const maxPublishTensors = 1 << 22
 
 // maxTensorDims is the most dimensions per tensor that maxIndexSize makes
 // room for, on average over the index.
