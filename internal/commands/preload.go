@@ -5,9 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/daemon"
@@ -75,41 +73,21 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
-	cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, nil))
-	cfg.Progress = func(progress func() (int64, int64)) func() { return showProgress(e.stdout, progress) }
+	con := newConsole(e.stdout, e.stderr)
+	if con != nil {
+		// Ranks log through the console too (a pipe instead of the
+		// terminal itself), so that no line lands on the progress bar.
+		cfg.Stderr = con
+		cfg.Progress = con.progress
+		defer con.flush()
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	err = launcher.Run(ctx, cfg)
 	var ee *launcher.ExitError
 	if errors.As(err, &ee) {
 		return &exitError{code: ee.Code, err: ee.Err}
 	}
 	return err
-}
-
-// showProgress redraws one status line on a terminal until the returned
-// function is called; on anything else it prints nothing.
-func showProgress(w io.Writer, progress func() (int64, int64)) func() {
-	f, ok := w.(*os.File)
-	if !ok || !isTerminal(f) {
-		return func() {}
-	}
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(200 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				fmt.Fprint(w, "\r\033[K")
-				return
-			case <-tick.C:
-				fmt.Fprint(w, "\r\033[K"+progressLine(progress, time.Since(start)))
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }
 
 func progressLine(progress func() (int64, int64), el time.Duration) string {
