@@ -159,8 +159,12 @@ func (s *fileScan) loader(flags []flagUse) {
 			modeKnown = false
 			break
 		}
-		if string(conf["fallback"]) != "false" {
-			s.byCheck("loader-fallback", cfg.pos, fmt.Sprintf("%s has no \"fallback\": false", loaderConfigFlag))
+		// Only the default is reported: "fallback": true written out is a
+		// decision (serve from disk on a miss), as the project's own example
+		// Deployments make it, and warning on it would teach users to ignore
+		// the warning.
+		if _, set := conf["fallback"]; !set {
+			s.byCheck("loader-fallback", cfg.pos, fmt.Sprintf("%s does not set \"fallback\"", loaderConfigFlag))
 		}
 		if raw, ok := conf["mode"]; ok {
 			modeKnown = json.Unmarshal(raw, &mode) == nil

@@ -7,7 +7,8 @@ func TestLoaderChecks(t *testing.T) {
 	runSpellings(t, []spelling{
 		{"strict is clean", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"mode": "zero_copy", "fallback": false, "connect_timeout_s": 5.0, "state_timeout_s": 300.0}'` + "\n", nil},
 		{"no config", "a.sh", serve + "ipc_cache\n", []string{"1:14 loader-fallback-default"}},
-		{"fallback true", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": true}'` + "\n", []string{"1:38 loader-fallback-default"}},
+		{"fallback true is a decision", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": true}'` + "\n", nil},
+		{"fallback not set", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"mode": "copy"}'` + "\n", []string{"1:38 loader-fallback-default"}},
 		{"not json", "a.sh", serve + `ipc_cache --model-loader-extra-config "{'fallback': False}"` + "\n", []string{"1:38 loader-config-invalid"}},
 		{"not an object", "a.sh", serve + `ipc_cache --model-loader-extra-config '[1]'` + "\n", []string{"1:38 loader-config-invalid"}},
 		{"unknown key", "a.sh", serve + `ipc_cache --model-loader-extra-config '{"fallback": false, "timeout": 5}'` + "\n", []string{"1:38 loader-config-invalid"}},

@@ -39,18 +39,37 @@ func (r *Report) writeText(w io.Writer) error {
 			fmt.Fprintf(&b, "%s: skipped: %s\n", s.Path, s.Reason)
 		}
 	}
-	fmt.Fprintf(&b, "%s in %d files (%d parsed, %d skipped), rules for vLLM <= %s\n",
-		r.summary(), r.Files, r.Parsed, len(r.Skipped), r.Rules.Target)
+	b.WriteString(r.summary())
+	b.WriteByte('\n')
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
+// summary accounts for every file the walk met: each one read was parsed
+// or holds nothing a rule looks for, and the rest were skipped, so that
+// no count is left for the reader to guess at.
 func (r *Report) summary() string {
 	n := [3]int{}
 	for _, f := range r.Findings {
 		n[f.Severity]++
 	}
-	return fmt.Sprintf("%d errors, %d warnings, %d notes", n[Error], n[Warning], n[Note])
+	s := fmt.Sprintf("%s, %s, %s; %s read: %d parsed, %d with nothing a rule looks for",
+		plural(n[Error], "error"), plural(n[Warning], "warning"), plural(n[Note], "note"),
+		plural(r.Files, "file"), r.Parsed, r.Files-r.Parsed)
+	if k := len(r.Skipped); k > 0 {
+		s += fmt.Sprintf("; %d skipped", k)
+		if !r.Verbose {
+			s += " (--verbose says why)"
+		}
+	}
+	return s + "; rules for vLLM <= " + r.Rules.Target
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 type jsonReport struct {

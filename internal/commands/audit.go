@@ -67,7 +67,11 @@ func runAudit(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if n := rep.Count(threshold); n > 0 {
-		return &exitError{code: exitFail, err: fmt.Errorf("%d findings at or above %s", n, threshold)}
+		word := "findings"
+		if n == 1 {
+			word = "finding"
+		}
+		return &exitError{code: exitFail, err: fmt.Errorf("%d %s at or above %s", n, word, threshold)}
 	}
 	return nil
 }

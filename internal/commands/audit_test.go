@@ -39,9 +39,9 @@ func TestAuditExitCodes(t *testing.T) {
 	}{
 		{"clean", []string{clean}, exitOK, "0 errors, 0 warnings", ""},
 		{"warning below default", []string{warn}, exitOK, "quantization-fp8-redirect", ""},
-		{"warning at fail-on warning", []string{warn, "--fail-on", "warning"}, exitFail, "quantization-fp8-redirect", "1 findings at or above warning"},
-		{"error", []string{"--format=text", fail}, exitFail, "tokenizer-mode-slow", "1 findings at or above error"},
-		{"comment is a note", []string{comment, "--fail-on", "warning"}, exitOK, "1 notes", ""},
+		{"warning at fail-on warning", []string{warn, "--fail-on", "warning"}, exitFail, "quantization-fp8-redirect", "1 finding at or above warning"},
+		{"error", []string{"--format=text", fail}, exitFail, "tokenizer-mode-slow", "1 finding at or above error"},
+		{"comment is a note", []string{comment, "--fail-on", "warning"}, exitOK, "1 note;", ""},
 		{"flags after paths", []string{fail, "--target-version", "0.28"}, exitOK, "0 errors", ""},
 		{"paths after --", []string{"--fail-on=error", "--", fail}, exitFail, "tokenizer-mode-slow", ""},
 		{"unreadable path", []string{clean, filepath.Join(clean, "missing")}, exitUsage, "", "missing"},

@@ -30,7 +30,8 @@ func runCUDABench(ctx context.Context, e env, args []string) error {
 	fs := newFlags("cuda-bench", e)
 	model := fs.String("model", "", "checkpoint whose shard files are copied (required)")
 	device := fs.String("device", "cuda:0", "GPU: GPU-<uuid> or cuda:N")
-	chunk := fs.Int64("pinned-chunk", 64<<20, "pinned buffer size for the ceiling measurement")
+	var chunk int64
+	bytesVar(fs, &chunk, "pinned-chunk", 64<<20, "pinned buffer size for the ceiling measurement")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func runCUDABench(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return errors.Join(benchDevice(e, d, bufs, *chunk), d.Close())
+	return errors.Join(benchDevice(e, d, bufs, chunk), d.Close())
 }
 
 func benchDevice(e env, d *cuda.Device, bufs [][]byte, chunk int64) error {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -38,6 +40,10 @@ func runDaemon(ctx context.Context, e env, args []string) error {
 	}
 	ctl := protocol.NewConn(uc, protocol.MaxReplyFrame)
 	defer ctl.Close()
+	// On a terminal preload reads the rank's stderr through a pipe: if
+	// preload is killed, a log line must fail, not kill the rank with
+	// SIGPIPE while it drains and removes its socket.
+	signal.Ignore(syscall.SIGPIPE)
 	log := slog.New(slog.NewTextHandler(e.stderr, nil)).With("pid", os.Getpid())
 	return daemon.ServeRank(ctx, ctl, log)
 }

@@ -21,8 +21,8 @@ type gpuFlags struct {
 
 func (g *gpuFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.ipc, "ipc", cuda.IPCFD, "how GPU segments are shared: fd (POSIX descriptors; an engine's memory survives the daemon) or legacy (cuIpcGetMemHandle; the daemon keeps its memory while any lease lives)")
-	fs.Int64Var(&g.stagingBytes, "staging-bytes", cuda.DefaultStagingBytes, "pinned host memory for GPU uploads, in all, whatever the model size")
-	fs.Int64Var(&g.reserveBytes, "reserve-bytes", 1<<30, "GPU memory to leave free for the engine; a rank that does not fit refuses to start")
+	bytesVar(fs, &g.stagingBytes, "staging-bytes", cuda.DefaultStagingBytes, "pinned host memory for GPU uploads, in all, whatever the model size")
+	bytesVar(fs, &g.reserveBytes, "reserve-bytes", 1<<30, "GPU memory to leave free for the engine; a rank that does not fit refuses to start")
 }
 
 // gpuLoadWorkers is how many readers feed a GPU when --load-workers is not

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/daemon"
@@ -44,13 +42,13 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
 	fs.DurationVar(&p.settings.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
 	fs.IntVar(&p.settings.Workers, "load-workers", 4, "parallel checkpoint readers")
-	fs.Int64Var(&p.settings.ReadLimit, "read-limit", 0, "cap on checkpoint reads in bytes per second, for shared hosts (0: none)")
+	bytesVar(fs, &p.settings.ReadLimit, "read-limit", 0, "cap on checkpoint reads, a `size` per second (e.g. 200MiB), for shared hosts (0: none)")
 	fs.IntVar(&p.settings.Limits.MaxConnections, "max-connections", daemon.DefaultMaxConnections, "open connections per rank; over it the longest idle one without a lease is closed")
-	fs.Int64Var(&p.settings.Limits.MaxInflightBytes, "max-inflight-bytes", daemon.DefaultMaxInflightBytes, "bytes of requests being read at once per rank")
+	bytesVar(fs, &p.settings.Limits.MaxInflightBytes, "max-inflight-bytes", daemon.DefaultMaxInflightBytes, "bytes of requests being read at once per rank")
 	fs.DurationVar(&p.settings.Limits.IdleTimeout, "idle-timeout", daemon.DefaultIdleTimeout, "close a connection without a lease that sends nothing for this long")
 	fs.DurationVar(&p.settings.Limits.HelloTimeout, "hello-timeout", daemon.DefaultHelloTimeout, "close a connection that has not said hello after this long")
 	fs.DurationVar(&p.settings.Limits.WriteTimeout, "write-timeout", daemon.DefaultWriteTimeout, "close a connection (dropping its lease) that does not take a reply in this long")
-	fs.Int64Var(&p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments and index one publish may allocate (0: what the device can hold)")
+	bytesVar(fs, &p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments and index one publish may allocate (0: what the device can hold)")
 	fs.IntVar(&p.settings.Limits.MaxLeasesPerProcess, "max-leases-per-process", daemon.DefaultMaxLeasesPerProcess, "leases one engine process (by its pid) may hold per rank")
 	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 	p.gpu.register(fs)
@@ -76,41 +74,21 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
-	cfg.Logger = slog.New(slog.NewTextHandler(e.stderr, nil))
-	cfg.Progress = func(progress func() (int64, int64)) func() { return showProgress(e.stdout, progress) }
+	con := newConsole(e.stdout, e.stderr)
+	if con != nil {
+		// Ranks log through the console too (a pipe instead of the
+		// terminal itself), so that no line lands on the progress bar.
+		cfg.Stderr = con
+		cfg.Progress = con.progress
+		defer con.flush()
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	err = launcher.Run(ctx, cfg)
 	var ee *launcher.ExitError
 	if errors.As(err, &ee) {
 		return &exitError{code: ee.Code, err: ee.Err}
 	}
 	return err
-}
-
-// showProgress redraws one status line on a terminal until the returned
-// function is called; on anything else it prints nothing.
-func showProgress(w io.Writer, progress func() (int64, int64)) func() {
-	f, ok := w.(*os.File)
-	if !ok || !isTerminal(f) {
-		return func() {}
-	}
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(200 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				fmt.Fprint(w, "\r\033[K")
-				return
-			case <-tick.C:
-				fmt.Fprint(w, "\r\033[K"+progressLine(progress, time.Since(start)))
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }
 
 func progressLine(progress func() (int64, int64), el time.Duration) string {

@@ -20,14 +20,33 @@ func TestProgressLine(t *testing.T) {
 }
 
 // Progress is for people: piped output stays quiet so that the ready line
-// is the only thing a script reads.
+// is the only thing a script reads, and the ranks keep stderr itself.
 func TestProgressQuietWhenNotATerminal(t *testing.T) {
 	var buf bytes.Buffer
-	stop := showProgress(&buf, func() (int64, int64) { return 1, 2 })
-	time.Sleep(300 * time.Millisecond)
-	stop()
-	if buf.Len() != 0 {
-		t.Fatalf("progress written to a non-terminal: %q", buf.String())
+	if c := newConsole(&buf, &buf); c != nil {
+		t.Fatal("a console on a buffer")
+	}
+}
+
+// TestConsoleLinesWhole: on a terminal every log line starts at the start
+// of a line, never glued to the bar, and the bar comes back after it.
+func TestConsoleLinesWhole(t *testing.T) {
+	var screen bytes.Buffer // stdout and stderr on one terminal
+	c := &console{out: &screen, err: &screen}
+	c.draw("loading 1 / 2")
+	for _, p := range []string{"time=1 msg=ready", " pid=7\n", "time=2 msg=a\ntime=3 msg=b\n", "time=4 unended"} {
+		if n, err := c.Write([]byte(p)); n != len(p) || err != nil {
+			t.Fatalf("Write(%q) = %d, %v", p, n, err)
+		}
+	}
+	c.clear()
+	c.flush()
+	want := clearLine + "loading 1 / 2" +
+		clearLine + "time=1 msg=ready pid=7\n" + "loading 1 / 2" +
+		clearLine + "time=2 msg=a\ntime=3 msg=b\n" + "loading 1 / 2" +
+		clearLine + "time=4 unended\n"
+	if got := screen.String(); got != want {
+		t.Errorf("screen\n got %q\nwant %q", got, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -38,23 +39,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "no daemons in %s\n", *socketDir)
 		return nil
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DEVICE\tGROUP\tSTATE\tPID\tMODEL\tDTYPE\tTP\tDP\tTENSORS\tBYTES\tLEASES\tHITS\tMISMATCHES")
-	for _, d := range daemons {
-		if d.State == "unreachable" {
-			fmt.Fprintf(tw, "%s\t-\tunreachable\t-\t%s\t\t\t\t\t\t\t\t\n", d.Device, d.Error)
-			continue
-		}
-		fp := d.Fingerprint
-		size := humanBytes(d.Bytes)
-		if d.State == protocol.StateLoading {
-			size = humanBytes(d.LoadedBytes) + " of " + humanBytes(d.TotalBytes)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\t%d/%d\t%d\t%s\t%d\t%d\t%s\n",
-			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, fp.TPRank, fp.TPSize, fp.DPRank, fp.DPSize,
-			d.Tensors, size, d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
-	}
-	if err := tw.Flush(); err != nil {
+	if err := writeStatusTable(e.stdout, daemons); err != nil {
 		return err
 	}
 	// A plan that matched too little is said once per rank, under the table.
@@ -65,6 +50,33 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// writeStatusTable writes one row per daemon.
+func writeStatusTable(w io.Writer, daemons []client.DaemonStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tGROUP\tSTATE\tPID\tMODEL\tDTYPE\tTP RANK\tDP RANK\tTENSORS\tBYTES\tLEASES\tHITS\tMISMATCHES")
+	for _, d := range daemons {
+		if d.State == "unreachable" {
+			fmt.Fprintf(tw, "%s\t-\tunreachable\t-\t%s\t\t\t\t\t\t\t\t\n", d.Device, d.Error)
+			continue
+		}
+		fp := d.Fingerprint
+		size := humanBytes(d.Bytes)
+		if d.State == protocol.StateLoading {
+			size = humanBytes(d.LoadedBytes) + " of " + humanBytes(d.TotalBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n",
+			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, rankOf(fp.TPRank, fp.TPSize), rankOf(fp.DPRank, fp.DPSize),
+			d.Tensors, size, d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
+	}
+	return tw.Flush()
+}
+
+// rankOf writes a rank as "0 of 1": the "0/1" it replaced read as none
+// of one.
+func rankOf(rank, size int) string {
+	return fmt.Sprintf("%d of %d", rank, size)
 }
 
 func mismatchSummary(m map[string]int64) string {

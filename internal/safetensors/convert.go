@@ -42,7 +42,16 @@ func Convert(dst []byte, to DType, src []byte, from DType) error {
 			le.PutUint16(dst[2*i:], f32ToF16(le.Uint32(src[4*i:])))
 		}
 	case from == BF16 && to == F32:
-		for i := range n {
+		// Widening is a shift, so four elements go at a time in two 64-bit
+		// words: element by element this ran at 2 GB/s, short of memory
+		// speed, and it is the whole cost of a bf16 checkpoint served as f32.
+		i := 0
+		for ; i+4 <= n; i += 4 {
+			v := le.Uint64(src[2*i:])
+			le.PutUint64(dst[4*i:], (v&0xffff)<<16|(v>>16&0xffff)<<48)
+			le.PutUint64(dst[4*i+8:], (v>>32&0xffff)<<16|(v>>48)<<48)
+		}
+		for ; i < n; i++ {
 			le.PutUint32(dst[4*i:], uint32(le.Uint16(src[2*i:]))<<16)
 		}
 	case from == F16 && to == F32:

@@ -254,3 +254,23 @@ func TestConvertErrors(t *testing.T) {
 		t.Errorf("same-dtype convert = %v, %v", out, err)
 	}
 }
+
+// TestConvertBF16WideningTails: the four-at-a-time widening gives every
+// element, at every length that leaves a tail of 0 to 3.
+func TestConvertBF16WideningTails(t *testing.T) {
+	for n := range 11 {
+		src := make([]byte, 2*n)
+		for i := range n {
+			binary.LittleEndian.PutUint16(src[2*i:], uint16(0x8001+i*0x1357))
+		}
+		dst := make([]byte, 4*n)
+		if err := Convert(dst, F32, src, BF16); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if got, want := binary.LittleEndian.Uint32(dst[4*i:]), uint32(binary.LittleEndian.Uint16(src[2*i:]))<<16; got != want {
+				t.Fatalf("%d elements: element %d is %#08x, want %#08x", n, i, got, want)
+			}
+		}
+	}
+}
