@@ -18,7 +18,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	}
 	if err := helloFieldTooLong(&h); err != nil {
 		d.count(protocol.ResultError, nil)
-		d.log.Warn("hello refused", "err", err, "client", quote(h.Client))
+		d.log.Warn("hello refused", "err", err, "client", clip(h.Client))
 		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "%v", err)
 	}
 	if h.Mode != protocol.ModeZeroCopy && h.Mode != protocol.ModeCopy {
@@ -36,12 +36,12 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	if h.Device != dev {
 		diff := []checkpoint.FieldDiff{{Field: "device", Want: h.Device, Got: dev}}
 		d.count(protocol.ResultDeviceMismatch, diff)
-		d.log.Info("hello refused: device differs", "client", quote(h.Client), "want", quote(h.Device), "have", dev)
+		d.log.Info("hello refused: device differs", "client", clip(h.Client), "want", clip(h.Device), "have", dev)
 		return reply{}, mismatch(diff)
 	}
 	if diff := d.fingerprintDiff(h.Fingerprint); len(diff) > 0 {
 		d.count(protocol.ResultMismatch, diff)
-		d.log.Info("hello refused: fingerprint differs", "client", quote(h.Client), "fields", diffFields(diff))
+		d.log.Info("hello refused: fingerprint differs", "client", clip(h.Client), "fields", diffFields(diff))
 		return reply{}, mismatch(diff)
 	}
 	s.hello = &h

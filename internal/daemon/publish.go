@@ -255,7 +255,7 @@ func (d *Daemon) grantSegments(s *session, sizes []int64, indexSize int64) (repl
 	for i, seg := range segs[:len(sizes)] {
 		segments.Segments = append(segments.Segments, protocol.Segment{Index: i, Size: seg.Size()})
 	}
-	d.log.Info("publishing", "client", quote(s.hello.Client), "engine", quote(s.hello.Fingerprint.Engine), "engine_version", quote(s.hello.Fingerprint.EngineVersion), "segments", len(segs))
+	d.log.Info("publishing", "client", clip(s.hello.Client), "engine", clip(s.hello.Fingerprint.Engine), "engine_version", clip(s.hello.Fingerprint.EngineVersion), "segments", len(segs))
 	return reply{msg: segments, files: files}, nil
 }
 
@@ -278,7 +278,7 @@ func (d *Daemon) abortPublish(s *session, why string) {
 			d.log.Warn("free publish segment", "err", err)
 		}
 	}
-	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", quote(s.hello.Client), "reason", why)
+	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", clip(s.hello.Client), "reason", why)
 }
 
 func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
@@ -317,7 +317,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
 	if d.pub.writer == s {
 		l.identity, fp = d.pub.identity, *d.pub.fp
 	}
-	if d.pub.writer != s || !d.becomeReadyLocked(statePublishing, l, 0, "ready: published layout committed", "client", quote(s.hello.Client), "fingerprint", fp.Sum()) {
+	if d.pub.writer != s || !d.becomeReadyLocked(statePublishing, l, 0, "ready: published layout committed", "client", clip(s.hello.Client), "fingerprint", fp.Sum()) {
 		d.mu.Unlock()
 		_ = l.index.Free()
 		d.abortPublish(s, "daemon stopped during commit")

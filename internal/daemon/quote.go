@@ -18,6 +18,15 @@ func quote(s string) string {
 	return fmt.Sprintf("%q... (%d bytes)", s[:logPrefix], len(s))
 }
 
+// clip is at most logPrefix bytes of a client's string for a log value:
+// slog quotes values itself, so quote's quotes would be doubled there.
+func clip(s string) string {
+	if len(s) <= logPrefix {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:logPrefix], len(s))
+}
+
 // diffFields names the fields of a mismatch, for a log line that does not
 // repeat what the client sent.
 func diffFields(diff []checkpoint.FieldDiff) []string {
