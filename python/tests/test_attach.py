@@ -279,7 +279,7 @@ def test_unsafe_socket_dir_is_not_trusted(model, sock_dir, daemon):
         _, info = attach(model, socket_dir=sock_dir)
     finally:
         os.chmod(sock_dir, 0o700)
-    assert info.reason == "no_daemon" and "world-writable" in info.detail
+    assert info.reason == "no_daemon" and "open to group or others (mode 0777)" in info.detail
 
 
 def test_ranks_find_their_daemon(model, daemon, sock_dir):
