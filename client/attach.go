@@ -211,6 +211,8 @@ func protocolMiss(err error) Source {
 		return miss(ReasonNoDaemon, "", err)
 	case errors.Is(err, protocol.ErrEmpty):
 		return miss(ReasonEmpty, "", err)
+	case errors.Is(err, protocol.ErrBusy):
+		return miss(ReasonBusy, "", err)
 	}
 	return miss(ReasonProtocolError, "", err)
 }

@@ -266,3 +266,39 @@ func TestSocketPath(t *testing.T) {
 		}
 	}
 }
+
+// A peer that sends its refusal and closes before our request arrives:
+// the request's write fails (EPIPE), and Call returns the refusal queued
+// for us instead of "broken pipe".
+func TestCallReadsTheRefusalAfterABrokenPipe(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan error, 1)
+	go func() {
+		uc, err := ln.AcceptUnix()
+		if err != nil {
+			closed <- err
+			return
+		}
+		err = NewConn(uc, 0).Send(Errorf(CodeBusy, "all leased"))
+		closed <- errors.Join(err, uc.Close())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Call(ctx, NewHead(TypeHello), TypeOK)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "all leased") {
+		t.Fatalf("Call = %v, want the busy refusal", err)
+	}
+}

@@ -301,3 +301,17 @@ def test_replies_decode_into_their_dataclasses():
         protocol.Frame({"type": "manifest", "index_size": "64"}, []).reply(protocol.Manifest)
     with pytest.raises(protocol.ProtocolError, match="field tensors is bool"):
         protocol.Frame({"type": "manifest", "tensors": True}, []).reply(protocol.Manifest)
+
+
+def test_busy_daemon_is_reported_as_busy(model, daemon, sock_dir):
+    # At --max-connections with every connection leased, the daemon sends
+    # busy and closes: that was protocol_error or "broken pipe".
+    daemon(model, "--max-connections", "1")
+    held, info = attach(model, socket_dir=sock_dir)
+    assert info.hit, info
+    try:
+        for _ in range(10):  # the daemon's close races the hello: both orders
+            _, info = attach(model, socket_dir=sock_dir)
+            assert info.reason == "busy" and "all leased" in info.detail, info
+    finally:
+        held.close()

@@ -273,7 +273,7 @@ def _classify(e):
     """The fallback reason for an error in an exchange with the daemon."""
     if isinstance(e, protocol.WireError):
         reason = {"not_ready": source.NOT_READY_TIMEOUT, "draining": source.NO_DAEMON,
-                  "empty": source.EMPTY}.get(e.code, source.PROTOCOL_ERROR)
+                  "empty": source.EMPTY, "busy": source.BUSY}.get(e.code, source.PROTOCOL_ERROR)
         return miss(reason, e)
     return miss(source.PROTOCOL_ERROR, e)
 

@@ -305,7 +305,19 @@ class Conn:
         """
         if timeout is not None:
             self.sock.settimeout(timeout)
-        self.send(msg)
+        try:
+            self.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            # A daemon that refuses a connection (busy) says why and closes
+            # before reading the request: its reason is still queued here.
+            try:
+                fr = self.recv()
+            except (OSError, ProtocolError, Timeout, ValueError):
+                fr = None
+            if fr is not None and fr.type == "error":
+                fr.close_fds()
+                raise WireError(str(fr.body.get("code", "")), str(fr.body.get("message", ""))) from None
+            raise
         fr = self.recv()
         if not fds_expected or fr.type != want:
             fr.close_fds()
