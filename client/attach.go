@@ -74,7 +74,11 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 // attachDaemon runs the handshake. On anything short of a hit it returns the
 // reason and leaves nothing open.
 func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Weights, Source) {
-	dev, err := resolveDevice(rankDevice(ctx, o))
+	key, rankSock, err := rankDevice(ctx, o)
+	if err != nil {
+		return nil, miss(ReasonNoDaemon, rankSock, err)
+	}
+	dev, err := resolveDevice(key)
 	if err != nil {
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}
@@ -211,6 +215,8 @@ func protocolMiss(err error) Source {
 		return miss(ReasonNoDaemon, "", err)
 	case errors.Is(err, protocol.ErrEmpty):
 		return miss(ReasonEmpty, "", err)
+	case errors.Is(err, protocol.ErrBusy):
+		return miss(ReasonBusy, "", err)
 	}
 	return miss(ReasonProtocolError, "", err)
 }

@@ -81,7 +81,11 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
-	if o.device, err = resolveDevice(rankDevice(ctx, o)); err != nil {
+	key, rankSock, err := rankDevice(ctx, o)
+	if err != nil {
+		return nil, &MissError{Source: miss(ReasonNoDaemon, rankSock, err)}
+	}
+	if o.device, err = resolveDevice(key); err != nil {
 		return nil, err
 	}
 	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)

@@ -26,6 +26,9 @@ const (
 	// elsewhere) although their headers are the same; WithVerifyContent
 	// accepts them once every tensor's checksum matches.
 	ReasonCheckpointChanged Reason = "checkpoint_changed"
+	// ReasonBusy: the daemon is at its connection limit with every
+	// connection leased (--max-connections), and turned this one away.
+	ReasonBusy Reason = "busy"
 )
 
 // Sentinels for errors.Is on a *MissError, one per reason, and ErrMiss for
@@ -39,6 +42,7 @@ var (
 	ErrProtocol            = errors.New("protocol error")
 	ErrEmpty               = errors.New("daemon cache empty: publish wanted")
 	ErrCheckpointChanged   = errors.New("checkpoint files changed")
+	ErrBusyDaemon          = errors.New("daemon busy")
 )
 
 var reasonErr = map[Reason]error{
@@ -49,6 +53,7 @@ var reasonErr = map[Reason]error{
 	ReasonProtocolError:       ErrProtocol,
 	ReasonEmpty:               ErrEmpty,
 	ReasonCheckpointChanged:   ErrCheckpointChanged,
+	ReasonBusy:                ErrBusyDaemon,
 }
 
 // FieldDiff is one differing fingerprint field: what the engine wants and

@@ -109,28 +109,6 @@ func Status(ctx context.Context, dir string) ([]DaemonStatus, error) {
 	return out, nil
 }
 
-// rankDevice is the device the engine named, or, where it named none, the
-// device of the daemon in the socket directory that serves its group and
-// ranks (host or GPU), so that a tensor-parallel engine finds its rank's
-// daemon from its ranks alone. With no such daemon it is "host".
-func rankDevice(ctx context.Context, o options) string {
-	if o.device != "" {
-		return o.device
-	}
-	if o.tpSize <= 1 && o.dpSize <= 1 {
-		return "host"
-	}
-	sts, _ := Status(ctx, o.socketDir)
-	for _, st := range sts {
-		fp := st.Fingerprint
-		if st.State != "unreachable" && st.Group == o.group && fp.TPSize == o.tpSize && fp.TPRank == o.tpRank &&
-			max(fp.DPSize, 1) == max(o.dpSize, 1) && fp.DPRank == o.dpRank {
-			return st.Device
-		}
-	}
-	return "host"
-}
-
 // StatsOf asks the daemon at socket path for its stats.
 func StatsOf(ctx context.Context, path string) (*DaemonStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -123,6 +123,19 @@ func TestResolveErrors(t *testing.T) {
 			writeText(t, filepath.Join(dir, "pytorch_model.bin"), "x")
 			return dir
 		}, ErrNotFound, []string{"no *.safetensors files in DIR"}},
+		{"dangling symlink shard", func(t *testing.T, dir string) string {
+			if err := os.Symlink(filepath.Join(dir, "gone"), filepath.Join(dir, "model.safetensors")); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, ErrInvalid, []string{"shard DIR/model.safetensors is a dangling symlink (to DIR/gone, which does not exist)"}},
+		{"directory named like a shard", func(t *testing.T, dir string) string {
+			writeShard(t, dir, "a.safetensors", tensor("a", 1, 0))
+			if err := os.Mkdir(filepath.Join(dir, "model.safetensors"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}, ErrInvalid, []string{"shard DIR/model.safetensors is a directory, not a safetensors file"}},
 		{"bad shard", func(t *testing.T, dir string) string {
 			writeText(t, filepath.Join(dir, "model.safetensors"), "\x02\x00\x00\x00\x00\x00\x00\x00{}x")
 			return dir

@@ -103,9 +103,10 @@ func globShards(dir string) ([]string, error) {
 		if !strings.HasSuffix(n, ".safetensors") || strings.HasPrefix(n, ".") {
 			continue
 		}
-		// Hub snapshots hold symlinks into blobs/: follow them.
-		if st, err := os.Stat(filepath.Join(dir, n)); err != nil || !st.Mode().IsRegular() {
-			continue
+		// Skipping a shard that is not a file would serve a checkpoint
+		// without it, or say there are none: name it and what is wrong.
+		if err := shardFile(filepath.Join(dir, n)); err != nil {
+			return nil, err
 		}
 		if strings.HasPrefix(n, "consolidated") {
 			consolidated = append(consolidated, n)
@@ -121,6 +122,26 @@ func globShards(dir string) ([]string, error) {
 	}
 	slices.Sort(names)
 	return names, nil
+}
+
+// shardFile refuses a *.safetensors entry that is not a regular file once
+// symlinks are followed (hub snapshots hold symlinks into blobs/).
+func shardFile(p string) error {
+	st, err := os.Stat(p)
+	if err == nil && st.Mode().IsRegular() {
+		return nil
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		target, _ := os.Readlink(p)
+		return fmt.Errorf("%w: shard %s is a dangling symlink (to %s, which does not exist)", ErrInvalid, p, target)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: shard %s: %v", ErrInvalid, p, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%w: shard %s is a directory, not a safetensors file", ErrInvalid, p)
+	}
+	return fmt.Errorf("%w: shard %s is not a regular file (%s)", ErrInvalid, p, st.Mode().Type())
 }
 
 func readShard(dir, name string) (Shard, error) {

@@ -317,6 +317,32 @@ func TestNotASocketRefused(t *testing.T) {
 	}
 }
 
+// A lock file that is a symlink is refused, not followed: preload once
+// truncated its target and wrote its pid there.
+func TestSymlinkLockFileRefused(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lock := filepath.Join(dir, "main-host.sock.lock")
+	if err := os.Symlink(victim, lock); err != nil {
+		t.Fatal(err)
+	}
+	ckpt, _ := checkpoint.Resolve(model, "")
+	be, _ := host.New("host")
+	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
+	if !errors.Is(err, ErrSymlink) || !strings.Contains(err.Error(), lock) {
+		t.Fatalf("Start = %v, want ErrSymlink naming %s", err, lock)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "precious" {
+		t.Fatalf("symlink target now holds %q", b)
+	}
+	if _, err := os.Lstat(lock); err != nil {
+		t.Fatalf("the refused symlink was removed: %v", err)
+	}
+}
+
 func TestUnsafeSocketDirRefused(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	if err := os.Chmod(dir, 0o777); err != nil {

@@ -113,6 +113,25 @@ func TestIdleConnectionsEvictedOldestFirst(t *testing.T) {
 	}
 }
 
+// An engine turned away at the connection limit (every connection leased)
+// is told busy, not protocol_error or "broken pipe": the daemon sends its
+// reason and closes before the hello is read.
+func TestBusyDaemonIsReportedAsBusy(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxConnections = 1 })
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, model, dir) // holds the one connection as its lease
+	for range 20 {        // the daemon's close races the hello: both orders
+		_, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+		var me *client.MissError
+		if !errors.As(err, &me) || me.Source.Reason != client.ReasonBusy || !strings.Contains(err.Error(), "all leased") {
+			t.Fatalf("attach over the limit: %v, want reason busy", err)
+		}
+	}
+}
+
 // A publish that asks for more than --max-publish-bytes, or than the host
 // has, is refused before anything is allocated.
 func TestPublishSizeBounded(t *testing.T) {

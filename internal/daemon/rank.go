@@ -20,6 +20,7 @@ import (
 // in state loading, waits for the launcher's segments, serves them, and
 // drains when ctx ends (SIGINT/SIGTERM) or the launcher goes away.
 func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error {
+	launcher := getppid()
 	fr, err := ctl.Recv()
 	if err != nil {
 		return fmt.Errorf("read rank spec from the launcher: %w", err)
@@ -86,9 +87,9 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady), Bytes: d.Stats().Bytes})
 			}
 		case <-ctx.Done():
-			err = fmt.Errorf("rank %s interrupted while loading", spec.Device)
+			err = fmt.Errorf("rank %s interrupted while loading%s", spec.Device, launcherDied(launcher))
 		case e := <-gone:
-			err = fmt.Errorf("rank %s: launcher went away while loading: %w", spec.Device, e)
+			err = fmt.Errorf("rank %s: launcher went away while loading%s: %w", spec.Device, launcherDied(launcher), e)
 		}
 	}
 	if err != nil {
@@ -195,4 +196,19 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 		return errors.Join(fmt.Errorf("rank %s", spec.Device), err)
 	}
 	return nil
+}
+
+// getppid is os.Getppid, a variable so that a test can be reparented.
+var getppid = os.Getppid
+
+// launcherDied says why loading stopped when the launcher died: a launcher
+// that dies while loading without a word of its own (it would have stopped
+// its ranks and said why) was killed by SIGKILL, and during a load that is
+// most often the OOM killer. A rank is reparented when its launcher dies.
+func launcherDied(launcher int) string {
+	if getppid() == launcher {
+		return ""
+	}
+	return fmt.Sprintf(": its launcher (pid %d) died, which without a message of its own means SIGKILL, most likely the OOM killer: "+
+		"check `dmesg` and the memory cgroup's memory.max against the checkpoint size", launcher)
 }

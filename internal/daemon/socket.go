@@ -45,6 +45,12 @@ func listen(path string) (*listener, error) {
 		unlock(lock)
 		return nil, fmt.Errorf("listen on socket %s: %w", path, err)
 	}
+	// Chmod follows symlinks: the path must still be the socket just bound.
+	if st, err := os.Lstat(path); err != nil || st.Mode()&os.ModeSocket == 0 {
+		_ = ln.Close()
+		unlock(lock)
+		return nil, fmt.Errorf("socket %s was replaced while binding it", path)
+	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		_ = ln.Close()
 		unlock(lock)
@@ -61,11 +67,16 @@ func (l *listener) close() error {
 	return err
 }
 
+// ErrSymlink is wrapped by a refusal of a symlink where weightcache makes
+// only plain files: following one would let whoever planted it choose what
+// the daemon truncates and writes.
+var ErrSymlink = errors.New("is a symlink")
+
 func lockFile(path string) (*os.File, error) {
 	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_CLOEXEC, 0o600)
+		f, err := openNoFollow(path, os.O_CREATE|os.O_RDWR)
 		if err != nil {
-			return nil, fmt.Errorf("open lock file %s: %w", path, err)
+			return nil, fmt.Errorf("open lock file: %w", err)
 		}
 		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			_ = f.Close()
@@ -77,7 +88,7 @@ func lockFile(path string) (*os.File, error) {
 		// The previous holder removes the file before it unlocks; if we
 		// locked a file that is no longer at path, try again on the new one.
 		var held, now syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Lstat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
 			if err := f.Truncate(0); err == nil {
 				_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 			}
@@ -85,6 +96,26 @@ func lockFile(path string) (*os.File, error) {
 		}
 		_ = f.Close()
 	}
+}
+
+// openNoFollow opens a file of the socket directory, refusing a symlink
+// (O_NOFOLLOW) and anything but a regular file (a FIFO would block a read).
+func openNoFollow(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("%s %w; weightcache never makes one: remove it", path, ErrSymlink)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		_ = f.Close()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s is not a regular file (%s); remove it", path, st.Mode().Type())
+	}
+	return f, nil
 }
 
 func unlock(f *os.File) {
@@ -120,8 +151,11 @@ func removeStale(path string) error {
 // describeLive names the daemon that holds path's lock, as well as it can.
 func describeLive(path string) string {
 	desc := "another weightcache daemon"
-	if b, err := os.ReadFile(path + ".lock"); err == nil {
-		if pid := strings.TrimSpace(string(b)); pid != "" {
+	if f, err := openNoFollow(path+".lock", os.O_RDONLY); err == nil {
+		b := make([]byte, 32)
+		n, _ := f.Read(b)
+		_ = f.Close()
+		if pid := strings.TrimSpace(string(b[:n])); pid != "" {
 			desc += " (pid " + pid + ")"
 		}
 	}

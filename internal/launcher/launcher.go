@@ -78,6 +78,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	l := &launcher{cfg: cfg, log: cfg.Logger, ranks: ranks, exited: make(chan *proc, len(ranks)*len(cfg.Groups))}
+	if err := l.checkCgroupMemory(); err != nil {
+		return err
+	}
 	if cfg.HealthAddr != "" {
 		if l.health, err = metrics.Serve(cfg.HealthAddr, l, l.log); err != nil {
 			return err

@@ -40,8 +40,10 @@ type proc struct {
 	bytes    int64 // resident, once ready
 	exitCode int
 	exitErr  error
-	pinging  bool      // liveness.go
-	lastPong time.Time // liveness.go
+	signal   syscall.Signal // what ended it, when a signal did
+	killed   bool           // by the launcher itself
+	pinging  bool           // liveness.go
+	lastPong time.Time      // liveness.go
 }
 
 func (p *proc) String() string {
@@ -87,15 +89,17 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, e
 func (p *proc) wait() {
 	err := p.cmd.Wait()
 	code := 0
+	var sig syscall.Signal
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		code = ee.ExitCode()
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			code = 128 + int(ws.Signal()) // as a shell reports it
+			sig = ws.Signal()
+			code = 128 + int(sig) // as a shell reports it
 		}
 	}
 	p.mu.Lock()
-	p.state, p.exitCode, p.exitErr = StateExited, code, err
+	p.state, p.exitCode, p.exitErr, p.signal = StateExited, code, err, sig
 	p.mu.Unlock()
 	_ = p.ctl.Close()
 	close(p.done)
@@ -147,6 +151,11 @@ func (p *proc) setState(s string) {
 func (p *proc) exitError() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.signal == syscall.SIGKILL && !p.killed {
+		// Nothing in weightcache sends SIGKILL to a rank but the launcher.
+		return &ExitError{Code: p.exitCode, Err: fmt.Errorf("%s was killed by SIGKILL (exit code %d), most likely by the OOM killer: "+
+			"check `dmesg` and the memory cgroup's memory.max against the checkpoint size", p, p.exitCode)}
+	}
 	return &ExitError{Code: max(p.exitCode, 1), Err: fmt.Errorf("%s exited with code %d", p, p.exitCode)}
 }
 
@@ -161,6 +170,9 @@ func (p *proc) terminate(grace time.Duration) {
 }
 
 func (p *proc) kill() {
+	p.mu.Lock()
+	p.killed = true
+	p.mu.Unlock()
 	_ = p.cmd.Process.Kill()
 	<-p.done
 }

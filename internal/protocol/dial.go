@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 )
 
 // Dial connects to the daemon socket at path; the context's deadline bounds
@@ -33,6 +34,18 @@ func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (
 	stop := context.AfterFunc(ctx, func() { _ = c.uc.SetDeadline(aLongTimeAgo) })
 	defer stop()
 	if err := c.Send(req); err != nil {
+		// A daemon that refuses a connection (busy at its connection
+		// limit) says why and closes it before reading the request: its
+		// reason is still queued for us, and beats "broken pipe".
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			if fr, rerr := c.Recv(); rerr == nil && fr.Type == TypeError {
+				fr.CloseFiles()
+				var we Error
+				if fr.Decode(&we) == nil {
+					return nil, &we
+				}
+			}
+		}
 		return nil, err
 	}
 	fr, err := c.Recv()

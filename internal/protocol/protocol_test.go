@@ -208,10 +208,26 @@ func TestSocketDir(t *testing.T) {
 	groupw := filepath.Join(root, "groupw")
 	os.Mkdir(groupw, 0o700)
 	os.Chmod(groupw, 0o770)
-	for _, dir := range []string{loose, link, link + "/", link + "//", file, groupw} {
+	// Readable by the group is refused too: the docs say 0700.
+	groupr := filepath.Join(root, "groupr")
+	os.Mkdir(groupr, 0o700)
+	os.Chmod(groupr, 0o750)
+	// A directory reached through a symlink its owner can change.
+	below := filepath.Join(link, "below")
+	os.Mkdir(below, 0o700)
+	for _, dir := range []string{loose, link, link + "/", link + "//", file, groupw, groupr, below} {
 		if err := CheckSocketDir(dir); !errors.Is(err, ErrSocketDir) || !strings.Contains(err.Error(), dir) {
 			t.Errorf("CheckSocketDir(%s) = %v, want ErrSocketDir naming it", dir, err)
 		}
+	}
+	if err := CheckSocketDir(groupr); err == nil || !strings.Contains(err.Error(), "chmod 0700 "+groupr) {
+		t.Errorf("mode 0750: %v, want the chmod that fixes it", err)
+	}
+	if err := CheckSocketDir(below); err == nil || !strings.Contains(err.Error(), link+", a symlink;") || !strings.Contains(err.Error(), filepath.Join(good, "below")) {
+		t.Errorf("below a symlink: %v, want the link and the real path named", err)
+	}
+	if err := CheckSocketDir(filepath.Join(good, "below")); err != nil {
+		t.Errorf("real path refused: %v", err)
 	}
 	if os.Geteuid() == 0 {
 		other := filepath.Join(root, "other")
@@ -248,5 +264,41 @@ func TestSocketPath(t *testing.T) {
 		} else if err != nil || p != v.Path {
 			t.Errorf("%s: SocketPath = %q, %v, want %q", v.Name, p, err, v.Path)
 		}
+	}
+}
+
+// A peer that sends its refusal and closes before our request arrives:
+// the request's write fails (EPIPE), and Call returns the refusal queued
+// for us instead of "broken pipe".
+func TestCallReadsTheRefusalAfterABrokenPipe(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan error, 1)
+	go func() {
+		uc, err := ln.AcceptUnix()
+		if err != nil {
+			closed <- err
+			return
+		}
+		err = NewConn(uc, 0).Send(Errorf(CodeBusy, "all leased"))
+		closed <- errors.Join(err, uc.Close())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Call(ctx, NewHead(TypeHello), TypeOK)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "all leased") {
+		t.Fatalf("Call = %v, want the busy refusal", err)
 	}
 }

@@ -36,9 +36,11 @@ func EnsureSocketDir(dir string) error {
 	return CheckSocketDir(dir)
 }
 
-// CheckSocketDir refuses a directory that another user could have planted
-// or could write into: a symlink, not a directory, owned by another user, or
-// group- or world-writable.
+// CheckSocketDir refuses a directory that another user could have planted,
+// redirected or can reach into: a symlink or below one, not a directory,
+// owned by another user, or open to group or others at all (0700 only: a
+// socket is 0600 only once chmod'ed after bind, and its lock file and names
+// are nobody else's business).
 func CheckSocketDir(dir string) error {
 	// Without Clean, a trailing slash makes Lstat follow a symlink.
 	st, err := os.Lstat(filepath.Clean(dir))
@@ -46,7 +48,7 @@ func CheckSocketDir(dir string) error {
 		return fmt.Errorf("socket directory %s: %w", dir, err)
 	}
 	if st.Mode()&os.ModeSymlink != 0 {
-		return fmt.Errorf("%w: %s is a symlink", ErrSocketDir, dir)
+		return fmt.Errorf("%w: %s is a symlink; use the directory it points to", ErrSocketDir, dir)
 	}
 	if !st.IsDir() {
 		return fmt.Errorf("%w: %s is not a directory", ErrSocketDir, dir)
@@ -54,10 +56,33 @@ func CheckSocketDir(dir string) error {
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && int(sys.Uid) != os.Geteuid() {
 		return fmt.Errorf("%w: %s is owned by uid %d, not by uid %d", ErrSocketDir, dir, sys.Uid, os.Geteuid())
 	}
-	if perm := st.Mode().Perm(); perm&0o022 != 0 {
-		return fmt.Errorf("%w: %s is group- or world-writable (mode %04o)", ErrSocketDir, dir, perm)
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("%w: %s is open to group or others (mode %04o); chmod 0700 %s", ErrSocketDir, dir, perm, dir)
 	}
-	return nil
+	return checkAncestors(dir)
+}
+
+// checkAncestors refuses a symlink anywhere above dir: whoever owns the
+// link can move the sockets, and the docs promise the rule without
+// exceptions. The message names the real path, which is accepted.
+func checkAncestors(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("socket directory %s: %w", dir, err)
+	}
+	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
+		st, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("socket directory %s: %w", dir, err)
+		}
+		if st.Mode()&os.ModeSymlink != 0 {
+			real, _ := filepath.EvalSymlinks(dir)
+			return fmt.Errorf("%w: %s is below %s, a symlink; use the real path %s", ErrSocketDir, dir, p, real)
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
 }
 
 // SocketPath names the socket of one daemon group on one device, e.g.

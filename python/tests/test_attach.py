@@ -279,7 +279,7 @@ def test_unsafe_socket_dir_is_not_trusted(model, sock_dir, daemon):
         _, info = attach(model, socket_dir=sock_dir)
     finally:
         os.chmod(sock_dir, 0o700)
-    assert info.reason == "no_daemon" and "world-writable" in info.detail
+    assert info.reason == "no_daemon" and "open to group or others (mode 0777)" in info.detail
 
 
 def test_ranks_find_their_daemon(model, daemon, sock_dir):
@@ -301,3 +301,17 @@ def test_replies_decode_into_their_dataclasses():
         protocol.Frame({"type": "manifest", "index_size": "64"}, []).reply(protocol.Manifest)
     with pytest.raises(protocol.ProtocolError, match="field tensors is bool"):
         protocol.Frame({"type": "manifest", "tensors": True}, []).reply(protocol.Manifest)
+
+
+def test_busy_daemon_is_reported_as_busy(model, daemon, sock_dir):
+    # At --max-connections with every connection leased, the daemon sends
+    # busy and closes: that was protocol_error or "broken pipe".
+    daemon(model, "--max-connections", "1")
+    held, info = attach(model, socket_dir=sock_dir)
+    assert info.hit, info
+    try:
+        for _ in range(10):  # the daemon's close races the hello: both orders
+            _, info = attach(model, socket_dir=sock_dir)
+            assert info.reason == "busy" and "all leased" in info.detail, info
+    finally:
+        held.close()

@@ -128,6 +128,21 @@ def test_bad_checkpoints(model, tmp_path):
         resolve(str(tmp_path / "nothing" / "here" / "x"))
 
 
+def test_shard_that_is_not_a_file_is_named(tmp_path):
+    # Both were skipped, leaving "no *.safetensors files in DIR".
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / "config.json").write_text("{}")
+    os.symlink(str(dangling / "gone"), str(dangling / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=f"shard {dangling}/model.safetensors is a dangling symlink \\(to {dangling}/gone"):
+        resolve(str(dangling))
+    folder = tmp_path / "folder"
+    (folder / "model.safetensors").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=f"shard {folder}/model.safetensors is a directory, not a safetensors file"):
+        resolve(str(folder))
+
+
 def test_fallback_reads_every_tensor(model):
     c = resolve(model)
     w = load_from_disk(c, "")

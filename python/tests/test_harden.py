@@ -221,3 +221,21 @@ def test_symlinked_socket_dir_refused(sock_dir, tmp_path, suffix):
     os.symlink(sock_dir, link)
     with pytest.raises(protocol.ProtocolError, match="symlink"):
         protocol.check_socket_dir(link + suffix)
+
+
+def test_socket_dir_rule_is_0700_and_no_symlink_above(sock_dir, tmp_path):
+    # Go's CheckSocketDir and the docs say 0700 and no symlink; 0750 and a
+    # symlinked parent were accepted here.
+    from weightcache import protocol
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o750)
+    with pytest.raises(protocol.ProtocolError, match=f"open to group or others .*chmod 0700 {loose}"):
+        protocol.check_socket_dir(str(loose))
+    real = os.path.join(sock_dir, "real")
+    os.mkdir(real, 0o700)
+    os.symlink(sock_dir, str(tmp_path / "link"))
+    below = str(tmp_path / "link" / "real")
+    with pytest.raises(protocol.ProtocolError, match=f"below {tmp_path / 'link'}, a symlink; use the real path {os.path.realpath(real)}"):
+        protocol.check_socket_dir(below)
+    protocol.check_socket_dir(real)

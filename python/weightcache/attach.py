@@ -4,6 +4,7 @@ The behaviour is that of the Go client (client/attach.go)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import glob
 import mmap
@@ -138,23 +139,70 @@ def device_key(device: Union[str, torch.device]) -> str:
 
 def rank_device(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0):
     """The device key of the daemon in sock_dir that serves this group and
-    these ranks (host or GPU), or "host" when none does (Go's rankDevice)."""
-    for path in sorted(glob.glob(os.path.join(sock_dir, "*.sock"))):
+    these ranks (host or GPU), or "host" when none does."""
+    return find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s)[0] or "host"
+
+
+def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0):
+    """(device key, socket, why) of the daemon in sock_dir that serves this
+    group and these ranks, as Go's rankDevice; key is None when none does,
+    socket is then the rank's own and why says what each socket answered.
+
+    The socket a one-node host preload gives the rank (main-host_<g>.sock,
+    g = dp_rank * tp_size + tp_rank) is asked first, then every other at once:
+    a stopped daemon costs one timeout, not one each. Any error of one socket
+    (no answer, a malformed reply) is a note, never raised.
+    """
+    guess = protocol.socket_path(sock_dir, group, f"host:{max(dp_rank, 0) * tp_size + tp_rank}")
+
+    def ask(path):
         try:
             conn = protocol.Conn(path, timeout_s)
-        except OSError:
-            continue
-        try:
-            st = conn.call(protocol.Stats(), "stats").body
-        except (OSError, protocol.ProtocolError, protocol.WireError, socket.timeout):
-            continue
-        finally:
-            conn.close()
-        fp = st.get("fingerprint") or {}
+            try:
+                st = conn.call(protocol.Stats(), "stats", timeout=timeout_s).body
+            finally:
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - any failure of one socket is a miss with its reason
+            return None, f"no answer ({e})"
+        fp = st.get("fingerprint") if isinstance(st.get("fingerprint"), dict) else {}
         if (st.get("group") == group and fp.get("tp_size") == tp_size and fp.get("tp_rank") == tp_rank
                 and max(fp.get("dp_size") or 1, 1) == max(dp_size, 1) and fp.get("dp_rank", 0) == dp_rank):
-            return st.get("device") or "host"
-    return "host"
+            return str(st.get("device") or "host"), ""
+        return None, (f"serves group {st.get('group')} tp_rank {fp.get('tp_rank')} of {fp.get('tp_size')}, "
+                      f"dp_rank {fp.get('dp_rank', 0)} of {max(fp.get('dp_size') or 1, 1)}")
+
+    try:
+        protocol.check_socket_dir(sock_dir)
+    except (OSError, protocol.ProtocolError) as e:
+        return None, guess, str(e)
+    key, note = ask(guess)
+    if key:
+        return key, guess, ""
+    notes = [f"{os.path.basename(guess)}: {note}"]
+    others = [p for p in sorted(glob.glob(os.path.join(sock_dir, "*.sock"))) if p != guess]
+    if others:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(len(others), 32))
+        try:
+            futures = {pool.submit(ask, p): p for p in others}
+            rest, plain_answered = [], False
+            plain = protocol.socket_path(sock_dir, group, "host")
+            for f in concurrent.futures.as_completed(futures):
+                key, note = f.result()
+                if key:
+                    return key, futures[f], ""
+                plain_answered = plain_answered or (futures[f] == plain and not note.startswith("no answer"))
+                rest.append(f"{os.path.basename(futures[f])}: {note}")
+            if plain_answered:
+                # A daemon without ranks: its mismatch names the differing
+                # fields, which says more than no_daemon.
+                return "host", plain, ""
+            notes += sorted(rest)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+    if len(notes) > 9:
+        notes = notes[:9] + [f"{len(notes) - 9} more"]
+    return None, guess, (f"no daemon serves these ranks: group {group} tp_rank {tp_rank} of {tp_size}, "
+                         f"dp_rank {dp_rank} of {max(dp_size, 1)} in {sock_dir} ({'; '.join(notes)})")
 
 
 def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
@@ -187,15 +235,21 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
     fp, directory = identity.light_fingerprint(*args)
+    rank_miss = None
     if device is None:
         # An engine that names no device attaches to its ranks' daemon.
         device = "cpu"
         if tp_size > 1 or dp_size > 1:
-            device = rank_device(socket_dir or protocol.default_socket_dir(), group, tp_size, tp_rank, dp_size, dp_rank)
+            found, sock, why = find_rank(socket_dir or protocol.default_socket_dir(), group, tp_size, tp_rank,
+                                         dp_size, dp_rank, min(connect_timeout_s, 2.0))
+            if found:
+                device = found
+            else:
+                rank_miss = miss(source.NO_DAEMON, why, socket=sock)
     key = device_key(device)
     try_daemon = functools.partial(_attach_daemon, key=key, mode=mode, sock_dir=socket_dir or protocol.default_socket_dir(),
                                    group=group, connect_timeout=connect_timeout_s, state_timeout=state_timeout_s, name=client_name)
-    weights, info = try_daemon(fp, directory, "")
+    weights, info = (None, rank_miss) if rank_miss else try_daemon(fp, directory, "")
     if info.reason == _REHASH:
         fp, directory = identity.quick_fingerprint(*args)
         weights, info = try_daemon(fp, directory, info.detail)
@@ -273,7 +327,7 @@ def _classify(e):
     """The fallback reason for an error in an exchange with the daemon."""
     if isinstance(e, protocol.WireError):
         reason = {"not_ready": source.NOT_READY_TIMEOUT, "draining": source.NO_DAEMON,
-                  "empty": source.EMPTY}.get(e.code, source.PROTOCOL_ERROR)
+                  "empty": source.EMPTY, "busy": source.BUSY}.get(e.code, source.PROTOCOL_ERROR)
         return miss(reason, e)
     return miss(source.PROTOCOL_ERROR, e)
 

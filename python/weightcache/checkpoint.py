@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import re
+import stat
 import struct
 
 from . import dtypes, safetensors
@@ -303,13 +304,30 @@ def _parse_index(idx_path):
     return wm, sorted(names, key=lambda n: n.encode())
 
 
+def _shard_file(p):
+    """Refuse a *.safetensors entry that is not a regular file once symlinks
+    are followed (hub snapshots hold symlinks into blobs/), as Go's shardFile:
+    skipping it would serve a checkpoint without it, or say there are none."""
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        target = os.readlink(p) if os.path.islink(p) else ""
+        raise CheckpointError(f"invalid checkpoint: shard {p} is a dangling symlink (to {target}, which does not exist)") from None
+    except OSError as e:
+        raise CheckpointError(f"invalid checkpoint: shard {p}: {e.strerror}") from None
+    if stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"invalid checkpoint: shard {p} is a directory, not a safetensors file")
+    raise CheckpointError(f"invalid checkpoint: shard {p} is not a regular file")
+
+
 def _glob_shards(directory):
     names, consolidated = [], []
     for n in os.listdir(directory):
         if not n.endswith(".safetensors") or n.startswith("."):
             continue
-        if not os.path.isfile(os.path.join(directory, n)):  # follows hub symlinks
-            continue
+        _shard_file(os.path.join(directory, n))
         (consolidated if n.startswith("consolidated") else names).append(n)
     names = names or consolidated
     if not names:

@@ -50,16 +50,26 @@ def default_socket_dir():
 
 
 def check_socket_dir(path):
-    """Refuse a directory another user could have planted or can write."""
+    """Refuse a directory another user could have planted, redirected or can
+    reach into, by the rule Go's protocol.CheckSocketDir applies."""
     st = os.lstat(os.path.normpath(path))  # a trailing slash would follow a symlink
     if stat.S_ISLNK(st.st_mode):
-        raise ProtocolError(f"unsafe socket directory: {path} is a symlink")
+        raise ProtocolError(f"unsafe socket directory: {path} is a symlink; use the directory it points to")
     if not stat.S_ISDIR(st.st_mode):
         raise ProtocolError(f"unsafe socket directory: {path} is not a directory")
     if st.st_uid != os.geteuid():
         raise ProtocolError(f"unsafe socket directory: {path} is owned by uid {st.st_uid}, not by uid {os.geteuid()}")
-    if st.st_mode & 0o022:
-        raise ProtocolError(f"unsafe socket directory: {path} is group- or world-writable (mode {st.st_mode & 0o777:04o})")
+    if st.st_mode & 0o077:
+        raise ProtocolError(f"unsafe socket directory: {path} is open to group or others "
+                            f"(mode {st.st_mode & 0o777:04o}); chmod 0700 {path}")
+    p = os.path.dirname(os.path.abspath(path))
+    while True:
+        if os.path.islink(p):
+            raise ProtocolError(f"unsafe socket directory: {path} is below {p}, a symlink; "
+                                f"use the real path {os.path.realpath(path)}")
+        if p == os.path.dirname(p):
+            return
+        p = os.path.dirname(p)
 
 
 def _sanitize(s):
@@ -296,7 +306,19 @@ class Conn:
         """
         if timeout is not None:
             self.sock.settimeout(timeout)
-        self.send(msg)
+        try:
+            self.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            # A daemon that refuses a connection (busy) says why and closes
+            # before reading the request: its reason is still queued here.
+            try:
+                fr = self.recv()
+            except (OSError, ProtocolError, Timeout, ValueError):
+                fr = None
+            if fr is not None and fr.type == "error":
+                fr.close_fds()
+                raise WireError(str(fr.body.get("code", "")), str(fr.body.get("message", ""))) from None
+            raise
         fr = self.recv()
         if not fds_expected or fr.type != want:
             fr.close_fds()

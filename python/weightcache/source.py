@@ -12,8 +12,12 @@ EMPTY = "empty"
 # headers are the same; attach(verify_content=True) accepts them once
 # every tensor's CRC-32C matches.
 CHECKPOINT_CHANGED = "checkpoint_changed"
+# The daemon is at its connection limit with every connection leased
+# (--max-connections) and turned this one away.
+BUSY = "busy"
 
-REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY, CHECKPOINT_CHANGED)
+REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY, CHECKPOINT_CHANGED,
+           BUSY)
 
 
 class AttachInfo:

@@ -12,6 +12,7 @@ package cuda
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -152,7 +153,7 @@ func load() (*lib, error) {
 // open loads the library at path, binds every symbol and calls cuInit. A
 // missing library or symbol is an ErrNoDriver error naming it.
 func open(path string) (*lib, error) {
-	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	h, err := dlopenLocked(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: load %s: %v", ErrNoDriver, path, err)
 	}
@@ -168,9 +169,27 @@ func open(path string) (*lib, error) {
 	return l, nil
 }
 
+// dlopen is purego's, a variable so that a test can see the thread it runs on.
+var dlopen = purego.Dlopen
+
+// dlopenLocked keeps dlopen and its dlerror on one OS thread: dlerror's text
+// is per thread, and a goroutine moved between the two calls read another
+// thread's (empty) one, so "load libcuda.so.1: " came without a reason.
+func dlopenLocked(path string) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	h, err := dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	if err != nil && err.Error() == "" {
+		err = fmt.Errorf("dlopen failed and dlerror gave no reason")
+	}
+	return h, err
+}
+
 // bind looks a symbol up before registering it, because purego panics on a
 // symbol that is missing.
 func bind(h uintptr, s symbol) error {
+	runtime.LockOSThread() // dlsym's dlerror is per thread too
+	defer runtime.UnlockOSThread()
 	for _, name := range s.names {
 		addr, err := purego.Dlsym(h, name)
 		if err == nil && addr != 0 {
