@@ -32,7 +32,8 @@ type Limits struct {
 // (shared): the rest are kept for processes holding none. Connections
 // beyond table are kept for clients without a lease, stats among them.
 func (l Limits) leaseTable() (table, shared int) {
-	table = l.MaxConnections - max(1, l.MaxConnections/64)
+	// With a single connection allowed, it must be leasable.
+	table = l.MaxConnections - min(max(1, l.MaxConnections/64), max(l.MaxConnections-1, 0))
 	return table, table - table/4
 }
 
