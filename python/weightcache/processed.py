@@ -131,7 +131,7 @@ def restore(model, weights, device):
     attributes kept, as vLLM's materialize_meta_tensor does,
     model_loader/reload/meta.py); checked before anything changes, so on
     LayoutError the model is as it was. Returns (bytes installed, undo):
-    processed.undo(undo) puts the model's own tensors back."""
+    undo_restore(undo) puts the model's own tensors back."""
     index = read_index(weights)
     entries = index["tensors"]
     slots = {name: (mod, attr, kind, t) for name, mod, attr, kind, t in _slots(model)}

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import time
-import types
 
 import torch
 
@@ -103,14 +102,15 @@ def unsafe_for_processed(vllm_config, model_config, api=None):
     cache = getattr(vllm_config, "cache_config", None)
     par = vllm_config.parallel_config
     offload = getattr(vllm_config, "offload_config", None)
+    platform = api.platform() if api is not None else None
     checks = [
         # vLLM 0.32 linear.py UnquantizedLinearMethod.process_weights_after_loading
         # on the CPU: dispatch_cpu_unquantized_gemm (layers/utils.py) moves the
         # weight into a oneDNN handle held by layer.cpu_linear and leaves the
         # parameter empty; a restored model has no cpu_linear.
-        (api is not None and api.platform() == "cpu",
+        (platform == "cpu",
          "the CPU platform keeps post-processed linear weights in oneDNN handles (layer.cpu_linear), not in parameters"),
-        (api is not None and api.platform() not in ("cpu", "cuda"), "platform {}".format(api and api.platform())),
+        (platform not in (None, "cpu", "cuda"), f"platform {platform}"),
         # unquantized_fused_moe_method.py: the expert kernel is built in
         # process_weights_after_loading, and its forward asserts it.
         (_flag(model_config, "is_moe"), "MoE: expert kernels are built in post-processing"),
@@ -270,10 +270,6 @@ class VllmAPI:
         return files, use_st
 
 
-def _vllm_api():
-    return VllmAPI()
-
-
 def _rank(api, vllm_config):
     par = vllm_config.parallel_config
     pp_size = getattr(par, "pipeline_parallel_size", 1) or 1
@@ -352,7 +348,7 @@ def make_loader_class(api):
                     raise unknown_keys_error(rest) from None
                 raise
             self._weights = None  # tier 1: the daemon's checkpoint tensors
-            self._ckpt = None
+            self._ckpt = None  # the model config whose checkpoint the daemon may serve
             self._group = "main"
             self.info = None
             self.tier = None
@@ -400,7 +396,7 @@ def make_loader_class(api):
                 why = _files_differ(files, use_st, mine)
                 if why:
                     raise MissError(source.miss("layout", why))
-                self._ckpt = types.SimpleNamespace(model_arg=model_config.model, revision_arg=model_config.revision)
+                self._ckpt = model_config
             except (MissError, CheckpointError, OSError, ValueError) as e:
                 # Decided before any daemon is asked, so none counts a hit.
                 self._ckpt = None
@@ -426,9 +422,9 @@ def make_loader_class(api):
             """attach() with fallback off; every error is a MissError."""
             o = self.options
             try:
-                return attach(self._ckpt.model_arg, device=device, mode=o.mode, fallback=False, dtype=dtype,
+                return attach(self._ckpt.model, device=device, mode=o.mode, fallback=False, dtype=dtype,
                               connect_timeout_s=o.connect_timeout_s, state_timeout_s=o.state_timeout_s,
-                              revision=self._ckpt.revision_arg, socket_dir=o.socket_dir, engine=engine,
+                              revision=self._ckpt.revision, socket_dir=o.socket_dir, engine=engine,
                               engine_version=api.version if engine else "", group=self._group, **kw)
             except MissError:
                 raise
@@ -541,7 +537,7 @@ def make_loader_class(api):
         def _publish(self, model, key):
             try:
                 tensors, _ = processed.capture(model)
-                reply = publish(self._ckpt.model_arg, tensors, ENGINE, api.version, revision=self._ckpt.revision_arg,
+                reply = publish(self._ckpt.model, tensors, ENGINE, api.version, revision=self._ckpt.revision,
                                 socket_dir=self.options.socket_dir, connect_timeout_s=self.options.connect_timeout_s,
                                 group=self._group, **{k: v for k, v in self._pub.items() if k != "engine"})
                 log.info("weightcache: published processed layout to %s: %s tensors, %s bytes", key,
@@ -586,7 +582,7 @@ def register():
     known. Never raises: a broken plugin must not stop vLLM starting (an
     engine that asks for weightcache then fails on an unknown format)."""
     try:
-        api = _vllm_api()
+        api = VllmAPI()
         api.register_model_loader(LOAD_FORMAT)(make_loader_class(api))
         return True
     except Exception as e:
