@@ -50,15 +50,22 @@ func fakeDaemon(t *testing.T, model string, data []byte, ts []protocol.Tensor) s
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := make([]byte, protocol.IndexSize(ts))
-	if err := protocol.EncodeIndex(idx, ts); err != nil {
+	// The index as the daemon writes it (host.WriteIndex), wrong CRC and all.
+	idxSeg, err := host.WriteIndex(ts)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer idxSeg.Free()
+	idxFile, err := idxSeg.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { idxFile.Close() })
 	var bytes int64
 	for _, x := range ts {
 		bytes += x.NBytes
 	}
-	seg, idxFile := sealed(t, data), sealed(t, idx)
+	seg := sealed(t, data)
 	dir := sockDir(t)
 	path, err := protocol.SocketPath(dir, "main", "host")
 	if err != nil {
@@ -81,7 +88,7 @@ func fakeDaemon(t *testing.T, model string, data []byte, ts []protocol.Tensor) s
 			replies := []any{
 				protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: "host", Identity: ckpt.Identity},
 				protocol.Manifest{Head: protocol.NewHead(protocol.TypeManifest), Device: "host",
-					Segments: []protocol.Segment{{Index: 0, Size: int64(len(data))}}, Tensors: len(ts), Bytes: bytes, IndexSize: int64(len(idx))},
+					Segments: []protocol.Segment{{Index: 0, Size: int64(len(data))}}, Tensors: len(ts), Bytes: bytes, IndexSize: protocol.IndexSize(ts)},
 			}
 			for i, reply := range replies {
 				fr, err := c.Recv()
