@@ -25,7 +25,7 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 ENGINE = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, re, sys, time
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     def main():
@@ -46,7 +46,6 @@ ENGINE = textwrap.dedent("""
                                       "token": out[0].outputs[0].token_ids[0]}), flush=True)
         llm.llm_engine.engine_core.shutdown()
 
-    import re
     if __name__ == "__main__":
         main()
 """)
@@ -91,7 +90,6 @@ def cached_bytes(model):
                 if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
                     raise OSError(ctypes.get_errno(), "mincore")
                 total += sum(v & 1 for v in vec) * page
-                del addr
             finally:
                 mm.close()
     return total
