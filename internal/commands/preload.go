@@ -21,6 +21,7 @@ func init() {
 			"weightcache preload --model meta-llama/Llama-3.1-8B --revision main --weight-cache-health-port 9400",
 			"weightcache preload --model /models/m --devices host:0,host:1 --tensor-parallel-size 2",
 			"weightcache preload --model /models/m --publish-only",
+			"weightcache preload --model /models/m --takeover   # beside a running one: take its cache",
 		}})
 }
 
@@ -32,6 +33,7 @@ type preloadFlags struct {
 	model, devices, dtype, revision string
 	settings                        daemon.Settings // GPU comes from gpu
 	gpu                             gpuFlags
+	takeover                        bool
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
@@ -51,6 +53,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	bytesVar(fs, &p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments and index one publish may allocate (0: what the device can hold)")
 	fs.IntVar(&p.settings.Limits.MaxLeasesPerProcess, "max-leases-per-process", daemon.DefaultMaxLeasesPerProcess, "leases one engine process (by its pid) may hold per rank")
 	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
+	fs.BoolVar(&p.takeover, "takeover", false, "take the segments, sockets and leases of a preload of the same model and devices running in --socket-dir (a restart or upgrade without reading the checkpoint); load from it as usual when none runs or its cache is stale")
 	p.gpu.register(fs)
 }
 
@@ -74,6 +77,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
+	cfg.Takeover, cfg.Version = p.takeover, "weightcache "+buildVersion()
 	con := newConsole(e.stdout, e.stderr)
 	if con != nil {
 		// Ranks log through the console too (a pipe instead of the

@@ -34,14 +34,23 @@ func (d *Daemon) accept() {
 			continue
 		}
 		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			d.serveConn(s)
-			d.mu.Lock()
-			delete(d.conns, uc)
-			d.mu.Unlock()
-			_ = uc.Close()
-		}()
+		go d.serveSession(s)
+	}
+}
+
+// serveSession serves one connection until it ends, then forgets it; a
+// lease taken out for a successor (HandOver) stays open.
+func (d *Daemon) serveSession(s *session) {
+	defer d.wg.Done()
+	d.serveConn(s)
+	d.mu.Lock()
+	delete(d.conns, s.uc)
+	if s.handed {
+		d.handed = append(d.handed, s)
+	}
+	d.mu.Unlock()
+	if !s.handed {
+		_ = s.uc.Close()
 	}
 }
 

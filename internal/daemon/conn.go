@@ -25,6 +25,7 @@ type session struct {
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
+	handed bool // its lease goes to a successor (handover.go)
 
 	// Guarded by Daemon.mu: what eviction sees of the connection, as of
 	// its goroutine's last setIdle.
@@ -83,10 +84,19 @@ func (d *Daemon) serveConn(s *session) {
 		default:
 			_ = uc.SetReadDeadline(time.Now().Add(d.limits.IdleTimeout))
 		}
+		if d.handingOver() {
+			s.handed = s.leased
+			return
+		}
 		d.setIdle(s, true)
 		fr, err := conn.Recv()
 		d.setIdle(s, false)
 		if err != nil {
+			if errors.Is(err, protocol.ErrNoFrame) && d.handingOver() {
+				// Between requests: nothing of the next one was read.
+				s.handed = s.leased
+				return
+			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 				d.log.Warn("bad frame", "err", err)
 				d.count(protocol.ResultError, nil)

@@ -1,6 +1,9 @@
 package daemon
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -19,7 +22,69 @@ const (
 	TypeRankProgress  = "rank_progress"
 	TypeRankPing      = "rank_ping"
 	TypeRankPong      = "rank_pong"
+	// After the spec, the launcher sends the rank its socket (listener
+	// and lock descriptors), which it took and keeps (Socket).
+	TypeRankSocket = "rank_socket"
+	// A successor's launcher sends its ready ranks the leases it took
+	// over; the predecessor's launcher asks its ranks for theirs with a
+	// handover, answered by leases frames, the last with Last set.
+	TypeRankLeases   = "rank_leases"
+	TypeRankHandover = "rank_handover"
+	// Sent before a launcher hands the rank's socket to a successor: the
+	// rank leaves it in place when it stops, even if its launcher died.
+	TypeRankKeep = "rank_keep"
 )
+
+// RankHandover asks a rank to stop for a successor: with Leases it hands
+// its leased connections over (answered by leases frames); without, the
+// successor serves other bytes, and the leases drain here.
+type RankHandover struct {
+	protocol.Head
+	Leases bool `json:"leases"`
+}
+
+// RankLeases carries leased connections, one descriptor per lease, in
+// frames of at most protocol.MaxFDs.
+type RankLeases struct {
+	protocol.Head
+	Leases []HandedLease `json:"leases"`
+	Last   bool          `json:"last"`
+}
+
+// SendLeases sends leases over ctl in frames that respect the kernel's
+// per-message descriptor limit; the last frame has Last set.
+func SendLeases(ctl *protocol.Conn, leases []HandedLease, files []*os.File) error {
+	for {
+		n := min(len(files), protocol.MaxFDs)
+		m := RankLeases{Head: protocol.NewHead(TypeRankLeases), Leases: leases[:n], Last: n == len(files)}
+		if err := ctl.Send(m, files[:n]...); err != nil {
+			return err
+		}
+		leases, files = leases[n:], files[n:]
+		if m.Last {
+			return nil
+		}
+	}
+}
+
+// DecodeLeases reads one leases frame, pairing each lease with its
+// descriptor; on error every descriptor is closed.
+func DecodeLeases(fr *protocol.Frame) (RankLeases, error) {
+	var m RankLeases
+	if fr.Type != TypeRankLeases {
+		fr.CloseFiles()
+		return m, fmt.Errorf("expected leases, got %q", fr.Type)
+	}
+	if err := fr.Decode(&m); err != nil {
+		fr.CloseFiles()
+		return m, err
+	}
+	if len(m.Leases) != len(fr.Files) {
+		fr.CloseFiles()
+		return m, fmt.Errorf("%d leases with %d descriptors", len(m.Leases), len(fr.Files))
+	}
+	return m, nil
+}
 
 // ControlFD is the descriptor the rank daemon finds its socketpair end on.
 const ControlFD = 3

@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -38,6 +39,9 @@ type Config struct {
 	// PlanReport, for a tensor-parallel rank, is what its sharding plan
 	// replicated; status shows it.
 	PlanReport *protocol.PlanReport
+	// Socket, when set, is the socket to serve, taken by the launcher;
+	// else Start takes the device's socket in SocketDir itself.
+	Socket *Socket
 	// peerCred reads the uid and pid of a connection's peer; nil is
 	// SO_PEERCRED. Tests fake it: a peer of a second uid needs root to make.
 	peerCred func(*net.UnixConn) (uid, pid int, err error)
@@ -74,6 +78,8 @@ type Daemon struct {
 	releases   int64
 	queuedFDs  int // sent in each connection's last reply, not known to be read
 	pub        publishState
+	handing    bool       // HandOver began: sessions stop between requests
+	handed     []*session // leased sessions stopped for the successor
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -112,7 +118,15 @@ func Start(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := listen(path)
+	var ln *listener
+	if cfg.Socket != nil {
+		if cfg.Socket.Path != path {
+			return nil, fmt.Errorf("socket %s handed to the daemon of %s group %s, whose socket is %s", cfg.Socket.Path, cfg.Backend.Device(), cfg.Group, path)
+		}
+		ln, err = socketListener(cfg.Socket)
+	} else {
+		ln, err = listen(path)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +157,10 @@ func Start(cfg Config) (*Daemon, error) {
 
 // Socket is the path clients connect to.
 func (d *Daemon) Socket() string { return d.ln.path }
+
+// KeepSocket makes Shutdown leave the socket and its lock file in place:
+// the launcher that holds them removes them, or a successor serves them.
+func (d *Daemon) KeepSocket() { d.ln.keep.Store(true) }
 
 // Progress reports checkpoint bytes read so far and in all.
 func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total.Load() }
@@ -189,7 +207,7 @@ func (d *Daemon) shutdown(ctx context.Context) int {
 		left = d.Leases()
 	}
 stop:
-	_ = d.ln.close()
+	d.ln.close()
 	d.mu.Lock()
 	for c := range d.conns {
 		_ = c.Close()

@@ -33,12 +33,18 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		// Only a rank that loads itself stages: pin nothing here.
 		spec.GPU.Stages = 0
 	}
-	be, err := NewBackend(spec.Device, spec.GPU)
+	sock, err := awaitSocket(ctl, spec)
 	if err != nil {
 		return err
 	}
-	d, err := startRank(spec, be, log)
+	be, err := NewBackend(spec.Device, spec.GPU)
 	if err != nil {
+		sock.Close()
+		return err
+	}
+	d, err := startRank(spec, be, sock, log)
+	if err != nil {
+		sock.Close()
 		return errors.Join(err, be.Close())
 	}
 	if err := ctl.Send(RankListening{Head: protocol.NewHead(TypeRankListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
@@ -93,21 +99,21 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		}
 	}
 	if err != nil {
+		keepIfLauncher(d, launcher)
 		d.Shutdown(context.Background())
 		return err
 	}
-	select {
-	case <-ctx.Done():
-	case <-gone:
-		log.Warn("launcher went away: stopping")
+	if handed, err := serveReady(ctx, d, ctl, frames, gone, log); handed || err != nil {
+		return err
 	}
+	keepIfLauncher(d, launcher)
 	if n := d.Leases(); n > 0 {
 		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", spec.DrainTimeout)
 	}
 	if left := d.Shutdown(context.Background()); left > 0 {
 		log.Warn("stopped with live leases; their mappings stay valid until those engines exit", "leases", left)
 	}
-	log.Info("stopped: socket removed, segments freed")
+	log.Info("stopped: segments freed")
 	return nil
 }
 
@@ -120,7 +126,98 @@ func NewBackend(device string, gpu cuda.Options) (backend.Backend, error) {
 	return host.New(device)
 }
 
-func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*Daemon, error) {
+// awaitSocket waits for the socket the launcher took for this rank. It
+// may come long after the spec: a successor preload gets it from its
+// predecessor once its own segments are filled.
+func awaitSocket(ctl *protocol.Conn, spec RankSpec) (*Socket, error) {
+	for {
+		fr, err := ctl.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("rank %s: launcher went away before handing over its socket: %w", spec.Device, err)
+		}
+		switch fr.Type {
+		case TypeRankProgress:
+			fr.CloseFiles()
+			continue
+		case TypeRankSocket:
+		default:
+			fr.CloseFiles()
+			return nil, fmt.Errorf("rank %s: expected its socket from the launcher, got %q", spec.Device, fr.Type)
+		}
+		if len(fr.Files) != 2 {
+			fr.CloseFiles()
+			return nil, fmt.Errorf("rank %s: socket frame with %d descriptors, want a listener and a lock", spec.Device, len(fr.Files))
+		}
+		path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+		if err != nil {
+			fr.CloseFiles()
+			return nil, err
+		}
+		return SocketFromFiles(path, fr.Files[0], fr.Files[1])
+	}
+}
+
+// serveReady serves until ctx ends or the launcher goes away, adopting the
+// leases a successor's launcher sends, or handing this rank's over when a
+// predecessor's launcher asks. handed reports the latter: then the rank
+// has stopped, leaving its socket to the successor.
+func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-chan *protocol.Frame, gone <-chan error, log *slog.Logger) (handed bool, err error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, nil
+		case <-gone:
+			log.Warn("launcher went away: stopping")
+			return false, nil
+		case fr := <-frames:
+			switch fr.Type {
+			case TypeRankLeases:
+				m, err := DecodeLeases(fr)
+				if err == nil {
+					err = d.AdoptLeases(m.Leases, fr.Files)
+				}
+				if err != nil {
+					log.Warn("leases handed over by the predecessor", "err", err)
+				} else {
+					log.Info("adopted leases from the predecessor", "leases", len(m.Leases))
+				}
+			case TypeRankKeep:
+				fr.CloseFiles()
+				d.KeepSocket()
+			case TypeRankHandover:
+				var m RankHandover
+				err := fr.Decode(&m)
+				fr.CloseFiles()
+				d.KeepSocket()
+				if err == nil && !m.Leases {
+					d.ln.stopAccepting()
+					if n := d.Leases(); n > 0 {
+						log.Info("successor serves another load: draining leases here", "leases", n)
+					}
+					d.Shutdown(context.Background())
+					return true, nil
+				}
+				leases, files := d.HandOver()
+				err = SendLeases(ctl, leases, files)
+				for _, f := range files {
+					_ = f.Close()
+				}
+				d.KeepSocket()
+				d.Shutdown(context.Background())
+				if err != nil {
+					return true, fmt.Errorf("hand %d leases to the launcher: %w", len(leases), err)
+				}
+				log.Info("stopped: handed over to a successor, socket left to it")
+				return true, nil
+			default:
+				fr.CloseFiles()
+				log.Warn("unexpected frame from the launcher", "type", fr.Type)
+			}
+		}
+	}
+}
+
+func startRank(spec RankSpec, be backend.Backend, sock *Socket, log *slog.Logger) (*Daemon, error) {
 	// Only a rank that loads itself reads the checkpoint: the launcher
 	// parsed every header once for the others.
 	var ckpt *checkpoint.Checkpoint
@@ -132,7 +229,7 @@ func startRank(spec RankSpec, be backend.Backend, log *slog.Logger) (*Daemon, er
 	}
 	return Start(Config{
 		Settings: spec.Settings, Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint,
-		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan,
+		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan, Socket: sock,
 	})
 }
 
@@ -196,6 +293,15 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 		return errors.Join(fmt.Errorf("rank %s", spec.Device), err)
 	}
 	return nil
+}
+
+// keepIfLauncher leaves the socket to the launcher while it lives: it
+// holds a copy, restarts a rank that stops on it, and removes it once
+// every rank has stopped. A rank whose launcher died removes it itself.
+func keepIfLauncher(d *Daemon, launcher int) {
+	if getppid() == launcher {
+		d.KeepSocket()
+	}
 }
 
 // getppid is os.Getppid, a variable so that a test can be reparented.

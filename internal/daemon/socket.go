@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,6 +24,11 @@ type listener struct {
 	*net.UnixListener
 	path string
 	lock *os.File
+	// shared is the Socket this listener is a copy of, when a launcher
+	// holds the socket: then only the last holder removes it.
+	shared    *Socket
+	closeOnce sync.Once
+	keep      atomic.Bool // close without removing the socket
 }
 
 // listen takes the socket at path for this process. A lock file beside it
@@ -60,11 +67,29 @@ func listen(path string) (*listener, error) {
 	return &listener{UnixListener: ln, path: path, lock: lock}, nil
 }
 
-// close removes the socket, then the lock file while still holding the lock.
-func (l *listener) close() error {
-	err := l.UnixListener.Close()
-	unlock(l.lock)
-	return err
+// close removes the socket, then the lock file while still holding the
+// lock, unless keep says that another process serves on it, or will.
+func (l *listener) close() {
+	l.closeOnce.Do(func() {
+		switch {
+		case l.shared != nil && l.keep.Load():
+			_ = l.UnixListener.Close()
+			l.shared.Close()
+		case l.shared != nil:
+			_ = l.UnixListener.Close()
+			l.shared.Remove()
+		default:
+			_ = l.UnixListener.Close()
+			unlock(l.lock)
+		}
+	})
+}
+
+// stopAccepting closes this process's listener only: a successor serves
+// the same socket from its own copy.
+func (l *listener) stopAccepting() {
+	l.keep.Store(true)
+	_ = l.UnixListener.Close()
 }
 
 // ErrSymlink is wrapped by a refusal of a symlink where weightcache makes
@@ -163,4 +188,116 @@ func describeLive(path string) string {
 		desc = fmt.Sprintf("weightcache daemon pid %d, state %s, model %s", st.PID, st.State, st.Model)
 	}
 	return desc + " serves socket " + path
+}
+
+// Socket is a rank's listening socket and its lock file as descriptors
+// that pass between processes. The launcher takes it, gives each rank
+// daemon it starts there a copy and keeps its own: a rank that dies is
+// replaced on the same socket, and connections made meanwhile wait in its
+// backlog instead of failing; a successor preload takes it over. The
+// lock is held while any copy is open (a flock belongs to the open file,
+// which SCM_RIGHTS shares), so no other daemon can take the device in
+// between.
+type Socket struct {
+	Path     string
+	Listener *os.File // a listening unix stream socket bound to Path
+	Lock     *os.File // Path + ".lock", flock'd
+}
+
+// TakeSocket takes the socket at path, as a daemon does (see listen).
+func TakeSocket(path string) (*Socket, error) {
+	ln, err := listen(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := ln.UnixListener.File()
+	ln.SetUnlinkOnClose(false)
+	_ = ln.UnixListener.Close()
+	if err != nil {
+		unlock(ln.lock)
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return &Socket{Path: path, Listener: f, Lock: ln.lock}, nil
+}
+
+// SocketFromFiles is a Socket handed over by another process, checked:
+// the listener must be a listening unix socket bound to path, and the lock
+// the file now at path + ".lock". It takes ownership of both files, and
+// closes them when it refuses them.
+func SocketFromFiles(path string, ln, lock *os.File) (*Socket, error) {
+	s := &Socket{Path: path, Listener: ln, Lock: lock}
+	if err := s.check(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Socket) check() error {
+	if s.Listener == nil || s.Lock == nil {
+		return fmt.Errorf("socket %s: listener or lock descriptor missing", s.Path)
+	}
+	fd := int(s.Listener.Fd())
+	if v, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_ACCEPTCONN); err != nil || v != 1 {
+		return fmt.Errorf("socket %s: the descriptor handed over is not a listening socket (%v)", s.Path, err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if un, ok := sa.(*syscall.SockaddrUnix); err != nil || !ok || un.Name != s.Path {
+		return fmt.Errorf("socket %s: the listener handed over is bound elsewhere (%v)", s.Path, err)
+	}
+	if st, err := os.Lstat(s.Path); err != nil || st.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("socket %s: no longer in the socket directory (%v)", s.Path, err)
+	}
+	if !sameFile(s.Lock, s.Path+".lock") {
+		return fmt.Errorf("socket %s: the lock handed over is not the file at %s.lock", s.Path, s.Path)
+	}
+	return nil
+}
+
+func sameFile(f *os.File, path string) bool {
+	var held, now syscall.Stat_t
+	return syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Lstat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev
+}
+
+// Files are the descriptors to hand over, in the order SocketFromFiles
+// takes them. They stay the Socket's.
+func (s *Socket) Files() []*os.File { return []*os.File{s.Listener, s.Lock} }
+
+// Close closes this process's copies; the socket stays for whoever holds
+// the others.
+func (s *Socket) Close() {
+	_ = s.Listener.Close()
+	_ = s.Lock.Close()
+}
+
+// Remove takes the socket and its lock file out of the directory, if they
+// are still this one's, and closes it: the last holder does so on a clean
+// stop.
+func (s *Socket) Remove() {
+	if sameFile(s.Lock, s.Path+".lock") {
+		_ = os.Remove(s.Path)
+		_ = os.Remove(s.Path + ".lock")
+	}
+	s.Close()
+}
+
+// socketListener serves on a copy of s.
+func socketListener(s *Socket) (*listener, error) {
+	fl, err := net.FileListener(s.Listener)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", s.Path, err)
+	}
+	ul, ok := fl.(*net.UnixListener)
+	if !ok {
+		_ = fl.Close()
+		return nil, fmt.Errorf("socket %s is not a unix socket", s.Path)
+	}
+	ul.SetUnlinkOnClose(false)
+	// The lock file records who serves the device, for the message a
+	// second daemon gets.
+	if err := s.Lock.Truncate(0); err == nil {
+		_, _ = s.Lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return &listener{UnixListener: ul, path: s.Path, lock: s.Lock, shared: s}, nil
 }

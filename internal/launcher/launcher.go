@@ -47,6 +47,10 @@ type Config struct {
 	// Progress, when set, is started with a progress function once loading
 	// begins; the function it returns is called before the ready line.
 	Progress func(progress func() (done, total int64)) (stop func())
+	// Takeover: take the cache of a preload of the same model and devices
+	// running in SocketDir (handover.go), or load as usual when none runs.
+	Takeover bool
+	Version  string // this binary's, told to a predecessor or successor
 }
 
 type launcher struct {
@@ -61,6 +65,14 @@ type launcher struct {
 	nodes   []*member // one rendezvous membership per group, multi-node only
 	health  *metrics.Server
 	report  report
+	exe     string // started as `exe daemon` per rank
+
+	stopping atomic.Bool    // stopAll began: exits are not restarted
+	restarts sync.WaitGroup // restarts in flight
+	outMu    sync.Mutex     // event lines on stdout
+	pred     *predecessor   // --takeover: the preload taken over (takeover.go)
+	ctlSock  *daemon.Socket // where successors ask for the cache (handover.go)
+	store    *fdStore       // systemd's fd store (fdstore.go)
 }
 
 // Run starts every rank, prints the ready line once all serve (on every
@@ -87,15 +99,71 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer l.health.Close()
 	}
+	if err := l.prepare(); err != nil {
+		return err
+	}
 	if err := l.start(ctx); err != nil {
 		l.abort(err)
 		return err
 	}
+	l.finishTakeover()
 	if err := l.printReady(); err != nil {
 		l.abort(err)
 		return err
 	}
+	l.storeFDs()
 	return l.serve(ctx)
+}
+
+// prepare finds where this launch's segments come from before any rank
+// starts: a predecessor (--takeover), systemd's fd store, or the
+// checkpoint; and takes the control socket successors will ask.
+func (l *launcher) prepare() error {
+	if err := l.adoptStore(); err != nil {
+		return err
+	}
+	if l.cfg.Takeover && l.store.adopted == nil {
+		pr, none, err := l.contact(l.wantRanks())
+		if err != nil {
+			return err
+		}
+		if pr == nil {
+			l.log.Info("takeover: loading from the checkpoint", "reason", none)
+			l.report.reason = none
+		} else {
+			l.pred = pr
+			l.report.reason = pr.reason
+			if pr.caches != nil {
+				l.log.Info("takeover: adopting the predecessor's segments", "pid", pr.offer.PID, "binary", pr.offer.Binary)
+			} else {
+				l.log.Warn("takeover: loading afresh", "pid", pr.offer.PID, "reason", pr.reason)
+			}
+		}
+	}
+	if l.pred != nil || l.ctlSock != nil {
+		return nil // the control socket comes with the others
+	}
+	path, err := handoverPath(l.cfg.SocketDir, l.ranks[0].Device)
+	if err != nil {
+		return err
+	}
+	if l.ctlSock, err = daemon.TakeSocket(path); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	return nil
+}
+
+// wantRanks is every rank this launch serves, as a handover names them.
+func (l *launcher) wantRanks() []handoverRank {
+	var out []handoverRank
+	for gi, g := range l.cfg.Groups {
+		for _, r := range l.ranks {
+			fp, _ := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
+			path, _ := protocol.SocketPath(l.cfg.SocketDir, g.Name, r.Device)
+			out = append(out, handoverRank{Group: l.cfg.Groups[gi].Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path, Fingerprint: fp})
+		}
+	}
+	return out
 }
 
 // start runs the whole start-up under one context that any rank's death
@@ -110,13 +178,21 @@ func (l *launcher) start(parent context.Context) error {
 	if err := l.spawnAll(ctx, cancel); err != nil {
 		return l.cause(parent, ctx, err)
 	}
-	var stopProgress func()
-	if l.cfg.Progress != nil {
-		stopProgress = l.cfg.Progress(l.progress)
-	}
-	err := l.loadAll(ctx)
-	if stopProgress != nil {
-		stopProgress()
+	var err error
+	switch {
+	case l.store.adopted != nil:
+		err = l.adoptCaches(ctx, l.store.adopted)
+	case l.pred != nil && l.pred.caches != nil:
+		err = l.adoptCaches(ctx, l.pred.caches)
+	default:
+		var stopProgress func()
+		if l.cfg.Progress != nil {
+			stopProgress = l.cfg.Progress(l.progress)
+		}
+		err = l.loadAll(ctx)
+		if stopProgress != nil {
+			stopProgress()
+		}
 	}
 	if err != nil {
 		return l.cause(parent, ctx, err)
@@ -130,6 +206,30 @@ func (l *launcher) start(parent context.Context) error {
 		go p.ping()
 	}
 	return nil
+}
+
+// adoptCaches serves segments kept by another process (a predecessor, or
+// systemd's fd store): no checkpoint byte is read.
+func (l *launcher) adoptCaches(ctx context.Context, caches []*cache) error {
+	procs := l.procsSnapshot()
+	if len(caches) != len(procs) {
+		return fmt.Errorf("%d ranks' segments handed over for %d ranks", len(caches), len(procs))
+	}
+	for i, p := range procs {
+		p.cache = caches[i]
+	}
+	if err := l.awaitListening(ctx, procs); err != nil {
+		return err
+	}
+	for _, p := range procs {
+		if err := p.sendCache(); err != nil {
+			return err
+		}
+	}
+	for _, g := range l.cfg.Groups {
+		l.report.addServed(g)
+	}
+	return l.awaitReady(ctx, procs)
 }
 
 // cause prefers the reason start-up was cancelled (an interrupt, a rank's
@@ -161,14 +261,26 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 			return err
 		}
 	}
+	l.exe = exe
 	for gi, g := range l.cfg.Groups {
 		for _, r := range l.ranks {
 			spec, err := l.spec(gi, r)
 			if err != nil {
 				return err
 			}
-			p, err := spawn(exe, r, spec, l.cfg.Stderr)
+			// A successor gets its sockets from its predecessor, later;
+			// a restart under systemd, from the fd store.
+			sock := l.store.socket(spec)
+			if sock == nil && l.pred == nil {
+				if sock, err = takeSocket(spec); err != nil {
+					return err
+				}
+			}
+			p, err := spawn(exe, r, spec, l.cfg.Stderr, sock)
 			if err != nil {
+				if sock != nil {
+					sock.Remove()
+				}
 				return err
 			}
 			l.pmu.Lock()
@@ -182,8 +294,12 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 }
 
 // awaitListening waits until each rank holds its socket. The load runs
-// meanwhile: ranks start while the checkpoint is read.
-func awaitListening(ctx context.Context, procs []*proc) error {
+// meanwhile: ranks start while the checkpoint is read. A successor's
+// ranks get their sockets first, from the predecessor.
+func (l *launcher) awaitListening(ctx context.Context, procs []*proc) error {
+	if err := l.takeSockets(ctx, l.procsSnapshot()); err != nil {
+		return err
+	}
 	for _, p := range procs {
 		var m daemon.RankListening
 		if err := p.expect(daemon.TypeRankListening, &m, ctx.Done()); err != nil {
@@ -210,6 +326,19 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	}, nil
 }
 
+// takeSocket takes a rank's socket for the launcher's lifetime.
+func takeSocket(spec daemon.RankSpec) (*daemon.Socket, error) {
+	path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+	if err != nil {
+		return nil, err
+	}
+	s, err := daemon.TakeSocket(path)
+	if err != nil {
+		return nil, fmt.Errorf("rank %s (group %s): %w", spec.Device, spec.Group, err)
+	}
+	return s, nil
+}
+
 // watch reports a rank's exit: during start-up it cancels the start with
 // the rank's exit code; later the serve loop logs it.
 func (l *launcher) watch(p *proc, cancel context.CancelCauseFunc) {
@@ -230,9 +359,12 @@ func (l *launcher) abort(err error) {
 
 // stopAll sends SIGTERM to every rank at once and waits for all; a rank
 // still draining after its drain timeout and a grace period is killed.
+// Then the sockets go, and with them the launcher's copy of every segment.
 func (l *launcher) stopAll() {
+	l.stopping.Store(true)
+	l.restarts.Wait()
 	var wg sync.WaitGroup
-	for _, p := range l.procs {
+	for _, p := range l.procsSnapshot() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -243,6 +375,33 @@ func (l *launcher) stopAll() {
 	for _, m := range l.nodes {
 		m.close()
 	}
+	l.release(false)
+}
+
+// release lets go of what the launcher holds for its ranks: their sockets
+// (removed, unless handed to a successor, which serves them now) and its
+// copy of their segments.
+func (l *launcher) release(handed bool) {
+	for _, p := range l.procsSnapshot() {
+		if p.sock != nil {
+			if handed {
+				p.sock.Close()
+			} else {
+				p.sock.Remove()
+			}
+		}
+		if p.cache != nil {
+			p.cache.close()
+		}
+	}
+	if l.ctlSock != nil {
+		if handed {
+			l.ctlSock.Close()
+		} else {
+			l.ctlSock.Remove()
+		}
+	}
+	l.closeStore(handed)
 }
 
 // serve waits for a signal. A rank that exits meanwhile is logged and
@@ -250,12 +409,35 @@ func (l *launcher) stopAll() {
 // returns the last one's exit code.
 func (l *launcher) serve(ctx context.Context) error {
 	alive := len(l.procs)
+	handed := make(chan struct{})
+	hctx, stopHandovers := context.WithCancel(ctx)
+	defer stopHandovers()
+	go l.serveHandovers(hctx, handed)
 	for {
 		select {
+		case <-handed:
+			// The successor serves every socket and lease; the ranks have
+			// stopped. Leave the sockets to it.
+			l.stopping.Store(true)
+			l.restarts.Wait()
+			for _, p := range l.procsSnapshot() {
+				p.terminate(l.cfg.DrainTimeout + 10*time.Second)
+			}
+			l.release(true)
+			l.log.Info("handed over to the successor: exiting")
+			return nil
 		case <-ctx.Done():
 			l.stopAll()
 			return nil
 		case p := <-l.exited:
+			if l.stopping.Load() || p.wasHanded() {
+				continue
+			}
+			if l.restartable(p) {
+				l.restarts.Add(1)
+				go l.restart(ctx, p)
+				continue
+			}
 			alive--
 			err := p.exitError()
 			l.log.Error("rank exited; the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)

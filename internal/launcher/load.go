@@ -27,8 +27,8 @@ func (l *launcher) selfLoad(device string) bool {
 // loadAll fills each group's segments with one read of its checkpoint and
 // hands every rank its own.
 func (l *launcher) loadAll(ctx context.Context) error {
-	for gi := range l.cfg.Groups {
-		if err := l.loadGroup(ctx, gi); err != nil {
+	for gi, g := range l.cfg.Groups {
+		if err := l.loadGroup(ctx, gi, l.groupProcs(g.Name)); err != nil {
 			return err
 		}
 	}
@@ -39,13 +39,14 @@ func (l *launcher) loadAll(ctx context.Context) error {
 	return nil
 }
 
-func (l *launcher) loadGroup(ctx context.Context, gi int) error {
+// loadGroup fills the segments of procs, ranks of group gi: all of them
+// at start-up, one whose segments did not survive it on a restart.
+func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 	g := l.cfg.Groups[gi]
-	procs := l.groupProcs(g.Name)
 	if l.cfg.PublishOnly || len(procs) > 0 && l.selfLoad(procs[0].Device) {
 		// Nothing for the launcher to read: each rank starts empty or
 		// loads itself, and says when it serves.
-		if err := awaitListening(ctx, procs); err != nil {
+		if err := l.awaitListening(ctx, procs); err != nil {
 			return err
 		}
 		return l.awaitReady(ctx, procs)
@@ -93,16 +94,21 @@ func (l *launcher) loadGroup(ctx context.Context, gi int) error {
 	if identity == nil {
 		l.log.Warn("checkpoint files changed while loading: engines must send the checkpoint hash", "dir", g.Checkpoint.Dir, "change", change)
 	}
-	if err := awaitListening(ctx, procs); err != nil {
+	if err := l.awaitListening(ctx, procs); err != nil {
 		res.Free()
 		return err
 	}
 	for i, p := range procs {
-		err := handOff(p, res.Ranks[i], res, identity)
-		// The rank holds its own descriptors now (or failed): the
-		// launcher's references go, so that only the rank keeps the memory.
+		c, err := newCache(p, res.Ranks[i], res, identity)
+		// The cache holds its own descriptors now (or failed): the
+		// loader's references go, so that only the ranks and the cache
+		// keep the memory.
 		for _, s := range res.Ranks[i].Segments {
 			_ = s.Free()
+		}
+		if err == nil {
+			p.cache = c
+			err = p.sendCache()
 		}
 		if err != nil {
 			for _, r := range res.Ranks[i+1:] {
@@ -145,39 +151,55 @@ func (l *launcher) groupProcs(group string) []*proc {
 	return out
 }
 
-// handOff sends a rank its sealed segments, one read-only descriptor each,
-// and its manifest index, written here once.
-func handOff(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) error {
+// cache is what the launcher keeps of a rank's segments after handing
+// them over: one descriptor of each and of the manifest index (no memory
+// of its own: the same pages), and the frame that describes them. A rank
+// that dies is given them again; a successor preload takes them over.
+type cache struct {
+	msg   daemon.RankSegments
+	files []*os.File // the segments in order, then the index
+}
+
+// newCache writes a rank's manifest index once and exports a descriptor
+// of each of its sealed segments and of the index.
+func newCache(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) (*cache, error) {
 	if len(rk.Segments)+1 > protocol.MaxFDs {
-		return fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
+		return nil, fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
 	index, err := host.WriteIndex(rk.Tensors)
 	if err != nil {
-		return fmt.Errorf("%s: %w", p, err)
+		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	defer index.Free()
-	m := daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
-		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}
+	c := &cache{msg: daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}}
 	for _, t := range rk.Tensors {
-		m.DataBytes += t.NBytes
+		c.msg.DataBytes += t.NBytes
 	}
-	files := make([]*os.File, 0, len(rk.Segments)+1)
-	defer func() {
-		for _, f := range files {
-			_ = f.Close()
-		}
-	}()
 	for i, s := range append(rk.Segments[:len(rk.Segments):len(rk.Segments)], index) {
 		f, err := s.Export()
 		if err != nil {
-			return fmt.Errorf("%s: export segment %d: %w", p, i, err)
+			c.close()
+			return nil, fmt.Errorf("%s: export segment %d: %w", p, i, err)
 		}
-		files = append(files, f)
+		c.files = append(c.files, f)
 		if i < len(rk.Segments) {
-			m.Segments = append(m.Segments, protocol.Segment{Index: i, Size: s.Size()})
+			c.msg.Segments = append(c.msg.Segments, protocol.Segment{Index: i, Size: s.Size()})
 		}
 	}
-	if err := p.ctl.Send(m, files...); err != nil {
+	return c, nil
+}
+
+func (c *cache) close() {
+	for _, f := range c.files {
+		_ = f.Close()
+	}
+	c.files = nil
+}
+
+// sendCache hands the rank its cached segments; the cache keeps its own.
+func (p *proc) sendCache() error {
+	if err := p.ctl.Send(p.cache.msg, p.cache.files...); err != nil {
 		return fmt.Errorf("%s: send segments: %w", p, err)
 	}
 	return nil

@@ -22,6 +22,9 @@ const (
 	StateLoading  = "loading"  // serving its socket, segments being filled
 	StateReady    = "ready"
 	StateExited   = "exited"
+	// A rank that died after ready, replaced on the same socket with the
+	// same segments; engines that connect meanwhile wait in the backlog.
+	StateRestarting = "restarting"
 )
 
 // proc is one rank daemon process as the launcher sees it.
@@ -32,6 +35,15 @@ type proc struct {
 	ctl    *protocol.Conn
 	frames chan *protocol.Frame // from the rank; closed at end of file
 	done   chan struct{}        // closed once the process has exited
+	spec   daemon.RankSpec
+	// Kept by the launcher across the rank's restarts: its socket, and
+	// its segments once filled (nil for ranks that load themselves or
+	// start empty: those start over).
+	sock  *daemon.Socket
+	cache *cache
+	// restarts counts the slot's restarts; failures, the consecutive
+	// restarts that died before serving (restart.go).
+	restarts, failures int
 
 	mu       sync.Mutex
 	state    string
@@ -42,6 +54,7 @@ type proc struct {
 	exitErr  error
 	signal   syscall.Signal // what ended it, when a signal did
 	killed   bool           // by the launcher itself
+	handed   bool           // stopped for a successor (handover.go)
 	pinging  bool           // liveness.go
 	lastPong time.Time      // liveness.go
 }
@@ -54,7 +67,7 @@ func (p *proc) String() string {
 // it spec. The daemon gets SIGTERM if the launcher dies (Pdeathsig), and
 // stops by itself when the socketpair closes: either way it drains and
 // removes its socket, which SIGKILL would leave behind.
-func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, error) {
+func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer, sock *daemon.Socket) (*proc, error) {
 	fds, err := controlPair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
@@ -71,7 +84,7 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, e
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = rankProcAttr()
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
-		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting}
+		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting, spec: spec}
 	if err := cmd.Start(); err != nil {
 		_ = fc.Close()
 		return nil, fmt.Errorf("start %s: %w", p, err)
@@ -83,7 +96,22 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer) (*proc, e
 		p.kill()
 		return nil, fmt.Errorf("send spec to %s: %w", p, err)
 	}
+	if sock != nil {
+		if err := p.giveSocket(sock); err != nil {
+			p.kill()
+			return nil, err
+		}
+	}
 	return p, nil
+}
+
+// giveSocket hands the rank a copy of its socket, which the launcher keeps.
+func (p *proc) giveSocket(sock *daemon.Socket) error {
+	p.sock = sock
+	if err := p.ctl.Send(protocol.NewHead(daemon.TypeRankSocket), sock.Files()...); err != nil {
+		return fmt.Errorf("send its socket to %s: %w", p, err)
+	}
+	return nil
 }
 
 func (p *proc) wait() {
@@ -112,7 +140,9 @@ func (p *proc) read() {
 		if err != nil {
 			return
 		}
-		fr.CloseFiles() // ranks send no descriptors
+		if fr.Type != daemon.TypeRankLeases {
+			fr.CloseFiles() // only leases come with descriptors
+		}
 		if fr.Type == daemon.TypeRankPong {
 			p.pong()
 			continue
@@ -197,4 +227,24 @@ func (p *proc) rankState() metrics.RankState {
 		rs.ExitCode = &code
 	}
 	return rs
+}
+
+// keepSocket tells the rank to leave its socket in place when it stops,
+// whatever becomes of this launcher: a successor serves it too.
+func (p *proc) keepSocket() {
+	_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankKeep))
+}
+
+// next is the rank's next frame, within timeout.
+func (p *proc) next(timeout time.Duration) (*protocol.Frame, error) {
+	select {
+	case fr, ok := <-p.frames:
+		if !ok {
+			<-p.done
+			return nil, p.exitError()
+		}
+		return fr, nil
+	case <-time.After(timeout):
+		return nil, fmt.Errorf("%s sent nothing for %s", p, timeout)
+	}
 }

@@ -4,6 +4,7 @@ package launcher
 
 import (
 	"errors"
+	"net"
 	"syscall"
 )
 
@@ -14,3 +15,5 @@ var errNotSupported = errors.New("launcher: not supported on this platform (Linu
 func controlPair() ([2]int, error) { return [2]int{-1, -1}, errNotSupported }
 
 func rankProcAttr() *syscall.SysProcAttr { return nil }
+
+func peerUID(*net.UnixConn) (int, int, error) { return -1, 0, errNotSupported }

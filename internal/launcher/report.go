@@ -21,6 +21,8 @@ type report struct {
 	localSeconds float64 // start-up of this node, before waiting for others
 	// rankLoadSeconds is the slowest self-loading rank's own load time.
 	rankLoadSeconds float64
+	reason          string // why the segments were not taken over, if asked
+	leases          int    // leases a predecessor handed over
 }
 
 func (r *report) add(g Group, res *scatter.Result) {
@@ -32,6 +34,17 @@ func (r *report) add(g Group, res *scatter.Result) {
 		r.dataBytes += s.Header.DataSize()
 	}
 	r.loadSeconds += res.Elapsed.Seconds()
+}
+
+// addServed counts a group whose segments were handed over: its bytes are
+// served, none read.
+func (r *report) addServed(g Group) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fileBytes += g.Checkpoint.Size()
+	for _, s := range g.Checkpoint.Shards {
+		r.dataBytes += s.Header.DataSize()
+	}
 }
 
 // ReadyLine is the one JSON line preload prints on stdout once every rank
@@ -59,8 +72,19 @@ type ReadyLine struct {
 	NodeRank      int     `json:"node_rank"`
 	Health        string  `json:"health,omitempty"`
 	// Plan is what the main group's sharding plan replicates (TP > 1).
-	Plan  *protocol.PlanReport `json:"plan,omitempty"`
-	Ranks []ReadyRank          `json:"ranks"`
+	Plan *protocol.PlanReport `json:"plan,omitempty"`
+	// Source is where the segments came from: "checkpoint", "takeover"
+	// (a predecessor preload's, with its pid and version) or "fdstore"
+	// (systemd's fd store, from this service's last run). Reason says why
+	// a launch asked to take over or restarted under systemd loaded from
+	// the checkpoint instead.
+	Source        string `json:"source"`
+	SourcePID     int    `json:"source_pid,omitempty"`
+	SourceVersion string `json:"source_version,omitempty"`
+	Reason        string `json:"reason,omitempty"`
+	// Leases is how many leases a predecessor handed over.
+	Leases int         `json:"leases,omitempty"`
+	Ranks  []ReadyRank `json:"ranks"`
 }
 
 // ReadyRank is one rank daemon in the ready line.
@@ -84,6 +108,15 @@ func (l *launcher) printReady() error {
 	if l.health != nil {
 		line.Health = l.health.Addr()
 	}
+	line.Source, line.Reason, line.Leases = SourceCheckpoint, r.reason, r.leases
+	switch {
+	case l.store.adopted != nil:
+		line.Source = SourceFDStore
+	case l.pred != nil && l.pred.caches != nil:
+		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.offer.PID, l.pred.offer.Binary
+	case l.store.reason != "" && line.Reason == "":
+		line.Reason = l.store.reason
+	}
 	for i, p := range l.procsSnapshot() {
 		spec, err := l.spec(l.groupIndex(p.group), p.Rank)
 		if err != nil {
@@ -102,7 +135,10 @@ func (l *launcher) printReady() error {
 		line.LoadSeconds = r.rankLoadSeconds
 	}
 	line.Bytes = l.residentBytes()
-	if err := json.NewEncoder(l.cfg.Stdout).Encode(line); err != nil {
+	l.outMu.Lock()
+	err := json.NewEncoder(l.cfg.Stdout).Encode(line)
+	l.outMu.Unlock()
+	if err != nil {
 		return err
 	}
 	return notifySystemd(os.Getenv("NOTIFY_SOCKET"))

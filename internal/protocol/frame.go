@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -36,7 +37,13 @@ type Conn struct {
 	maxFrame int
 	budget   Budget
 	held     int64 // charged to budget by the last frame read
+	wmu      sync.Mutex
 }
+
+// ErrNoFrame wraps a read deadline that passed before any byte of the
+// next frame arrived: nothing was consumed, so the connection can be read
+// again, by this process or by one it is handed to.
+var ErrNoFrame = errors.New("no frame before the deadline")
 
 // A Budget bounds the bytes that frames being read hold across many
 // connections. Take charges n bytes or fails, saying why; Give returns them.
@@ -91,6 +98,10 @@ func (c *Conn) Send(msg any, files ...*os.File) error {
 	}
 	var hdr [4]byte
 	binary.BigEndian.PutUint32(hdr[:], uint32(len(body)))
+	// A frame is up to three writes: two goroutines sending on one
+	// connection (a rank's pongs and its replies) must not interleave.
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	var oob []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
@@ -229,6 +240,9 @@ func (c *Conn) readFull(b []byte, fds *[]int, first bool) error {
 					return io.EOF
 				}
 				return fmt.Errorf("%w: connection closed inside a frame", ErrBadFrame)
+			}
+			if first && got == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("%w: %w", ErrNoFrame, err)
 			}
 			return err
 		}

@@ -144,3 +144,22 @@ func (s *segment) fill(write func([]byte) error) error {
 	}
 	return err
 }
+
+// SealedFile is a sealed memfd holding b: a small description that
+// travels with the segments it describes (systemd's fd store keeps
+// descriptors, not files).
+func SealedFile(name string, b []byte) (*os.File, error) {
+	s, err := newSegment(name, int64(len(b)))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.WriteAt(b, 0); err != nil {
+		_ = s.Free()
+		return nil, err
+	}
+	if err := s.Seal(); err != nil {
+		_ = s.Free()
+		return nil, err
+	}
+	return s.f, nil
+}

@@ -24,3 +24,5 @@ func Unmap(b []byte) error { return ErrUnsupported }
 
 // CheckSealed is not supported on this platform.
 func CheckSealed(f *os.File) error { return ErrUnsupported }
+
+func SealedFile(string, []byte) (*os.File, error) { return nil, ErrUnsupported }

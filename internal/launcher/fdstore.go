@@ -1,0 +1,327 @@
+package launcher
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// Under systemd (NOTIFY_SOCKET set), preload stores every descriptor it
+// holds for its ranks in the service's fd store once ready: each rank's
+// socket and lock, its segments and manifest index, the control socket,
+// and last a sealed memfd that describes them (fdMeta). When started
+// again with them (LISTEN_FDS, LISTEN_FDNAMES: after a crash with
+// Restart=on-failure, or, with FileDescriptorStorePreserve=yes, a
+// `systemctl restart` or an upgrade of the binary) it checks them as a
+// successor checks a handover and serves them: no checkpoint byte read.
+// What it cannot use it takes out of the store (FDSTOREREMOVE=1), so
+// that the memory goes.
+type fdStore struct {
+	notify  string            // NOTIFY_SOCKET
+	names   map[string]string // stored descriptor name -> socket path, for sockets
+	sockets map[string]*daemon.Socket
+	adopted []*cache // verified segments for every rank, in procs order
+	reason  string   // why none were adopted
+}
+
+const fdMetaName = "wc-meta"
+
+// fdMeta is what the stored descriptors are.
+type fdMeta struct {
+	Version int                   `json:"version"` // handoverVersion
+	Binary  string                `json:"binary"`
+	Ranks   []handoverRank        `json:"ranks"`
+	Caches  []daemon.RankSegments `json:"caches"` // per rank; zero Segments and Tensors: none kept
+	Control string                `json:"control"`
+}
+
+func fdName(rank int, what string) string { return fmt.Sprintf("wc-%d-%s", rank, what) }
+
+// socket is the stored socket for spec's rank, if one was adopted.
+func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
+	path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+	if err != nil {
+		return nil
+	}
+	sock := s.sockets[path]
+	delete(s.sockets, path)
+	return sock
+}
+
+// adoptStore takes what systemd passed (LISTEN_FDS) and keeps what still
+// fits this launch.
+func (l *launcher) adoptStore() error {
+	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*daemon.Socket{}}
+	files := listenFiles()
+	if len(files) == 0 {
+		return nil
+	}
+	meta, err := readMeta(files[fdMetaName])
+	if err != nil {
+		l.store.reason = "fd store: " + err.Error()
+		l.log.Warn("fd store: ignoring the stored descriptors", "err", err)
+		l.store.forget(files)
+		return nil
+	}
+	delete(files, fdMetaName)
+	want := l.wantRanks()
+	take := func(name string) *os.File {
+		f := files[name]
+		delete(files, name)
+		return f
+	}
+	// Sockets first: systemd holds their locks, so a socket not adopted
+	// here could not be taken again while the store keeps it.
+	for i, r := range meta.Ranks {
+		ln, lock := take(fdName(i, "listen")), take(fdName(i, "lock"))
+		if ln == nil || lock == nil {
+			continue
+		}
+		if s, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
+			l.store.sockets[r.Socket] = s
+		} else {
+			l.log.Warn("fd store: socket not adopted", "socket", r.Socket, "err", err)
+		}
+	}
+	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
+		if s, err := daemon.SocketFromFiles(meta.Control, ln, lock); err == nil {
+			l.ctlSock = s
+		}
+	}
+	l.store.reason = l.storeCaches(meta, want, take)
+	if l.store.reason != "" {
+		l.log.Warn("fd store: loading from the checkpoint", "reason", l.store.reason)
+	} else {
+		l.log.Info("fd store: serving the stored segments", "binary", meta.Binary, "ranks", len(meta.Ranks))
+	}
+	l.store.forget(files)
+	return nil
+}
+
+// storeCaches adopts the stored segments if they are this launch's and
+// intact, returning why not otherwise.
+func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(string) *os.File) string {
+	var caches []*cache
+	files := func(i int, m daemon.RankSegments) []*os.File {
+		var out []*os.File
+		for k := range m.Segments {
+			out = append(out, take(fdName(i, "seg-"+strconv.Itoa(k))))
+		}
+		return append(out, take(fdName(i, "index")))
+	}
+	reason := ""
+	if meta.Version != handoverVersion {
+		reason = fmt.Sprintf("stored by %s in handover version %d; this binary reads %d", meta.Binary, meta.Version, handoverVersion)
+	} else if len(meta.Ranks) != len(want) || len(meta.Caches) != len(want) {
+		reason = fmt.Sprintf("stored for %s; this launch serves %s", describeRanks(meta.Ranks), describeRanks(want))
+	}
+	for i := range meta.Caches {
+		c := &cache{msg: meta.Caches[i], files: files(i, meta.Caches[i])}
+		caches = append(caches, c)
+		if reason != "" {
+			continue
+		}
+		for _, f := range c.files {
+			if f == nil {
+				reason = fmt.Sprintf("rank %s: the store lacks some of its segments", want[i].Device)
+			}
+		}
+		if reason != "" {
+			continue
+		}
+		refuse, stale := fits(meta.Ranks[i], c, want[i], l.cfg.Groups[l.groupIndex(want[i].Group)].Checkpoint.Identity)
+		if reason = refuse + stale; reason != "" {
+			continue
+		}
+		if reason == "" {
+			if err := verifyCache(want[i].Device, c); err != nil {
+				reason = fmt.Sprintf("rank %s: %v", want[i].Device, err)
+			}
+		}
+	}
+	if reason != "" {
+		for i, c := range caches {
+			l.store.remove(i, c)
+			c.close()
+		}
+		return reason
+	}
+	l.store.adopted = caches
+	return ""
+}
+
+// listenFiles are the descriptors systemd passed, by name, close-on-exec
+// so that the ranks do not inherit them; the variables are unset.
+func listenFiles() map[string]*os.File {
+	n, err := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+	pid := os.Getenv("LISTEN_PID")
+	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	for _, v := range []string{"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"} {
+		_ = os.Unsetenv(v)
+	}
+	if err != nil || n <= 0 || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+		return nil
+	}
+	out := map[string]*os.File{}
+	for i := 0; i < n; i++ {
+		fd := 3 + i
+		syscall.CloseOnExec(fd)
+		name := "unknown"
+		if i < len(names) && names[i] != "" {
+			name = names[i]
+		}
+		if _, dup := out[name]; dup {
+			// Stored twice: keep the first, let the other go.
+			_ = syscall.Close(fd)
+			continue
+		}
+		out[name] = os.NewFile(uintptr(fd), name)
+	}
+	return out
+}
+
+func readMeta(f *os.File) (fdMeta, error) {
+	var m fdMeta
+	if f == nil {
+		return m, fmt.Errorf("no %s among the stored descriptors", fdMetaName)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return m, err
+	}
+	if err := host.CheckSealed(f); err != nil {
+		return m, fmt.Errorf("%s: %w", fdMetaName, err)
+	}
+	b := make([]byte, st.Size())
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return m, fmt.Errorf("%s: %w", fdMetaName, err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%s: %w", fdMetaName, err)
+	}
+	return m, nil
+}
+
+// forget closes descriptors nobody uses and takes them out of the store.
+func (s *fdStore) forget(files map[string]*os.File) {
+	for name, f := range files {
+		s.send("FDSTOREREMOVE=1\nFDNAME="+name, nil)
+		_ = f.Close()
+	}
+}
+
+func (s *fdStore) remove(rank int, c *cache) {
+	for k := range c.msg.Segments {
+		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(rank, "seg-"+strconv.Itoa(k)), nil)
+	}
+	s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(rank, "index"), nil)
+}
+
+// send is one sd_notify datagram, with f attached when not nil.
+func (s *fdStore) send(msg string, f *os.File) error {
+	if s == nil || s.notify == "" {
+		return nil
+	}
+	addr := s.notify
+	if addr[0] == '@' {
+		addr = "\x00" + addr[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var oob []byte
+	if f != nil {
+		oob = syscall.UnixRights(int(f.Fd()))
+	}
+	_, _, err = c.WriteMsgUnix([]byte(msg), oob, nil)
+	return err
+}
+
+// storeFDs puts every descriptor the launcher holds into the fd store,
+// the description last.
+func (l *launcher) storeFDs() {
+	s := l.store
+	if s == nil || s.notify == "" {
+		return
+	}
+	procs := l.procsSnapshot()
+	meta := fdMeta{Version: handoverVersion, Binary: l.cfg.Version, Ranks: l.handoverRanks(procs)}
+	put := func(name string, f *os.File) bool {
+		if err := s.send("FDSTORE=1\nFDNAME="+name, f); err != nil {
+			l.log.Warn("fd store: not stored; a restart will load from the checkpoint", "name", name, "err", err)
+			return false
+		}
+		return true
+	}
+	for i, p := range procs {
+		if p.sock != nil && !(put(fdName(i, "listen"), p.sock.Listener) && put(fdName(i, "lock"), p.sock.Lock)) {
+			return
+		}
+		var m daemon.RankSegments
+		if p.cache != nil {
+			m = p.cache.msg
+			for k, f := range p.cache.files {
+				name := fdName(i, "index")
+				if k < len(p.cache.msg.Segments) {
+					name = fdName(i, "seg-"+strconv.Itoa(k))
+				}
+				if !put(name, f) {
+					return
+				}
+			}
+		}
+		meta.Caches = append(meta.Caches, m)
+	}
+	if l.ctlSock != nil {
+		meta.Control = l.ctlSock.Path
+		if !(put("wc-ctl-listen", l.ctlSock.Listener) && put("wc-ctl-lock", l.ctlSock.Lock)) {
+			return
+		}
+	}
+	b, err := json.Marshal(meta)
+	if err != nil {
+		return
+	}
+	f, err := host.SealedFile(fdMetaName, b)
+	if err != nil {
+		l.log.Warn("fd store: describe the descriptors", "err", err)
+		return
+	}
+	defer f.Close()
+	if put(fdMetaName, f) {
+		l.log.Info("fd store: descriptors stored; a restart of this service serves them without reading the checkpoint", "ranks", len(procs))
+	}
+}
+
+// closeStore, on a clean stop, takes the sockets out of the store: they
+// are removed from the directory. The segments stay, for the next start;
+// after a handover, everything goes (the successor has it).
+func (l *launcher) closeStore(handed bool) {
+	s := l.store
+	if s == nil || s.notify == "" {
+		return
+	}
+	for i, p := range l.procsSnapshot() {
+		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "listen"), nil)
+		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "lock"), nil)
+		if handed && p.cache != nil {
+			s.remove(i, p.cache)
+		}
+	}
+	s.send("FDSTOREREMOVE=1\nFDNAME=wc-ctl-listen", nil)
+	s.send("FDSTOREREMOVE=1\nFDNAME=wc-ctl-lock", nil)
+	if handed {
+		s.send("FDSTOREREMOVE=1\nFDNAME="+fdMetaName, nil)
+	}
+}

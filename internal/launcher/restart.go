@@ -1,0 +1,144 @@
+package launcher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// A rank daemon that dies once it served (any signal, any exit) is
+// replaced on the same socket, which the launcher holds, and given the
+// same segments, which it holds too: no checkpoint byte is read, and
+// engines that connect meanwhile wait in the socket's backlog. A
+// replacement that dies before it serves counts as a failure; after
+// maxFailures in a row the rank is reported dead, as a rank without a
+// restart is. Replacements after failures back off.
+var (
+	maxFailures    = 5
+	restartBackoff = 100 * time.Millisecond
+)
+
+// RankRestarted is the event line printed for each replaced rank.
+type RankRestarted struct {
+	Event    string  `json:"event"` // "rank_restarted"
+	Group    string  `json:"group"`
+	Device   string  `json:"device"`
+	TPRank   int     `json:"tp_rank"`
+	DPRank   int     `json:"dp_rank"`
+	OldPID   int     `json:"old_pid"`
+	NewPID   int     `json:"new_pid"`
+	Reason   string  `json:"reason"`
+	Seconds  float64 `json:"seconds"`
+	Restarts int     `json:"restarts"`
+	// Reloaded is set where the segments did not survive the rank (a GPU
+	// whose memory died with it) and were read again.
+	Reloaded bool `json:"reloaded,omitempty"`
+}
+
+// restartable reports whether p's slot gets a replacement: every rank
+// that holds its socket, until it has failed too often.
+func (l *launcher) restartable(p *proc) bool {
+	return p.sock != nil && p.failures < maxFailures
+}
+
+// restart replaces the dead rank p. It runs on its own goroutine; the
+// replacement's exit comes back to the serve loop like any other.
+func (l *launcher) restart(ctx context.Context, old *proc) {
+	defer l.restarts.Done()
+	begin := time.Now()
+	reason := old.exitError().Error()
+	if old.failures > 0 && isGPU(old.Device) && old.cache != nil {
+		// The replacement could not import what the launcher kept: a
+		// GPU allocation does not outlive its last importer on every
+		// driver (scripts/gpu-check.sh reports it). Read it again.
+		old.cache.close()
+		old.cache = nil
+	}
+	if old.failures > 0 {
+		select {
+		case <-time.After(restartBackoff << (old.failures - 1)):
+		case <-ctx.Done():
+			return
+		}
+	}
+	l.log.Warn("rank died; restarting it on the same socket with the same segments", "rank", old.String(), "pid", old.pid, "reason", reason)
+	p, reloaded, err := l.replace(ctx, old)
+	if err != nil {
+		l.log.Error("rank restart failed", "rank", old.String(), "err", err, "failures", old.failures+1)
+		if p == nil {
+			// Nothing was started: report the old one dead again, with
+			// one more failure, so that the loop tries again or gives up.
+			old.failures++
+			l.exited <- old
+		}
+		// A replacement that started and failed exits, and its exit
+		// comes back to the loop carrying its failures.
+		return
+	}
+	p.failures = 0
+	ev := RankRestarted{Event: "rank_restarted", Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank,
+		OldPID: old.pid, NewPID: p.pid, Reason: reason, Seconds: time.Since(begin).Seconds(), Restarts: p.restarts, Reloaded: reloaded}
+	l.event(ev)
+	l.log.Info("rank restarted", "rank", p.String(), "pid", p.pid, "seconds", ev.Seconds, "reloaded", reloaded)
+}
+
+// replace starts old's successor in its slot and brings it to ready. The
+// returned proc is nil when none could be started.
+func (l *launcher) replace(ctx context.Context, old *proc) (*proc, bool, error) {
+	p, err := spawn(l.exe, old.Rank, old.spec, l.cfg.Stderr, old.sock)
+	if err != nil {
+		return nil, false, err
+	}
+	p.cache, p.restarts, p.failures = old.cache, old.restarts+1, old.failures+1
+	p.setState(StateRestarting)
+	l.pmu.Lock()
+	for i, q := range l.procs {
+		if q == old {
+			l.procs[i] = p
+		}
+	}
+	l.pmu.Unlock()
+	go l.watch(p, func(error) {})
+	procs := []*proc{p}
+	reloaded := p.cache == nil && !l.cfg.PublishOnly && !p.spec.SelfLoad
+	if reloaded {
+		// No segments to give (a GPU's that did not survive the rank):
+		// read this rank's share of the checkpoint again.
+		if err := l.loadGroup(ctx, l.groupIndex(p.group), procs); err != nil {
+			return p, true, err
+		}
+	} else {
+		if err := l.awaitListening(ctx, procs); err != nil {
+			return p, false, err
+		}
+		p.setState(StateRestarting)
+		if p.cache != nil {
+			if err := p.sendCache(); err != nil {
+				return p, false, err
+			}
+		}
+		if err := l.awaitReady(ctx, procs); err != nil {
+			return p, false, err
+		}
+	}
+	go p.ping()
+	return p, reloaded, nil
+}
+
+// event prints one JSON event line on stdout.
+func (l *launcher) event(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	l.outMu.Lock()
+	defer l.outMu.Unlock()
+	_, _ = fmt.Fprintf(l.cfg.Stdout, "%s\n", b)
+}
+
+func (p *proc) wasHanded() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.handed
+}

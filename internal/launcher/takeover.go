@@ -1,0 +1,383 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/backend/host"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/protocol"
+)
+
+// predecessor is the preload a --takeover launch takes over (handover.go
+// has the protocol), as the successor sees it.
+type predecessor struct {
+	conn   *protocol.Conn
+	offer  handoverOffer
+	caches []*cache // verified, one per rank in procs order; nil: load afresh
+	reason string   // why this launch loads afresh, for the ready line
+	gone   error    // the predecessor went away before handing its sockets
+	took   bool     // the sockets have been asked for
+}
+
+// Where a launch's segments came from, as the ready line says.
+const (
+	SourceCheckpoint = "checkpoint"
+	SourceTakeover   = "takeover"
+	SourceFDStore    = "fdstore"
+)
+
+// contact finds the preload to take over and asks for its cache. With no
+// preload there, it returns nil and says so; a refusal (another model,
+// other devices, a takeover in flight) is an error, leaving that preload
+// serving.
+func (l *launcher) contact(procs []handoverRank) (*predecessor, string, error) {
+	path, err := handoverPath(l.cfg.SocketDir, procs[0].Device)
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
+	defer cancel()
+	conn, err := protocol.Dial(ctx, path)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Sprintf("no preload to take over at %s", path), nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("--takeover: control socket %s: %w", path, err)
+	}
+	pr := &predecessor{conn: conn}
+	_ = conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
+	h := handoverHello{Head: headOf(typeHandoverHello), Versions: handoverVersions, PID: os.Getpid(), Binary: l.cfg.Version,
+		Ranks: procs, Identity: map[string]checkpoint.Identity{}}
+	for _, g := range l.cfg.Groups {
+		h.Identity[g.Name] = g.Checkpoint.Identity
+	}
+	if err := conn.Send(h); err != nil {
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("--takeover: %s: %w", path, err)
+	}
+	fr, err := conn.Recv()
+	if err != nil {
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("--takeover: %s: no offer: %w", path, err)
+	}
+	fr.CloseFiles()
+	switch fr.Type {
+	case typeHandoverRefused:
+		var r handoverRefused
+		_ = fr.Decode(&r)
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("--takeover: the preload at %s refused: %s", path, r.Reason)
+	case typeHandoverOffer:
+	default:
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("--takeover: %s answered %q, not an offer", path, fr.Type)
+	}
+	if err := fr.Decode(&pr.offer); err != nil {
+		_ = conn.Close()
+		return nil, "", fmt.Errorf("--takeover: %s: offer: %w", path, err)
+	}
+	pr.reason = pr.offer.Reason
+	if pr.offer.Adopt {
+		if len(pr.offer.Segments) != len(procs) {
+			pr.reason = fmt.Sprintf("the predecessor offered %d ranks' segments for %d ranks", len(pr.offer.Segments), len(procs))
+		} else if err := pr.receive(procs); err != nil {
+			pr.reason = err.Error()
+		}
+	}
+	if pr.caches == nil && pr.reason == "" {
+		pr.reason = "the predecessor offered no segments"
+	}
+	return pr, "", nil
+}
+
+// receive takes and verifies every rank's segments. On error it keeps
+// none: this launch loads afresh.
+func (pr *predecessor) receive(ranks []handoverRank) error {
+	caches := make([]*cache, 0, len(ranks))
+	fail := func(err error) error {
+		for _, c := range caches {
+			c.close()
+		}
+		return err
+	}
+	for i, r := range ranks {
+		fr, err := pr.conn.Recv()
+		if err != nil {
+			return fail(fmt.Errorf("the predecessor (pid %d) went away while sending segments: %w", pr.offer.PID, err))
+		}
+		c := &cache{msg: pr.offer.Segments[i], files: fr.Files}
+		caches = append(caches, c)
+		if fr.Type != typeHandoverSegments {
+			return fail(fmt.Errorf("the predecessor sent %q, want segments", fr.Type))
+		}
+		if err := verifyCache(r.Device, c); err != nil {
+			return fail(fmt.Errorf("segments of rank %s (group %s) from pid %d: %w", r.Device, r.Group, pr.offer.PID, err))
+		}
+	}
+	pr.caches = caches
+	return nil
+}
+
+// crcSample is how many tensors, spread over the index, a successor
+// checksums before it serves segments handed over, and crcSampleBytes
+// the most it reads for them.
+const (
+	crcSample      = 16
+	crcSampleBytes = 64 << 20
+)
+
+// verifyCache checks segments handed over before serving them: each
+// sealed and of its size, the manifest index whole and placing every
+// tensor inside them, data bytes as stated, and the CRC-32C of a sample
+// of tensors. GPU segments are checked by their import in the rank.
+func verifyCache(device string, c *cache) error {
+	m := c.msg
+	if len(c.files) != len(m.Segments)+1 {
+		return fmt.Errorf("%d segments and an index named, %d descriptors sent", len(m.Segments), len(c.files))
+	}
+	sizes := make([]int64, len(m.Segments))
+	for i, s := range m.Segments {
+		sizes[i] = s.Size
+	}
+	gpu := isGPU(device)
+	maps := make([][]byte, len(m.Segments))
+	defer func() {
+		for _, b := range maps {
+			if b != nil {
+				_ = host.Unmap(b)
+			}
+		}
+	}()
+	mapSealed := func(f *os.File, size int64, what string) ([]byte, error) {
+		if err := host.CheckSealed(f); err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		st, err := f.Stat()
+		if err != nil || st.Size() != size {
+			return nil, fmt.Errorf("%s: %d bytes, want %d (%v)", what, statSize(st), size, err)
+		}
+		return host.Map(f, size)
+	}
+	if !gpu {
+		for i := range m.Segments {
+			b, err := mapSealed(c.files[i], sizes[i], fmt.Sprintf("segment %d", i))
+			if err != nil {
+				return err
+			}
+			maps[i] = b
+		}
+	}
+	ib, err := mapSealed(c.files[len(m.Segments)], m.IndexSize, "manifest index")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = host.Unmap(ib) }()
+	x, err := protocol.OpenIndex(ib)
+	if err != nil {
+		return err
+	}
+	if x.Len() != m.Tensors {
+		return fmt.Errorf("manifest index holds %d tensors, %d named", x.Len(), m.Tensors)
+	}
+	var data int64
+	step := max(1, x.Len()/crcSample)
+	budget := int64(crcSampleBytes)
+	for i := 0; i < x.Len(); i++ {
+		t, err := x.Entry(i)
+		if err != nil {
+			return err
+		}
+		if t.Segment < 0 || t.Segment >= len(sizes) || t.Offset < 0 || t.NBytes < 0 || t.Offset > sizes[t.Segment]-t.NBytes {
+			return fmt.Errorf("manifest index: tensor %q at segment %d offset %d (%d bytes) is outside the segments", t.Name, t.Segment, t.Offset, t.NBytes)
+		}
+		data += t.NBytes
+		if gpu || (i%step != 0 && i != x.Len()-1) || t.NBytes > budget {
+			continue
+		}
+		budget -= t.NBytes
+		if got := crc32.Checksum(maps[t.Segment][t.Offset:t.Offset+t.NBytes], checkpoint.Castagnoli); got != t.CRC32C {
+			return fmt.Errorf("tensor %q: CRC-32C %08x, the index says %08x", t.Name, got, t.CRC32C)
+		}
+	}
+	if data != m.DataBytes {
+		return fmt.Errorf("manifest index places %d data bytes, %d named", data, m.DataBytes)
+	}
+	return nil
+}
+
+func statSize(st os.FileInfo) int64 {
+	if st == nil {
+		return -1
+	}
+	return st.Size()
+}
+
+// takeSockets gets every rank's socket from the predecessor, once its
+// segments are verified or a fresh load is done, and gives them to the
+// ranks. A predecessor gone by then has left them (or its ranks still
+// hold them, briefly, while they drain): they are taken as a first launch
+// takes them.
+func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
+	pr := l.pred
+	if pr == nil || pr.took {
+		return nil
+	}
+	pr.took = true
+	socks, err := pr.sockets(l, procs)
+	if err != nil {
+		pr.gone = err
+		l.log.Warn("takeover: the predecessor went away before handing over its sockets; taking them afresh", "err", err)
+		if pr.caches != nil {
+			// Segments verified are still good: serve them.
+			l.log.Info("takeover: serving the segments already handed over")
+		}
+		return l.takeSocketsAfresh(ctx, procs)
+	}
+	for i, p := range procs {
+		if err := p.giveSocket(socks[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sockets asks for and checks every rank's socket and the control socket.
+func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, error) {
+	_ = pr.conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
+	if err := pr.conn.Send(protocol.NewHead(typeHandoverTake)); err != nil {
+		return nil, err
+	}
+	fr, err := pr.conn.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if fr.Type != typeHandoverSockets || len(fr.Files) != 2*len(procs)+2 {
+		fr.CloseFiles()
+		return nil, fmt.Errorf("the predecessor sent %q with %d descriptors, want its sockets (%d)", fr.Type, len(fr.Files), 2*len(procs)+2)
+	}
+	out := make([]*daemon.Socket, 0, len(procs))
+	fail := func(err error) ([]*daemon.Socket, error) {
+		for _, s := range out {
+			s.Close()
+		}
+		for _, f := range fr.Files[2*len(out):] {
+			_ = f.Close()
+		}
+		return nil, err
+	}
+	for _, p := range procs {
+		path, err := protocol.SocketPath(l.cfg.SocketDir, p.group, p.Device)
+		if err != nil {
+			return fail(err)
+		}
+		i := 2 * len(out)
+		s, err := daemon.SocketFromFiles(path, fr.Files[i], fr.Files[i+1])
+		if err != nil {
+			for _, f := range fr.Files[i+2:] {
+				_ = f.Close()
+			}
+			fr.Files = fr.Files[:i]
+			return fail(err)
+		}
+		out = append(out, s)
+	}
+	path, _ := handoverPath(l.cfg.SocketDir, procs[0].Device)
+	n := len(fr.Files)
+	ctl, err := daemon.SocketFromFiles(path, fr.Files[n-2], fr.Files[n-1])
+	if err != nil {
+		fr.Files = fr.Files[:n-2]
+		return fail(err)
+	}
+	l.ctlSock = ctl
+	return out, nil
+}
+
+// takeSocketsAfresh takes every socket as a first launch does, waiting
+// (within the handover timeout) for a predecessor's ranks to let go.
+func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
+	deadline := time.Now().Add(handoverTimeout)
+	take := func(path string) (*daemon.Socket, error) {
+		for {
+			s, err := daemon.TakeSocket(path)
+			if err == nil || !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+				return s, err
+			}
+			select {
+			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	for _, p := range procs {
+		path, err := protocol.SocketPath(l.cfg.SocketDir, p.group, p.Device)
+		if err != nil {
+			return err
+		}
+		s, err := take(path)
+		if err != nil {
+			return err
+		}
+		if err := p.giveSocket(s); err != nil {
+			return err
+		}
+	}
+	if l.ctlSock == nil {
+		path, err := handoverPath(l.cfg.SocketDir, procs[0].Device)
+		if err != nil {
+			return err
+		}
+		if l.ctlSock, err = take(path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishTakeover, once every rank serves, moves the predecessor's leases
+// to the ranks here and lets it exit.
+func (l *launcher) finishTakeover() {
+	pr := l.pred
+	if pr == nil || pr.gone != nil || pr.conn == nil {
+		return
+	}
+	defer pr.conn.Close()
+	_ = pr.conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
+	if err := pr.conn.Send(protocol.NewHead(typeHandoverLeases)); err != nil {
+		l.log.Warn("takeover: ask for the leases", "err", err)
+		return
+	}
+	procs := l.procsSnapshot()
+	moved := 0
+	for {
+		fr, err := pr.conn.Recv()
+		if err != nil {
+			l.log.Warn("takeover: the predecessor went away while handing over its leases; those not received end with it (their engines keep their mappings)", "err", err, "moved", moved)
+			return
+		}
+		if fr.Type == typeHandoverSent {
+			break
+		}
+		var m handoverLeases
+		if fr.Type != typeHandoverLeases || fr.Decode(&m) != nil || m.Rank < 0 || m.Rank >= len(procs) || len(m.Leases) != len(fr.Files) {
+			fr.CloseFiles()
+			l.log.Warn("takeover: unexpected frame while receiving leases", "type", fr.Type)
+			return
+		}
+		err = procs[m.Rank].ctl.Send(daemon.RankLeases{Head: headOf(daemon.TypeRankLeases), Leases: m.Leases, Last: m.Last}, fr.Files...)
+		fr.CloseFiles()
+		if err != nil {
+			l.log.Warn("takeover: hand leases to a rank", "rank", procs[m.Rank].String(), "err", err)
+		}
+		moved += len(m.Leases)
+	}
+	l.report.leases = moved
+	_ = pr.conn.Send(protocol.NewHead(typeHandoverDone))
+}
