@@ -467,6 +467,9 @@ func (l *launcher) Ranks() []metrics.RankState {
 	return out
 }
 
+// ReadBytes is every checkpoint byte this launcher read, for /metrics.
+func (l *launcher) ReadBytes() int64 { return l.read.Load() }
+
 func (l *launcher) procsSnapshot() []*proc {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()

@@ -221,7 +221,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 func (p *proc) rankState() metrics.RankState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.liveState(), PID: p.pid, Socket: p.socket}
+	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.liveState(), PID: p.pid, Socket: p.socket, Restarts: p.restarts}
 	if p.state == StateExited {
 		code := p.exitCode
 		rs.ExitCode = &code

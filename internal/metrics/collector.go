@@ -32,6 +32,8 @@ var (
 	descLeaseLimit = desc("weightcache_lease_limit", "Leases the rank grants at most; leases at it lock new engines out.")
 	descRefused    = desc("weightcache_leases_refused_total", "Leases refused: a process over --max-leases-per-process, or the table full.")
 	descConns      = desc("weightcache_connections", "Open client connections.")
+	descRestarts   = desc("weightcache_rank_restarts_total", "Times the rank's daemon died and was replaced on its socket with its segments, reading nothing.")
+	descRead       = prometheus.NewDesc("weightcache_checkpoint_read_bytes_total", "Checkpoint bytes the launcher read since it started: one checkpoint, unless a load was repeated.", nil, nil)
 )
 
 // collector asks every live rank daemon for its stats at scrape time, over
@@ -42,12 +44,15 @@ type collector struct{ src Source }
 func newCollector(src Source) *collector { return &collector{src: src} }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns} {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descRestarts, descRead} {
 		ch <- d
 	}
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	if rb, ok := c.src.(interface{ ReadBytes() int64 }); ok {
+		ch <- prometheus.MustNewConstMetric(descRead, prometheus.CounterValue, float64(rb.ReadBytes()))
+	}
 	ranks := c.src.Ranks()
 	stats, _ := fetchStats(ranks)
 	for i, r := range ranks {
@@ -57,6 +62,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ready = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, ready, l...)
+		ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(r.Restarts), l...)
 		if st := stats[i]; st != nil {
 			emitStats(ch, st, l)
 		}

@@ -24,13 +24,17 @@ type RankState struct {
 	Device   string `json:"device"`
 	TPRank   int    `json:"tp_rank"`
 	DPRank   int    `json:"dp_rank"`
-	State    string `json:"state"` // starting, loading, ready, unresponsive, exited
+	State    string `json:"state"` // starting, loading, ready, unresponsive, restarting, exited
 	PID      int    `json:"pid"`
 	Socket   string `json:"socket,omitempty"`
 	ExitCode *int   `json:"exit_code,omitempty"`
+	// Restarts counts the times the launcher replaced the rank's daemon
+	// on its socket, with its segments, after it died.
+	Restarts int `json:"restarts"`
 }
 
-// Source lists the ranks; the launcher implements it.
+// Source lists the ranks; the launcher implements it. A Source that also
+// has ReadBytes() int64 (checkpoint bytes read since start) exports it.
 type Source interface {
 	Ranks() []RankState
 }
