@@ -61,6 +61,9 @@ func connect(ctx context.Context, sock string, a attempt, o options) (*Weights, 
 		if retries == 0 {
 			first = src
 		}
+		if time.Until(by) <= pause {
+			return nil, gaveUp(first, retries, start)
+		}
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
