@@ -90,13 +90,7 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
-	cctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
-	conn, err := protocol.Dial(cctx, sock)
-	cancel()
-	if err != nil {
-		return nil, miss(ReasonNoDaemon, sock, err)
-	}
-	w, src := handshake(ctx, conn, a, o)
+	w, src := connect(ctx, sock, a, o)
 	if a.change != "" && src.Hit {
 		// The files are others with the same headers: a hit only if
 		// every tensor is the daemon's.
@@ -106,20 +100,25 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 		}
 	}
 	src.Socket = sock
-	if !src.Hit {
-		_ = conn.Close()
-	}
 	return w, src
 }
 
-func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options) (*Weights, Source) {
-	// Each exchange gets the connect timeout; waiting for a loading daemon
-	// gets the state timeout.
+// handshake runs hello, wait_ready and manifest on conn. Hello must be
+// answered by helloBy, the end of the connect budget; each later exchange
+// gets the connect timeout, and waiting for a loading daemon the state
+// timeout. A daemon that goes away before the manifest, or answers no
+// hello, is a reasonAgain miss: connect tries again.
+func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options, helloBy time.Time) (*Weights, Source) {
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.connectTimeout) }
 	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name}
-	sctx, cancel := step()
+	sctx, cancel := context.WithDeadline(ctx, helloBy)
 	fr, err := conn.Call(sctx, hello, protocol.TypeOK, protocol.TypeMismatch)
 	cancel()
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The connect budget is spent: connect gives up with the first
+		// try's miss.
+		return nil, Source{Reason: reasonAgain, Detail: err.Error()}
+	}
 	if err != nil {
 		return nil, protocolMiss(err)
 	}
@@ -217,6 +216,10 @@ func protocolMiss(err error) Source {
 		return miss(ReasonEmpty, "", err)
 	case errors.Is(err, protocol.ErrBusy):
 		return miss(ReasonBusy, "", err)
+	case errors.Is(err, protocol.ErrClosed):
+		// Before the manifest nothing is leased, and a daemon restarted
+		// on the same socket may answer a new connection.
+		return Source{Reason: reasonAgain, Detail: err.Error()}
 	}
 	return miss(ReasonProtocolError, "", err)
 }

@@ -24,33 +24,54 @@ func synth(t *testing.T) string {
 	return dir
 }
 
-// fakeDaemon accepts one connection on the host socket in a fresh directory
-// and hands it to serve.
+// fakeDaemon serves every connection to the host socket in a fresh
+// directory with serve, one after the other.
 func fakeDaemon(t *testing.T, serve func(c *protocol.Conn)) string {
 	t.Helper()
+	dir := socketDir(t)
+	listenFake(t, dir, serve)
+	return dir
+}
+
+// socketDir is a fresh socket directory (mode 0700, unlike t.TempDir), short
+// enough for socket paths.
+func socketDir(t *testing.T) string {
 	dir, err := os.MkdirTemp("", "wc")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// listenFake binds the host socket of dir beside it and renames it into
+// place, so that a stale socket there is replaced without a moment where
+// none exists, and serves every connection with serve.
+func listenFake(t *testing.T, dir string, serve func(c *protocol.Conn)) {
+	t.Helper()
 	path, _ := protocol.SocketPath(dir, "main", "host")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path + ".new", Net: "unix"})
 	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Rename(path+".new", path); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	t.Cleanup(func() { ln.Close(); <-done })
 	go func() {
 		defer close(done)
-		uc, err := ln.AcceptUnix()
-		if err != nil {
-			return
+		for {
+			uc, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			c := protocol.NewConn(uc, protocol.MaxRequestFrame)
+			serve(c)
+			c.Close()
 		}
-		c := protocol.NewConn(uc, protocol.MaxRequestFrame)
-		defer c.Close()
-		serve(c)
 	}()
-	return dir
 }
 
 // answer reads one request and sends reply with files.
@@ -191,7 +212,7 @@ func TestFallbackReasons(t *testing.T) {
 
 func TestStrictMiss(t *testing.T) {
 	model := synth(t)
-	dir := tpDir(t) // t.TempDir is 0755: not a socket directory
+	dir := socketDir(t)
 	_, err := Attach(context.Background(), model, WithSocketDir(dir), WithFallback(false))
 	var me *MissError
 	if !errors.As(err, &me) || !errors.Is(err, ErrNoDaemon) || !errors.Is(err, ErrMiss) {

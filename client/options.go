@@ -68,7 +68,8 @@ func WithMode(m Mode) Opt { return func(o *options) { o.mode = m } }
 // an error.
 func WithFallback(on bool) Opt { return func(o *options) { o.fallback = on } }
 
-// WithConnectTimeout bounds the connect to the daemon's socket (default 5s).
+// WithConnectTimeout bounds the connect to the daemon's socket and its
+// answer to hello, reconnects to a restarted daemon included (default 5s).
 func WithConnectTimeout(d time.Duration) Opt { return func(o *options) { o.connectTimeout = d } }
 
 // WithStateTimeout bounds the wait for a loading daemon (default 300s).

@@ -76,20 +76,11 @@ func rankDaemon(t *testing.T, path, device string, tpSize, tpRank int) *atomic.I
 	return &asked
 }
 
-func tpDir(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "wc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // Without a device, a TP engine finds its rank's daemon among sockets
 // that do not answer: they are asked at once, not one connect timeout
 // each, and a dead rank is named by its own socket, not main-host.sock.
 func TestRankDaemonFoundAmongStoppedOnes(t *testing.T) {
-	dir := tpDir(t)
+	dir := socketDir(t)
 	st := &stalled{n: 3}
 	for _, name := range []string{"main-host_5.sock", "main-host_6.sock", "main-host_7.sock"} {
 		st.serve(t, filepath.Join(dir, name))
@@ -125,7 +116,7 @@ func TestRankDaemonFoundAmongStoppedOnes(t *testing.T) {
 
 // The rank's own socket name is asked first: found there, nobody else is.
 func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
-	dir := tpDir(t)
+	dir := socketDir(t)
 	other := rankDaemon(t, filepath.Join(dir, "main-host_0.sock"), "host:0", 2, 0)
 	rankDaemon(t, filepath.Join(dir, "main-host_1.sock"), "host:1", 2, 1)
 	o := defaults()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -47,6 +49,10 @@ gpu: {ipc: legacy}
 priorityClassName: system-node-critical
 metrics: {serviceMonitor: {enabled: true, labels: {release: prometheus}}}
 examples: {vllm: {enabled: true, pluginFromImageVolume: false}, leaderWorkerSet: {enabled: true, size: 4, gpusPerNode: 4}}
+`,
+	"no takeover": `
+takeover: false
+updateStrategy: {maxUnavailable: 2}
 `,
 	"host tier, no GPU runtime": `
 gpu: {enabled: false}
@@ -158,6 +164,43 @@ func TestRenderedManifests(t *testing.T) {
 	for name, values := range variants {
 		t.Run(name, func(t *testing.T) {
 			checkObjects(t, decodeAll(t, helmTemplate(t, c, values)))
+		})
+	}
+}
+
+// A rollout keeps every node's cache by default: the new pod surges beside
+// the old one and its preload takes the cache over (--takeover), no node
+// unavailable. takeover: false is the old order, the old pod first.
+func TestRolloutTakesOver(t *testing.T) {
+	c := loadChart(t)
+	for _, tt := range []struct {
+		values             string
+		takeover           bool
+		surge, unavailable string
+	}{
+		{"", true, "1", "0"},
+		{"takeover: false", false, "0", "1"},
+	} {
+		t.Run(oneLine(tt.values), func(t *testing.T) {
+			var ds *appsv1.DaemonSet
+			for _, o := range decodeAll(t, helmTemplate(t, c, tt.values)) {
+				if d, ok := o.(*appsv1.DaemonSet); ok {
+					ds = d
+				}
+			}
+			if ds == nil {
+				t.Fatal("no DaemonSet rendered")
+			}
+			s := ds.Spec.UpdateStrategy
+			if s.Type != appsv1.RollingUpdateDaemonSetStrategyType || s.RollingUpdate == nil ||
+				s.RollingUpdate.MaxSurge.String() != tt.surge || s.RollingUpdate.MaxUnavailable.String() != tt.unavailable {
+				t.Errorf("update strategy %s %+v, want RollingUpdate with maxSurge %s, maxUnavailable %s", s.Type, s.RollingUpdate, tt.surge, tt.unavailable)
+			}
+			for _, ctr := range ds.Spec.Template.Spec.Containers {
+				if got := slices.Contains(ctr.Args, "--takeover"); got != tt.takeover {
+					t.Errorf("container %s: --takeover %v, want %v: %q", ctr.Name, got, tt.takeover, ctr.Args)
+				}
+			}
 		})
 	}
 }

@@ -3,6 +3,7 @@ package deploy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -83,6 +84,94 @@ func TestRenderedPreloadsServe(t *testing.T) {
 	})
 }
 
+// A rollout on one node, as the rendered DaemonSet runs it: the new pod's
+// preload starts beside the old one in the socket directory both mount,
+// takes the cache over (--takeover) and turns ready; the old preload exits
+// 0; the lease an engine held on the old one is the new one's, and a new
+// engine hits.
+func TestRenderedDaemonSetTakesOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts daemons")
+	}
+	bin := weightcacheBin(t)
+	if !preloadHas(t, "--takeover") {
+		t.Skip("this checkout's preload has no --takeover yet (issue 18's core)")
+	}
+	model := filepath.Join(t.TempDir(), "model")
+	if out, err := exec.Command(bin, "synth", "--preset", "tiny", "--out", model).CombinedOutput(); err != nil {
+		t.Fatalf("synth: %v\n%s", err, out)
+	}
+	var ctr *corev1.Container
+	for _, o := range decodeAll(t, helmTemplate(t, loadChart(t), "")) {
+		if ds, ok := o.(*appsv1.DaemonSet); ok {
+			ctr = &ds.Spec.Template.Spec.Containers[0]
+		}
+	}
+	if ctr == nil {
+		t.Fatal("no DaemonSet rendered")
+	}
+	vars := map[string]string{"POD_IP": "127.0.0.1"}
+	old := startPreload(t, bin, *ctr, model, vars)
+	old.waitReady(t)
+
+	holder := exec.Command(bin, "attach", "--model", model, "--socket-dir", old.sockets, "--hold", "2m", "--fallback=false")
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "hit:") {
+		t.Fatalf("engine before the rollout: %q, %v", line, err)
+	}
+
+	next := startPreloadIn(t, bin, *ctr, model, vars, old.sockets)
+	next.waitReady(t)
+	exited := make(chan error, 1)
+	go func() { exited <- old.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("old preload after the takeover: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("old preload still running a minute after its successor was ready")
+	}
+	next.healthy(t)
+	if leases := leasesIn(t, bin, next.sockets); leases != 1 {
+		t.Errorf("%d leases after the takeover, want the engine's 1", leases)
+	}
+	if out, err := exec.Command(bin, "attach", "--model", model, "--socket-dir", next.sockets, "--fallback=false").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "hit:") {
+		t.Errorf("engine after the rollout: %v\n%s", err, out)
+	}
+	_ = holder.Process.Kill()
+	_ = holder.Wait()
+	next.stop(t)
+}
+
+// leasesIn is the number of leases the daemons in sockets hold.
+func leasesIn(t *testing.T, bin, sockets string) int {
+	t.Helper()
+	out, err := exec.Command(bin, "status", "--json", "--socket-dir", sockets).Output()
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	var st []struct {
+		Leases int `json:"leases"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	n := 0
+	for _, s := range st {
+		n += s.Leases
+	}
+	return n
+}
+
 func withPort(c corev1.Container, port int) corev1.Container {
 	c.Args = append([]string(nil), c.Args...)
 	for i, a := range c.Args {
@@ -105,10 +194,21 @@ type preload struct {
 // pointed at this test's files, and the health port made free.
 func startPreload(t *testing.T, bin string, c corev1.Container, model string, vars map[string]string) *preload {
 	t.Helper()
-	p := &preload{sockets: filepath.Join(t.TempDir(), "sockets"), ready: make(chan bool, 1)}
+	return startPreloadIn(t, bin, c, model, vars, filepath.Join(t.TempDir(), "sockets"))
+}
+
+// startPreloadIn is startPreload with the socket directory given, as the
+// hostPath that two pods of a rollout on one node share.
+func startPreloadIn(t *testing.T, bin string, c corev1.Container, model string, vars map[string]string, sockets string) *preload {
+	t.Helper()
+	p := &preload{sockets: sockets, ready: make(chan bool, 1)}
 	health := freePort(t)
 	var args []string
 	for _, a := range c.Args {
+		if a == "--takeover" && !preloadHas(t, a) {
+			t.Logf("container %s: %s left out: this checkout's preload does not have it yet", c.Name, a)
+			continue
+		}
 		for k, v := range vars {
 			a = strings.ReplaceAll(a, "$("+k+")", v)
 		}

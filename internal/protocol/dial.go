@@ -10,6 +10,11 @@ import (
 	"syscall"
 )
 
+// ErrClosed: the peer closed or reset the connection before its reply
+// came. It has no wire code: it is what a client sees of a daemon that went
+// away mid-exchange.
+var ErrClosed = errors.New("peer closed the connection")
+
 // Dial connects to the daemon socket at path; the context's deadline bounds
 // the connect.
 func Dial(ctx context.Context, path string) (*Conn, error) {
@@ -23,8 +28,9 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 
 // Call sends req and reads the reply. An "error" frame comes back as a
 // *Error (test it with errors.Is against the sentinels); a reply of another
-// type than want is ErrBadFrame, unless it is listed in also. The context's
-// deadline bounds the exchange.
+// type than want is ErrBadFrame, unless it is listed in also. A peer that
+// closes or resets the connection before its reply is ErrClosed. The
+// context's deadline bounds the exchange.
 func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (*Frame, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		if err := c.uc.SetDeadline(dl); err != nil {
@@ -45,6 +51,7 @@ func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (
 					return nil, &we
 				}
 			}
+			return nil, fmt.Errorf("%w before its %s reply: %w", ErrClosed, want, err)
 		}
 		return nil, err
 	}
@@ -54,7 +61,9 @@ func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (
 	case ctx.Err() != nil, errors.Is(err, os.ErrDeadlineExceeded):
 		return nil, fmt.Errorf("no %s reply within the deadline: %w", want, context.DeadlineExceeded)
 	case errors.Is(err, io.EOF):
-		return nil, fmt.Errorf("%w: peer closed the connection before its %s reply", ErrBadFrame, want)
+		return nil, fmt.Errorf("%w: %w before its %s reply", ErrBadFrame, ErrClosed, want)
+	case errors.Is(err, syscall.ECONNRESET):
+		return nil, fmt.Errorf("%w before its %s reply: %w", ErrClosed, want, err)
 	default:
 		return nil, err
 	}

@@ -239,7 +239,7 @@ func (c *Conn) readFull(b []byte, fds *[]int, first bool) error {
 				if first && got == 0 {
 					return io.EOF
 				}
-				return fmt.Errorf("%w: connection closed inside a frame", ErrBadFrame)
+				return fmt.Errorf("%w: %w inside a frame", ErrBadFrame, ErrClosed)
 			}
 			if first && got == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 				return fmt.Errorf("%w: %w", ErrNoFrame, err)

@@ -189,6 +189,59 @@ func TestCallDecodesErrorFrame(t *testing.T) {
 	}
 }
 
+// A peer that goes away before its reply, however it goes, is ErrClosed:
+// the client can tell it from a peer that answered.
+func TestCallSeesThePeerGo(t *testing.T) {
+	tests := []struct {
+		name  string
+		early bool // the peer is gone before the request is sent
+		peer  func(b *Conn)
+	}{
+		{"closes after the request", false, func(b *Conn) { _, _ = b.Recv() }},
+		{"closes inside its reply", false, func(b *Conn) {
+			_, _ = b.Recv()
+			_, _ = b.Unix().Write([]byte{0, 0, 0, 9, '{'})
+		}},
+		// Unread bytes at close make the kernel reset the connection.
+		{"resets, the request unread", false, peekThenClose},
+		{"gone before the request", true, func(b *Conn) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := pair(t)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				tt.peer(b)
+				b.Close()
+			}()
+			if tt.early {
+				<-done
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err := a.Call(ctx, NewHead(TypeHello), TypeOK)
+			<-done
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("Call = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// peekThenClose waits for the request without reading it.
+func peekThenClose(b *Conn) {
+	rc, err := b.Unix().SyscallConn()
+	if err != nil {
+		return
+	}
+	var one [1]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		_, _, err := syscall.Recvfrom(int(fd), one[:], syscall.MSG_PEEK)
+		return err != syscall.EAGAIN
+	})
+}
+
 func TestSocketDir(t *testing.T) {
 	root := t.TempDir()
 	good := filepath.Join(root, "good")

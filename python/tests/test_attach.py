@@ -135,7 +135,10 @@ def test_kill_9_during_attach(synth, daemon, sock_dir, wc_bin):
     wait_for(lambda: os.path.exists(os.path.join(sock_dir, "main-host.sock")) and status(wc_bin, sock_dir)[0]["state"] == "loading")
     pid = rank_pid(wc_bin, sock_dir)
     got = {}
-    t = threading.Thread(target=lambda: got.update(zip(("w", "info"), attach(m, socket_dir=sock_dir, state_timeout_s=60))))
+    # A short connect timeout: the dead rank's socket is refused, and
+    # retried for that long in case a successor listens there.
+    t = threading.Thread(target=lambda: got.update(zip(("w", "info"), attach(m, socket_dir=sock_dir, state_timeout_s=60,
+                                                                            connect_timeout_s=1))))
     t.start()
     # Kill the serving rank once the engine waits on it (the status probe
     # is a connection of its own).
@@ -157,9 +160,10 @@ def test_kill_9_after_hit_keeps_tensors(model, daemon, sock_dir, wc_bin):
     wait_for(lambda: gone(pid))
     for n, t in w.items():
         assert torch.equal(t, before[n])
-    # The next engine falls back: the stale socket is refused, not trusted.
-    _, info = attach(model, socket_dir=sock_dir)
-    assert info.reason == "no_daemon", info
+    # The next engine falls back: the stale socket is refused, not trusted,
+    # once no successor listened there within the connect timeout.
+    _, info = attach(model, socket_dir=sock_dir, connect_timeout_s=0.5)
+    assert info.reason == "no_daemon" and "retried" in info.detail, info
 
 
 class FakeDaemon:
@@ -168,8 +172,11 @@ class FakeDaemon:
     def __init__(self, sock_dir, serve, device="host"):
         self.path = os.path.join(sock_dir, f"main-{device.replace(':', '_')}.sock")
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.srv.bind(self.path)
+        # Bound beside it and renamed into place: a stale socket there is
+        # replaced without a moment where none exists.
+        self.srv.bind(self.path + ".new")
         self.srv.listen(4)
+        os.rename(self.path + ".new", self.path)
         self.serve = serve
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -315,3 +322,115 @@ def test_busy_daemon_is_reported_as_busy(model, daemon, sock_dir):
             assert info.reason == "busy" and "all leased" in info.detail, info
     finally:
         held.close()
+
+
+def serve_hit(model):
+    """A serve() for FakeDaemon that answers as a ready daemon of model
+    does, with an empty manifest, and holds the lease until the engine
+    closes."""
+    def serve(c):
+        read_frame(c)
+        c.sendall(ok_frame(model))
+        read_frame(c)
+        fd, n = index_memfd([])
+        socket.send_fds(c, [frame({"type": "manifest", "version": 2, "device": "host", "segments": [],
+                                   "tensors": 0, "index_size": n})], [fd])
+        os.close(fd)
+        c.recv(1)
+    return serve
+
+
+def dies_after_hello(c):
+    read_frame(c)
+
+
+def dies_while_loading(c):
+    read_frame(c)
+    c.sendall(frame({"type": "ok", "version": 2, "state": "loading", "device": "host"}))
+    read_frame(c)
+
+
+def dies_before_the_manifest(model):
+    def serve(c):
+        read_frame(c)
+        c.sendall(ok_frame(model))
+        read_frame(c)
+    return serve
+
+
+@pytest.mark.parametrize("dies", ["after hello", "while loading", "before the manifest", "hello unread"])
+def test_reconnects_to_a_restarted_daemon(model, sock_dir, dies):
+    """A rank daemon killed mid-handshake and restarted on its listening
+    socket: the connections the dead one took end before their reply, and
+    attach connects again until the new one answers (client/reconnect_test.go)."""
+    die = {"after hello": dies_after_hello, "while loading": dies_while_loading,
+           "before the manifest": dies_before_the_manifest(model), "hello unread": lambda c: None}[dies]
+    hit, conns = serve_hit(model), []
+
+    def serve(c):
+        conns.append(1)
+        (die if len(conns) <= 3 else hit)(c)
+    fake = FakeDaemon(sock_dir, serve)
+    try:
+        w, info = attach(model, socket_dir=sock_dir, connect_timeout_s=2, fallback=False)
+        w.close()
+    finally:
+        fake.close()
+    assert info.hit and len(conns) == 4, (info, len(conns))
+
+
+def test_gives_up_on_a_daemon_that_keeps_dying(model, sock_dir):
+    conns = []
+    fake = FakeDaemon(sock_dir, lambda c: (conns.append(1), read_frame(c)))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(MissError) as e:
+            attach(model, socket_dir=sock_dir, connect_timeout_s=0.3, fallback=False)
+    finally:
+        fake.close()
+    took = time.monotonic() - t0
+    assert e.value.reason == "protocol_error" and "closed the connection; retried" in e.value.info.detail, e.value
+    assert took < 1.3 and len(conns) >= 3, (took, len(conns))
+
+
+def test_refused_until_the_successor_listens(model, sock_dir):
+    """A socket file whose daemon just died refuses connections until its
+    successor listens there; attach waits for it."""
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(os.path.join(sock_dir, "main-host.sock"))
+    stale.close()  # the file stays: connect is refused
+    got = {}
+    t = threading.Thread(target=lambda: got.update(zip(("w", "info"), attach(model, socket_dir=sock_dir, connect_timeout_s=2,
+                                                                            fallback=False))))
+    t.start()
+    time.sleep(0.1)
+    fake = FakeDaemon(sock_dir, serve_hit(model))
+    try:
+        t.join(10)
+        got["w"].close()
+    finally:
+        fake.close()
+    assert got["info"].hit, got["info"]
+
+
+def test_no_socket_is_no_daemon_at_once(model, sock_dir):
+    t0 = time.monotonic()
+    with pytest.raises(MissError) as e:
+        attach(model, socket_dir=sock_dir, fallback=False)
+    assert e.value.reason == "no_daemon" and "retried" not in str(e.value) and time.monotonic() - t0 < 1, e.value
+
+
+@pytest.mark.parametrize("answer,reason", [
+    (frame({"type": "mismatch", "version": 2, "fields": []}), "fingerprint_mismatch"),
+    (frame({"type": "error", "version": 2, "code": "internal", "message": "out of luck"}), "protocol_error"),
+    (b"\x00\x00\x00\x05hello", "protocol_error"),
+])
+def test_no_retry_after_an_answer(model, sock_dir, answer, reason):
+    conns = []
+    fake = FakeDaemon(sock_dir, lambda c: (conns.append(1), read_frame(c), c.sendall(answer)))
+    try:
+        with pytest.raises(MissError) as e:
+            attach(model, socket_dir=sock_dir, connect_timeout_s=1, fallback=False)
+    finally:
+        fake.close()
+    assert e.value.reason == reason and len(conns) == 1, (e.value, len(conns))

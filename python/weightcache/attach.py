@@ -300,27 +300,73 @@ def _torch_device(device, key):
     return torch.device(device)
 
 
+# Internal to _attach_daemon: the daemon went away before it leased anything
+# (or answered no hello); connect again.
+_AGAIN = "again"
+
+# The pause before the first reconnect, doubled after each up to the last.
+_FIRST_PAUSE, _MAX_PAUSE = 0.005, 0.1
+
+
 def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_timeout, state_timeout, name):
+    """Connect and run the handshake, and both again when the daemon goes
+    away before its manifest: a rank daemon its launcher restarts on the
+    same listening socket answers a new connection a few milliseconds
+    later. A refused connect (a socket file whose daemon just died) is
+    tried again too; a missing socket is no daemon at once. Tries stop when
+    the connect timeout, counted from the first connect, runs out or the
+    socket goes; the miss is then the first try's, saying how many retries
+    it made. A daemon that answered is never asked again (client/reconnect.go)."""
     try:
         path = protocol.socket_path(sock_dir, group, key)
         protocol.check_socket_dir(sock_dir)
     except (OSError, protocol.ProtocolError) as e:
         return None, miss(source.NO_DAEMON, e)
-    try:
-        conn = protocol.Conn(path, connect_timeout)
-    except (OSError, socket.timeout) as e:
-        return None, miss(source.NO_DAEMON, f"connect {path}: {e}", socket=path)
-    try:
-        weights, info = _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name)
-    except BaseException:
-        conn.close()
-        raise
+    start = time.monotonic()
+    deadline = start + connect_timeout
+    first, retries, pause = None, 0, _FIRST_PAUSE
+    while True:
+        try:
+            conn = protocol.Conn(path, max(deadline - time.monotonic(), 0.001))
+        except ConnectionRefusedError as e:
+            info = miss(source.NO_DAEMON, f"connect {path}: {e}", socket=path)
+        except (OSError, socket.timeout) as e:
+            if first is None:
+                return None, miss(source.NO_DAEMON, f"connect {path}: {e}", socket=path)
+            # The socket is gone, or the budget spent while connecting.
+            return None, _gave_up(first, retries, start)
+        else:
+            try:
+                weights, info = _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout,
+                                           name, deadline)
+            except BaseException:
+                conn.close()
+                raise
+            if info.reason != _AGAIN:
+                break
+            conn.close()
+            info = miss(source.PROTOCOL_ERROR, info.detail, socket=path)
+        first = first or info
+        if deadline - time.monotonic() <= pause:
+            return None, _gave_up(first, retries, start)
+        time.sleep(pause)
+        retries += 1
+        pause = min(2 * pause, _MAX_PAUSE)
     info.socket = path
     if not info.hit or mode == "copy":
         conn.close()
     if info.hit and change:
         info.detail = change  # for _verify
     return weights, info
+
+
+def _gave_up(first, retries, start):
+    """The first try's miss once no daemon came back, saying how hard
+    _attach_daemon tried."""
+    if retries:
+        times = "once" if retries == 1 else f"{retries} times"
+        first.detail += f"; retried {times} over {(time.monotonic() - start) * 1000:.0f} ms"
+    return first
 
 
 def _classify(e):
@@ -341,10 +387,19 @@ def _mismatch(fr):
     return miss(reason, fields=fields)
 
 
-def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name):
+def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name, hello_by):
+    """hello, wait_ready and manifest. Hello must be answered by hello_by,
+    the end of the connect budget; each later exchange gets the connect
+    timeout, and waiting for a loading daemon the state timeout. A daemon
+    that goes away before the manifest, or answers no hello, is an _AGAIN
+    miss."""
     hello = protocol.Hello(fingerprint=fp.to_wire(), device=key, mode=mode, client=name)
     try:
-        fr = conn.call(hello, "ok", "mismatch", timeout=connect_timeout)
+        try:
+            fr = conn.call(hello, "ok", "mismatch", timeout=max(hello_by - time.monotonic(), 0.001))
+        except protocol.Timeout as e:
+            # The connect budget is spent: give up with the first try's miss.
+            return None, miss(_AGAIN, e)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
         ok = fr.reply(protocol.OK)
@@ -365,6 +420,10 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
         fr = conn.call(protocol.ManifestRequest(), "manifest", "mismatch", timeout=connect_timeout, fds_expected=True)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
+    except protocol.Closed as e:
+        # Before the manifest nothing is leased, and a daemon restarted on
+        # the same socket may answer a new connection.
+        return None, miss(_AGAIN, e)
     except _EXCHANGE_ERRORS as e:
         return None, _classify(e)
     try:

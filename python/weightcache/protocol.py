@@ -27,6 +27,11 @@ class ProtocolError(Exception):
     """The peer sent something malformed, or closed mid-exchange."""
 
 
+class Closed(ProtocolError):
+    """The peer closed or reset the connection before its reply (Go's
+    protocol.ErrClosed): a daemon that went away mid-exchange."""
+
+
 class WireError(Exception):
     """An "error" frame: a code from internal/protocol/errors.go and a message."""
 
@@ -285,6 +290,8 @@ class Conn:
                 data, anc, flags, _ = self.sock.recvmsg(n - len(buf), space)
             except socket.timeout as e:
                 raise Timeout(f"no reply from {self.path} within the deadline") from e
+            except ConnectionResetError as e:
+                raise Closed(f"{self.path} reset the connection: {e}") from e
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     got = array.array("i")
@@ -293,7 +300,7 @@ class Conn:
             if flags & socket.MSG_CTRUNC:
                 raise ProtocolError(f"file descriptors from {self.path} were truncated")
             if not data:
-                raise ProtocolError(f"{self.path} closed the connection inside a frame" if buf else f"{self.path} closed the connection")
+                raise Closed(f"{self.path} closed the connection inside a frame" if buf else f"{self.path} closed the connection")
             buf += data
         return bytes(buf)
 
@@ -301,14 +308,15 @@ class Conn:
              fds_expected: bool = False) -> Frame:
         """Send msg and return the reply frame of type want (or one of also).
 
-        An "error" frame raises WireError. Descriptors on a frame that is not
+        An "error" frame raises WireError; a peer that closes or resets the
+        connection first raises Closed. Descriptors on a frame that is not
         expected to carry them are closed at once.
         """
         if timeout is not None:
             self.sock.settimeout(timeout)
         try:
             self.send(msg)
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError) as e:
             # A daemon that refuses a connection (busy) says why and closes
             # before reading the request: its reason is still queued here.
             try:
@@ -318,7 +326,7 @@ class Conn:
             if fr is not None and fr.type == "error":
                 fr.close_fds()
                 raise WireError(str(fr.body.get("code", "")), str(fr.body.get("message", ""))) from None
-            raise
+            raise Closed(f"{self.path} closed the connection before its {want} reply: {e}") from e
         fr = self.recv()
         if not fds_expected or fr.type != want:
             fr.close_fds()
