@@ -200,6 +200,11 @@ func TestRolloutTakesOver(t *testing.T) {
 				if got := slices.Contains(ctr.Args, "--takeover"); got != tt.takeover {
 					t.Errorf("container %s: --takeover %v, want %v: %q", ctr.Name, got, tt.takeover, ctr.Args)
 				}
+				// A container that exits is restarted by its kubelet: one
+				// that handed over must wait for its pod to be deleted.
+				if got := slices.Contains(ctr.Args, "--wait-after-handover"); got != tt.takeover {
+					t.Errorf("container %s: --wait-after-handover %v, want %v: %q", ctr.Name, got, tt.takeover, ctr.Args)
+				}
 			}
 		})
 	}

@@ -225,21 +225,10 @@ func checkFlags(t *testing.T, who string, args []string) {
 		name, _, _ := strings.Cut(a, "=")
 		switch {
 		case !strings.HasPrefix(name, "--") || preloadNames[name]:
-		case name == "--takeover":
-			// Issue 18's core adds it to preload; until this checkout has
-			// it, the chart is ahead of the binary.
-			t.Logf("%s: preload has no flag %s yet", who, name)
 		default:
 			t.Errorf("%s: preload has no flag %s", who, name)
 		}
 	}
-}
-
-// preloadHas says whether this checkout's preload knows flag.
-func preloadHas(t *testing.T, flag string) bool {
-	t.Helper()
-	checkFlags(t, "preloadHas", nil)
-	return preloadNames[flag]
 }
 
 var (

@@ -94,9 +94,6 @@ func TestRenderedDaemonSetTakesOver(t *testing.T) {
 		t.Skip("starts daemons")
 	}
 	bin := weightcacheBin(t)
-	if !preloadHas(t, "--takeover") {
-		t.Skip("this checkout's preload has no --takeover yet (issue 18's core)")
-	}
 	model := filepath.Join(t.TempDir(), "model")
 	if out, err := exec.Command(bin, "synth", "--preset", "tiny", "--out", model).CombinedOutput(); err != nil {
 		t.Fatalf("synth: %v\n%s", err, out)
@@ -130,20 +127,28 @@ func TestRenderedDaemonSetTakesOver(t *testing.T) {
 
 	next := startPreloadIn(t, bin, *ctr, model, vars, old.sockets)
 	next.waitReady(t)
+	// The old one holds nothing now and waits for its pod's deletion
+	// (--wait-after-handover): the kubelet's SIGTERM ends it at once.
+	if leases := leasesIn(t, bin, next.sockets); leases != 1 {
+		t.Errorf("%d leases after the takeover, want the engine's 1", leases)
+	}
 	exited := make(chan error, 1)
 	go func() { exited <- old.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("old preload exited before its pod was deleted: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	_ = old.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-exited:
 		if err != nil {
 			t.Fatalf("old preload after the takeover: %v", err)
 		}
-	case <-time.After(time.Minute):
-		t.Fatal("old preload still running a minute after its successor was ready")
+	case <-time.After(10 * time.Second):
+		t.Fatal("old preload still running 10s after SIGTERM, though it held nothing")
 	}
 	next.healthy(t)
-	if leases := leasesIn(t, bin, next.sockets); leases != 1 {
-		t.Errorf("%d leases after the takeover, want the engine's 1", leases)
-	}
 	if out, err := exec.Command(bin, "attach", "--model", model, "--socket-dir", next.sockets, "--fallback=false").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "hit:") {
 		t.Errorf("engine after the rollout: %v\n%s", err, out)
 	}
@@ -205,10 +210,6 @@ func startPreloadIn(t *testing.T, bin string, c corev1.Container, model string, 
 	health := freePort(t)
 	var args []string
 	for _, a := range c.Args {
-		if a == "--takeover" && !preloadHas(t, a) {
-			t.Logf("container %s: %s left out: this checkout's preload does not have it yet", c.Name, a)
-			continue
-		}
 		for k, v := range vars {
 			a = strings.ReplaceAll(a, "$("+k+")", v)
 		}

@@ -33,7 +33,7 @@ type preloadFlags struct {
 	model, devices, dtype, revision string
 	settings                        daemon.Settings // GPU comes from gpu
 	gpu                             gpuFlags
-	takeover                        bool
+	takeover, waitAfterHandover     bool
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
@@ -54,6 +54,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&p.settings.Limits.MaxLeasesPerProcess, "max-leases-per-process", daemon.DefaultMaxLeasesPerProcess, "leases one engine process (by its pid) may hold per rank")
 	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
 	fs.BoolVar(&p.takeover, "takeover", false, "take the segments, sockets and leases of a preload of the same model and devices running in --socket-dir (a restart or upgrade without reading the checkpoint); load from it as usual when none runs or its cache is stale")
+	fs.BoolVar(&p.waitAfterHandover, "wait-after-handover", false, "once a successor has taken this preload's cache, wait for SIGTERM instead of exiting 0 (a DaemonSet container: its kubelet would restart it)")
 	p.gpu.register(fs)
 }
 
@@ -77,7 +78,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
-	cfg.Takeover, cfg.Version = p.takeover, "weightcache "+buildVersion()
+	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, "weightcache "+buildVersion()
 	con := newConsole(e.stdout, e.stderr)
 	if con != nil {
 		// Ranks log through the console too (a pipe instead of the

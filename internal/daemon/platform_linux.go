@@ -63,3 +63,4 @@ func awaitTaken(uc *net.UnixConn) error {
 	}
 	return ierr
 }
+

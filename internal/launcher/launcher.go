@@ -50,7 +50,12 @@ type Config struct {
 	// Takeover: take the cache of a preload of the same model and devices
 	// running in SocketDir (handover.go), or load as usual when none runs.
 	Takeover bool
-	Version  string // this binary's, told to a predecessor or successor
+	// WaitAfterHandover keeps a launcher that handed over running, holding
+	// nothing, until it is told to stop: a DaemonSet's kubelet restarts a
+	// container that exits, and the restarted one would take the cache
+	// back.
+	WaitAfterHandover bool
+	Version           string // this binary's, told to a predecessor or successor
 }
 
 type launcher struct {
@@ -424,6 +429,11 @@ func (l *launcher) serve(ctx context.Context) error {
 				p.terminate(l.cfg.DrainTimeout + 10*time.Second)
 			}
 			l.release(true)
+			if l.cfg.WaitAfterHandover {
+				l.log.Info("handed over to the successor: holding nothing, waiting to be stopped")
+				<-ctx.Done()
+				return nil
+			}
 			l.log.Info("handed over to the successor: exiting")
 			return nil
 		case <-ctx.Done():

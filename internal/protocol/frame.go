@@ -233,7 +233,7 @@ func (c *Conn) readFull(b []byte, fds *[]int, first bool) error {
 		if flags&syscall.MSG_CTRUNC != 0 {
 			return fmt.Errorf("%w: file descriptors were truncated", ErrBadFrame)
 		}
-		got += n
+		got += max(n, 0) // -1 on some errors
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				if first && got == 0 {

@@ -355,3 +355,28 @@ func TestCallReadsTheRefusalAfterABrokenPipe(t *testing.T) {
 		t.Fatalf("Call = %v, want the busy refusal", err)
 	}
 }
+
+// A deadline that passes between frames is ErrNoFrame, and the connection
+// still reads the next frame whole (what a handover relies on); one that
+// passes inside a frame is not.
+func TestDeadlineBetweenFrames(t *testing.T) {
+	a, b := pair(t)
+	_ = b.Unix().SetReadDeadline(time.Unix(1, 0))
+	if _, err := b.Recv(); !errors.Is(err, ErrNoFrame) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("deadline between frames: %v", err)
+	}
+	_ = b.Unix().SetReadDeadline(time.Time{})
+	if err := a.Send(NewHead(TypeStats)); err != nil {
+		t.Fatal(err)
+	}
+	if fr, err := b.Recv(); err != nil || fr.Type != TypeStats {
+		t.Fatalf("frame after the deadline: %v, %v", fr, err)
+	}
+	if _, err := a.Unix().Write([]byte{0, 0, 0, 9, '{'}); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Unix().SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := b.Recv(); errors.Is(err, ErrNoFrame) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("deadline inside a frame: %v", err)
+	}
+}
