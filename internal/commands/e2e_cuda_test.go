@@ -104,12 +104,15 @@ func TestGPUZeroCopySurvivesDaemonDeath(t *testing.T) {
 	if !lines.Scan() || json.Unmarshal(lines.Bytes(), &first) != nil || first.Source != "hit" {
 		t.Fatalf("first result: %q", lines.Text())
 	}
-	// The rank that serves the GPU dies (its launcher's death would let it drain).
+	// The rank that serves the GPU dies (its launcher's death would let it
+	// drain); the launcher replaces it.
 	rank := int(readyRanks(t, p)[0]["pid"].(float64))
 	if err := syscall.Kill(rank, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = p.cmd.Wait()
+	if ev := p.event(t, "rank_restarted"); int(ev["old_pid"].(float64)) != rank {
+		t.Fatalf("restart event %v, want old pid %d", ev, rank)
+	}
 	if err := engine.Process.Signal(syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}

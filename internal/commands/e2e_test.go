@@ -117,6 +117,27 @@ func startPreloadProc(t testing.TB, wait bool, args ...string) *preloadProc {
 	return p
 }
 
+// event waits for preload's next JSON event line of kind name, skipping
+// others.
+func (p *preloadProc) event(t testing.TB, name string) map[string]any {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				t.Fatalf("preload ended before a %s event: %s", name, p.stderr)
+			}
+			var ev map[string]any
+			if json.Unmarshal([]byte(line), &ev) == nil && ev["event"] == name {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %s event in 60s: %s", name, p.stderr)
+		}
+	}
+}
+
 func (p *preloadProc) stop(t *testing.T, sig os.Signal) int {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {

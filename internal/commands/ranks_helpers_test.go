@@ -125,7 +125,8 @@ next:
 	return 0
 }
 
-// notifyListener is a NOTIFY_SOCKET that collects what systemd would get.
+// notifyListener is a NOTIFY_SOCKET that collects what systemd would
+// get, less the fd store's messages.
 func notifyListener(t *testing.T) (string, <-chan string) {
 	t.Helper()
 	path := filepath.Join(sockDir(t), "notify")
@@ -142,7 +143,9 @@ func notifyListener(t *testing.T) (string, <-chan string) {
 			if err != nil {
 				return
 			}
-			got <- string(buf[:n])
+			if m := string(buf[:n]); !strings.HasPrefix(m, "FDSTORE") {
+				got <- m
+			}
 		}
 	}()
 	return path, got

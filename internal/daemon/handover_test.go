@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/weightcache/weightcache/client"
 )
 
@@ -38,6 +40,13 @@ func TestHandOverMovesLeases(t *testing.T) {
 	sock, err := TakeSocket(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Sending a descriptor asks for it with Fd: that must not put the
+	// socket every copy shares into blocking mode (a rank's accept would
+	// then hold its thread in the kernel, and its Shutdown hang).
+	_ = sock.Listener.Fd()
+	if fl, err := unix.FcntlInt(sock.Listener.Fd(), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
+		t.Fatalf("the socket turned blocking: flags %#x, %v", fl, err)
 	}
 	old := start(t, model, dir, "host", func(c *Config) { c.Socket = dupSocket(t, sock) })
 	if err := old.Load(context.Background()); err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/weightcache/weightcache/client"
 )
 
@@ -210,7 +212,7 @@ func TakeSocket(path string) (*Socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := ln.UnixListener.File()
+	f, err := dupListener(ln.UnixListener)
 	ln.SetUnlinkOnClose(false)
 	_ = ln.UnixListener.Close()
 	if err != nil {
@@ -219,6 +221,28 @@ func TakeSocket(path string) (*Socket, error) {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
 	return &Socket{Path: path, Listener: f, Lock: ln.lock}, nil
+}
+
+// dupListener copies l's descriptor without (*net.UnixListener).File,
+// whose file puts the socket into blocking mode on every Fd call (Go keeps
+// that old promise for net files). Blocking mode belongs to the open
+// socket, shared by every copy in every process: a rank's accept would
+// then block its thread in the kernel, and its listener could not be
+// closed until a client connected.
+func dupListener(l *net.UnixListener) (*os.File, error) {
+	raw, err := l.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, derr
+	}
+	return os.NewFile(uintptr(fd), "listener"), nil
 }
 
 // SocketFromFiles is a Socket handed over by another process, checked:

@@ -3,7 +3,6 @@ package launcher
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -226,7 +225,9 @@ func (s *fdStore) remove(rank int, c *cache) {
 	s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(rank, "index"), nil)
 }
 
-// send is one sd_notify datagram, with f attached when not nil.
+// send is one sd_notify datagram, with f attached when not nil. Go's
+// net refuses ancillary data on a connected datagram socket, so it is
+// sent unconnected, to the address.
 func (s *fdStore) send(msg string, f *os.File) error {
 	if s == nil || s.notify == "" {
 		return nil
@@ -235,17 +236,21 @@ func (s *fdStore) send(msg string, f *os.File) error {
 	if addr[0] == '@' {
 		addr = "\x00" + addr[1:]
 	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer syscall.Close(fd)
 	var oob []byte
 	if f != nil {
 		oob = syscall.UnixRights(int(f.Fd()))
 	}
-	_, _, err = c.WriteMsgUnix([]byte(msg), oob, nil)
-	return err
+	// Never wait on a receiver that does not read: a full queue is a
+	// failed store, said so, not a preload that stops serving.
+	if err := syscall.Sendmsg(fd, []byte(msg), oob, &syscall.SockaddrUnix{Name: addr}, syscall.MSG_DONTWAIT); err != nil {
+		return fmt.Errorf("NOTIFY_SOCKET %s: %w", s.notify, err)
+	}
+	return nil
 }
 
 // storeFDs puts every descriptor the launcher holds into the fd store,

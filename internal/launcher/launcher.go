@@ -415,12 +415,22 @@ func (l *launcher) release(handed bool) {
 func (l *launcher) serve(ctx context.Context) error {
 	alive := len(l.procs)
 	handed := make(chan struct{})
-	hctx, stopHandovers := context.WithCancel(ctx)
+	hctx, cancel := context.WithCancel(ctx)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		l.serveHandovers(hctx, handed)
+	}()
+	// The control socket is closed only once nobody reads it.
+	stopHandovers := func() {
+		cancel()
+		<-served
+	}
 	defer stopHandovers()
-	go l.serveHandovers(hctx, handed)
 	for {
 		select {
 		case <-handed:
+			stopHandovers()
 			// The successor serves every socket and lease; the ranks have
 			// stopped. Leave the sockets to it.
 			l.stopping.Store(true)
@@ -437,6 +447,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			l.log.Info("handed over to the successor: exiting")
 			return nil
 		case <-ctx.Done():
+			stopHandovers()
 			l.stopAll()
 			return nil
 		case p := <-l.exited:
@@ -444,6 +455,9 @@ func (l *launcher) serve(ctx context.Context) error {
 				continue
 			}
 			if l.restartable(p) {
+				p.mu.Lock()
+				p.state = StateRestarting // until its replacement takes the slot
+				p.mu.Unlock()
 				l.restarts.Add(1)
 				go l.restart(ctx, p)
 				continue
@@ -452,6 +466,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			err := p.exitError()
 			l.log.Error("rank exited; the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)
 			if alive == 0 {
+				stopHandovers()
 				l.stopAll()
 				return fmt.Errorf("every rank has exited, the last: %w", err)
 			}
