@@ -63,4 +63,3 @@ func awaitTaken(uc *net.UnixConn) error {
 	}
 	return ierr
 }
-
