@@ -30,15 +30,29 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
+	// Bad ranks must not send the engine looking for their daemon.
+	if err := checkpoint.CheckRanks(o.tpSize, o.tpRank, o.dpSize, o.dpRank); err != nil {
+		return nil, err
+	}
+	// Connect first: a daemon idle for a while takes a few hundred
+	// microseconds to wake, accept and start reading, and it does that
+	// while the fingerprint is made.
+	conn, sock, src := dialDaemon(ctx, &o)
 	// A hit needs only config.json and the files' stat identity; the
 	// headers are hashed only when the files are not the daemon's, and the
 	// full, validated checkpoint is read only for a fallback.
 	fp, dir, err := checkpoint.LightFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 	if err != nil {
+		if conn != nil {
+			_ = conn.Close()
+		}
 		return nil, err
 	}
 	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
-	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)
+	var w *Weights
+	if conn != nil {
+		w, src = attachOn(ctx, conn, sock, attempt{fp: fp, dir: dir}, model, o)
+	}
 	if src.Reason == reasonRehash {
 		full, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
 		if err != nil {
@@ -71,31 +85,47 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	return w, nil
 }
 
-// attachDaemon runs the handshake. On anything short of a hit it returns the
-// reason and leaves nothing open.
+// attachDaemon connects and runs the handshake. On anything short of a hit
+// it returns the reason and leaves nothing open.
 func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Weights, Source) {
-	key, rankSock, err := rankDevice(ctx, o)
+	conn, sock, src := dialDaemon(ctx, &o)
+	if conn == nil {
+		return nil, src
+	}
+	return attachOn(ctx, conn, sock, a, model, o)
+}
+
+// dialDaemon connects to the daemon of the engine's device, which it
+// resolves into o.device; without a connection it returns the miss.
+func dialDaemon(ctx context.Context, o *options) (*protocol.Conn, string, Source) {
+	key, rankSock, err := rankDevice(ctx, *o)
 	if err != nil {
-		return nil, miss(ReasonNoDaemon, rankSock, err)
+		return nil, "", miss(ReasonNoDaemon, rankSock, err)
 	}
 	dev, err := resolveDevice(key)
 	if err != nil {
-		return nil, miss(ReasonDeviceMismatch, "", err)
+		return nil, "", miss(ReasonDeviceMismatch, "", err)
 	}
 	o.device = dev
 	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
 	if err != nil {
-		return nil, miss(ReasonNoDaemon, "", err)
+		return nil, "", miss(ReasonNoDaemon, "", err)
 	}
 	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
-		return nil, miss(ReasonNoDaemon, sock, err)
+		return nil, "", miss(ReasonNoDaemon, sock, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
 	conn, err := protocol.Dial(cctx, sock)
 	cancel()
 	if err != nil {
-		return nil, miss(ReasonNoDaemon, sock, err)
+		return nil, "", miss(ReasonNoDaemon, sock, err)
 	}
+	return conn, sock, Source{}
+}
+
+// attachOn runs the handshake on conn, the daemon's at sock; on anything
+// short of a hit it closes conn and returns the reason.
+func attachOn(ctx context.Context, conn *protocol.Conn, sock string, a attempt, model string, o options) (*Weights, Source) {
 	w, src := handshake(ctx, conn, a, o)
 	if a.change != "" && src.Hit {
 		// The files are others with the same headers: a hit only if
