@@ -30,6 +30,10 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
+	// Bad ranks must not send the engine looking for their daemon.
+	if err := checkpoint.CheckRanks(o.tpSize, o.tpRank, o.dpSize, o.dpRank); err != nil {
+		return nil, err
+	}
 	// A hit needs only config.json and the files' stat identity; the
 	// headers are hashed only when the files are not the daemon's, and the
 	// full, validated checkpoint is read only for a fallback.

@@ -142,3 +142,17 @@ func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
 		t.Fatalf("rankDevice = %s on %s, %v; want the plain host daemon", dev, sock, err)
 	}
 }
+
+// Ranks that cannot be are refused before any daemon is asked for them.
+func TestBadRanksAskNoDaemon(t *testing.T) {
+	dir := socketDir(t)
+	path, _ := protocol.SocketPath(dir, "main", "host:0")
+	asked := rankDaemon(t, path, "host:0", 2, 0)
+	_, err := Attach(context.Background(), synth(t), WithSocketDir(dir), WithParallel(2, 2, 1, 0))
+	if err == nil || !strings.Contains(err.Error(), "tp_rank 2 of tp_size 2") {
+		t.Fatalf("Attach with tp_rank 2 of 2 = %v", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("%d daemons asked for ranks that cannot be", n)
+	}
+}

@@ -156,15 +156,24 @@ func Diff(want, got Fingerprint) []FieldDiff {
 	return out
 }
 
+// CheckRanks says what is wrong with a tensor- and data-parallel rank and
+// size, or nil.
+func CheckRanks(tpSize, tpRank, dpSize, dpRank int) error {
+	if tpSize < 1 || tpRank < 0 || tpRank >= tpSize {
+		return fmt.Errorf("tp_rank %d of tp_size %d: want tp_size >= 1 and 0 <= tp_rank < tp_size", tpRank, tpSize)
+	}
+	if dpSize < 1 || dpRank < 0 || dpRank >= dpSize {
+		return fmt.Errorf("dp_rank %d of dp_size %d: want dp_size >= 1 and 0 <= dp_rank < dp_size", dpRank, dpSize)
+	}
+	return nil
+}
+
 // Fingerprint returns the fingerprint of this checkpoint served as dtype
 // (any spelling NormalizeDType accepts; "" or "auto" for the checkpoint's
 // own) to rank tpRank of tpSize and dpRank of dpSize.
 func (c *Checkpoint) Fingerprint(dtype string, tpSize, tpRank, dpSize, dpRank int) (Fingerprint, error) {
-	if tpSize < 1 || tpRank < 0 || tpRank >= tpSize {
-		return Fingerprint{}, fmt.Errorf("tp_rank %d of tp_size %d: want tp_size >= 1 and 0 <= tp_rank < tp_size", tpRank, tpSize)
-	}
-	if dpSize < 1 || dpRank < 0 || dpRank >= dpSize {
-		return Fingerprint{}, fmt.Errorf("dp_rank %d of dp_size %d: want dp_size >= 1 and 0 <= dp_rank < dp_size", dpRank, dpSize)
+	if err := CheckRanks(tpSize, tpRank, dpSize, dpRank); err != nil {
+		return Fingerprint{}, err
 	}
 	served, err := c.ServedDType(dtype)
 	if err != nil {

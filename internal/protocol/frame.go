@@ -52,6 +52,10 @@ type Budget interface {
 	Give(n int64)
 }
 
+// oneWrite is the largest body Send copies to write with its length
+// prefix at once.
+const oneWrite = 64 << 10
+
 // freeStep is the part of a frame body read without charging the budget:
 // every request a well-behaved client sends fits in it, so a budget spent
 // by others never refuses one.
@@ -84,7 +88,7 @@ func (c *Conn) Close() error { return c.uc.Close() }
 
 // Send writes msg as one frame, with files attached. The files stay open:
 // the caller closes them once Send returns. A json.RawMessage is sent as
-// it is, without a copy: a manifest encoded once goes to every engine.
+// it is, not encoded again: a manifest encoded once goes to every engine.
 func (c *Conn) Send(msg any, files ...*os.File) error {
 	body, ok := msg.(json.RawMessage)
 	if !ok {
@@ -96,9 +100,7 @@ func (c *Conn) Send(msg any, files ...*os.File) error {
 	if len(files) > MaxFDs {
 		return fmt.Errorf("frame carries %d file descriptors, more than the limit of %d", len(files), MaxFDs)
 	}
-	var hdr [4]byte
-	binary.BigEndian.PutUint32(hdr[:], uint32(len(body)))
-	// A frame is up to three writes: two goroutines sending on one
+	// A frame may take several writes: two goroutines sending on one
 	// connection (a rank's pongs and its replies) must not interleave.
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -110,14 +112,22 @@ func (c *Conn) Send(msg any, files ...*os.File) error {
 		}
 		oob = syscall.UnixRights(fds...)
 	}
-	// The descriptors travel with the length prefix; the body follows on
-	// the same stream, so a receiver collects them wherever they arrive.
-	n, _, err := c.uc.WriteMsgUnix(hdr[:], oob, nil)
-	if err == nil && n < len(hdr) {
-		_, err = c.uc.Write(hdr[n:])
+	// A small frame goes in one write: written apart, the length prefix
+	// wakes the peer for four bytes and the body wakes it again, each
+	// wake-up tens of microseconds or more. A large body is not copied.
+	// The descriptors travel with the first bytes; a receiver collects
+	// them wherever they arrive.
+	first, rest := make([]byte, 4, 4+min(len(body), oneWrite)), body
+	binary.BigEndian.PutUint32(first, uint32(len(body)))
+	if len(body) <= oneWrite {
+		first, rest = append(first, body...), nil
 	}
-	if err == nil {
-		_, err = c.uc.Write(body)
+	n, _, err := c.uc.WriteMsgUnix(first, oob, nil)
+	if err == nil && n < len(first) {
+		_, err = c.uc.Write(first[n:])
+	}
+	if err == nil && len(rest) > 0 {
+		_, err = c.uc.Write(rest)
 	}
 	if err != nil {
 		return fmt.Errorf("write frame: %w", err)

@@ -77,6 +77,48 @@ func TestFrameWithFiles(t *testing.T) {
 	}
 }
 
+// A small frame is one write, its descriptors with it: a reader wakes
+// once for the whole frame, not for the length prefix and then the body.
+func TestSmallFrameIsOneWrite(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fds[1])
+	f := os.NewFile(uintptr(fds[0]), "pair")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := NewConn(c.(*net.UnixConn), 1<<20)
+	defer a.Close()
+	msg := Stats{Head: NewHead(TypeStats), Device: "host", Tensors: 7}
+	body, _ := json.Marshal(msg)
+	if err := a.Send(msg, os.Stdin, os.Stdin); err != nil {
+		t.Fatal(err)
+	}
+	buf, oob := make([]byte, 1<<16), make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, _, _, err := syscall.Recvmsg(fds[1], buf, oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 4+len(body) || int(binary.BigEndian.Uint32(buf)) != len(body) || string(buf[4:n]) != string(body) {
+		t.Fatalf("one read got %d bytes %q, want the %d-byte frame", n, buf[:n], 4+len(body))
+	}
+	msgs, err := syscall.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("control messages %v, %v", msgs, err)
+	}
+	got, err := syscall.ParseUnixRights(&msgs[0])
+	if err != nil || len(got) != 2 {
+		t.Fatalf("descriptors %v, %v", got, err)
+	}
+	for _, fd := range got {
+		syscall.Close(fd)
+	}
+}
+
 func TestLargeFrame(t *testing.T) {
 	a, b := pair(t)
 	big := strings.Repeat("x", 900<<10)

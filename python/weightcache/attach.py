@@ -427,14 +427,15 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
     except _EXCHANGE_ERRORS as e:
         return None, _classify(e)
     try:
-        idx, bases, sizes, maps = map_manifest(fr)
+        idx, bases, sizes, maps = map_manifest(fr, copy=mode == "copy")
     except (OSError, ValueError, TypeError, protocol.ProtocolError, cuda.CudaError) as e:
         return None, miss(source.PROTOCOL_ERROR, e)
     if mode == "copy":
-        # Whole segments and the index, copied once; the mappings go with
-        # the originals.
+        # Host segments came read, not mapped; GPU segments and the index
+        # are copied whole here, and their mappings go with the originals.
         idx = index.Index(bytes(idx.buf))
-        bases = [b.clone() for b in bases]
+        if maps:
+            bases = [b.clone() for b in bases]
         maps = None
         try:
             conn.call(protocol.Release(), "released", timeout=connect_timeout)
@@ -445,12 +446,13 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
     return Weights(conn=conn, segments=maps, index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
 
 
-def map_manifest(fr):
+def map_manifest(fr, copy=False):
     """Map a manifest's segments (copy-on-write views of sealed host
     segments, hostmap.py, or imported GPU allocations) and its index;
-    nothing per tensor is done here. Returns (index, base tensors, segment
-    sizes, mappings). Every descriptor is closed on return (a mapping does
-    not need it)."""
+    nothing per tensor is done here. With copy, host segments are read
+    into this process's own memory instead of mapped. Returns (index, base
+    tensors, segment sizes, mappings). Every descriptor is closed on return
+    (a mapping does not need it)."""
     try:
         m = fr.reply(protocol.Manifest)
         segs = m.segments
@@ -480,6 +482,9 @@ def map_manifest(fr):
         else:
             maps, bases = [], []
             for i, (fd, s) in enumerate(zip(fds, segs)):
+                if copy:
+                    bases.append(hostmap.copy_segment(fd, s["size"], i))
+                    continue
                 mp, base = hostmap.map_segment(fd, s["size"], i)
                 maps.append(mp)
                 bases.append(base)

@@ -1,0 +1,101 @@
+"""Copy mode against a real daemon: every dtype byte for byte, zero-size and
+scalar tensors included, in memory of the engine's own that outlives the
+lease, the daemon and any write."""
+
+import ctypes
+import gc
+import json
+import os
+import random
+import signal
+import struct
+
+import pytest
+import torch
+
+from conftest import status, wait_for
+from test_attach import gone, rank_pid, raw
+from weightcache import attach, dtypes, hostmap
+
+SHAPES = {"matrix": [4, 6], "scalar": [], "empty": [0, 3], "empty_tail": [2, 0]}
+
+
+@pytest.fixture(scope="module")
+def every_dtype(tmp_path_factory):
+    """A checkpoint with each dtype this torch can view, in each shape of
+    SHAPES, plus odd byte counts that leave the next tensor unaligned in
+    the file. Returns (directory, name -> (dtype, shape, bytes))."""
+    rng = random.Random(20)
+    want = {}
+    for dt in sorted(dtypes._DTYPES):
+        try:
+            dtypes.to_torch(dt)
+        except (TypeError, ValueError):
+            continue  # torch cannot hold it: the Python client has no tensor to give
+        for kind, shape in SHAPES.items():
+            want[f"{dt}.{kind}"] = (dt, shape, rng.randbytes(dtypes.nbytes(dt, shape)))
+    want["U8.odd"] = ("U8", [3, 5], rng.randbytes(15))
+    want["I8.odd"] = ("I8", [7], rng.randbytes(7))
+    header, blobs, off = {}, [], 0
+    for name, (dt, shape, data) in want.items():
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    d = tmp_path_factory.mktemp("dtypes")
+    with open(d / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    with open(d / "config.json", "w") as f:
+        json.dump({"architectures": ["X"], "torch_dtype": "float32"}, f)
+    return str(d), want
+
+
+def daemon_maps():
+    """/proc/self/maps lines of the daemon's memfds (segments and index)."""
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "weightcache" in line]
+
+
+@pytest.mark.parametrize("chunk", [hostmap._CHUNK, 4096], ids=["one read", "threads"])
+def test_copy_mode_every_dtype_byte_for_byte(every_dtype, daemon, sock_dir, wc_bin, monkeypatch, chunk):
+    model, want = every_dtype
+    monkeypatch.setattr(hostmap, "_CHUNK", chunk)
+    monkeypatch.setattr(hostmap, "_THREADS", 3)
+    daemon(model)
+    gc.collect()
+    before = daemon_maps()
+    w, info = attach(model, socket_dir=sock_dir, mode="copy", fallback=False)
+    assert info.hit, info
+    assert sorted(w) == sorted(want)
+    for name, (dt, shape, data) in want.items():
+        t = w[name]
+        assert t.dtype == dtypes.to_torch(dt) and list(t.shape) == shape, name
+        assert raw(t) == data, name
+    gc.collect()
+    assert daemon_maps() == before, "copy mode left a mapping of the daemon's memory"
+    st = status(wc_bin, sock_dir)[0]
+    assert st["leases"] == 0 and st["releases"] == 1
+
+
+def test_copies_outlive_writes_and_the_daemon(every_dtype, daemon, sock_dir, wc_bin):
+    model, want = every_dtype
+    daemon(model)
+    w, info = attach(model, socket_dir=sock_dir, mode="copy", fallback=False)
+    assert info.hit, info
+    copies = dict(w)
+    del w
+    for t in copies.values():
+        ctypes.memset(t.data_ptr(), 0xA5, t.numel() * t.element_size())
+    # The writes stayed ours: the daemon still serves the files' bytes.
+    other, info = attach(model, socket_dir=sock_dir, fallback=False)
+    assert info.hit and all(raw(other[n]) == data for n, (_, _, data) in want.items())
+    other.close()
+    del other
+    pid = rank_pid(wc_bin, sock_dir)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: gone(pid))
+    for name, t in copies.items():
+        assert raw(t) == b"\xa5" * len(want[name][2]), name
+        t.zero_()
+        assert raw(t) == bytes(len(want[name][2])), name
