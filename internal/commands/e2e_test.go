@@ -22,6 +22,11 @@ import (
 // tests run real processes without a separate build.
 func TestMain(m *testing.M) {
 	if os.Getenv("WEIGHTCACHE_TEST_MAIN") == "1" {
+		// As -ldflags -X sets it in a release build: a handover between
+		// two versions runs this binary twice under two names.
+		if v := os.Getenv("WEIGHTCACHE_TEST_VERSION"); v != "" {
+			version = v
+		}
 		os.Exit(Main(os.Args[1:]))
 	}
 	// preload --devices defaults to every visible GPU: hide real GPUs so

@@ -37,8 +37,9 @@ import (
 //
 // Versions: the successor lists the handover versions it speaks and the
 // predecessor answers in the highest both know, so a newer binary adopts
-// from the previous release's. One it does not know is refused, naming
-// both lists; the successor then loads afresh.
+// from the previous release's. With none in common the segments are
+// refused, naming both lists (version 0): the successor loads afresh, and
+// takes the sockets with the steps that every version keeps.
 const (
 	handoverVersion = 1
 
@@ -267,9 +268,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (handoverOffer, string)
 			version = max(version, v)
 		}
 	}
-	if version == 0 {
-		return handoverOffer{}, fmt.Sprintf("handover versions %v unknown: this preload (%s, pid %d) speaks %v", h.Versions, l.cfg.Version, os.Getpid(), handoverVersions)
-	}
+
 	if !l.started.Load() || l.stopping.Load() {
 		return handoverOffer{}, fmt.Sprintf("preload pid %d is not serving (starting or stopping)", os.Getpid())
 	}
@@ -278,6 +277,12 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (handoverOffer, string)
 		return handoverOffer{}, fmt.Sprintf("preload pid %d serves %s; the successor asks for %s", os.Getpid(), describeRanks(mine), describeRanks(h.Ranks))
 	}
 	adopt, reason := true, ""
+	if version == 0 {
+		// The rest of the exchange (take, sockets, leases, done) is the
+		// same in every version: the successor loads afresh and still
+		// takes the sockets over.
+		adopt, reason = false, fmt.Sprintf("handover versions %v unknown: the predecessor (%s, pid %d) speaks %v", h.Versions, l.cfg.Version, os.Getpid(), handoverVersions)
+	}
 	for i, m := range mine {
 		refuse, stale := fits(m, procs[i].cache, h.Ranks[i], h.Identity[m.Group])
 		if refuse != "" {

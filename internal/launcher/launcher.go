@@ -128,7 +128,7 @@ func (l *launcher) prepare() error {
 		return err
 	}
 	if l.cfg.Takeover && l.store.adopted == nil {
-		pr, none, err := l.contact(l.wantRanks())
+		pr, none, err := l.findPredecessor()
 		if err != nil {
 			return err
 		}

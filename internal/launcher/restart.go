@@ -39,6 +39,8 @@ type RankRestarted struct {
 // restartable reports whether p's slot gets a replacement: every rank
 // that holds its socket, until it has failed too often.
 func (l *launcher) restartable(p *proc) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return p.sock != nil && p.failures < maxFailures
 }
 
@@ -48,35 +50,42 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 	defer l.restarts.Done()
 	begin := time.Now()
 	reason := old.exitError().Error()
-	if old.failures > 0 && isGPU(old.Device) && old.cache != nil {
+	old.mu.Lock()
+	failures := old.failures
+	old.mu.Unlock()
+	if failures > 0 && isGPU(old.Device) && old.cache != nil {
 		// The replacement could not import what the launcher kept: a
 		// GPU allocation does not outlive its last importer on every
 		// driver (scripts/gpu-check.sh reports it). Read it again.
 		old.cache.close()
 		old.cache = nil
 	}
-	if old.failures > 0 {
+	if failures > 0 {
 		select {
-		case <-time.After(restartBackoff << (old.failures - 1)):
+		case <-time.After(restartBackoff << (failures - 1)):
 		case <-ctx.Done():
 			return
 		}
 	}
 	l.log.Warn("rank died; restarting it on the same socket with the same segments", "rank", old.String(), "pid", old.pid, "reason", reason)
-	p, reloaded, err := l.replace(ctx, old)
+	p, reloaded, err := l.replace(ctx, old, failures)
 	if err != nil {
-		l.log.Error("rank restart failed", "rank", old.String(), "err", err, "failures", old.failures+1)
+		l.log.Error("rank restart failed", "rank", old.String(), "err", err, "failures", failures+1)
 		if p == nil {
 			// Nothing was started: report the old one dead again, with
 			// one more failure, so that the loop tries again or gives up.
-			old.failures++
+			old.mu.Lock()
+			old.failures = failures + 1
+			old.mu.Unlock()
 			l.exited <- old
 		}
 		// A replacement that started and failed exits, and its exit
 		// comes back to the loop carrying its failures.
 		return
 	}
+	p.mu.Lock()
 	p.failures = 0
+	p.mu.Unlock()
 	ev := RankRestarted{Event: "rank_restarted", Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank,
 		OldPID: old.pid, NewPID: p.pid, Reason: reason, Seconds: time.Since(begin).Seconds(), Restarts: p.restarts, Reloaded: reloaded}
 	l.event(ev)
@@ -85,12 +94,12 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 
 // replace starts old's successor in its slot and brings it to ready. The
 // returned proc is nil when none could be started.
-func (l *launcher) replace(ctx context.Context, old *proc) (*proc, bool, error) {
+func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc, bool, error) {
 	p, err := spawn(l.exe, old.Rank, old.spec, l.cfg.Stderr, old.sock)
 	if err != nil {
 		return nil, false, err
 	}
-	p.cache, p.restarts, p.failures = old.cache, old.restarts+1, old.failures+1
+	p.cache, p.restarts, p.failures = old.cache, old.restarts+1, failures+1
 	p.setState(StateRestarting)
 	l.pmu.Lock()
 	for i, q := range l.procs {

@@ -33,6 +33,33 @@ const (
 	SourceFDStore    = "fdstore"
 )
 
+// findPredecessor contacts the preload to take over. With none there it
+// takes the control socket itself, unless another process holds it: a
+// preload that took over a moment ago and does not listen yet. It asks
+// that one, within the handover timeout.
+func (l *launcher) findPredecessor() (*predecessor, string, error) {
+	deadline := time.Now().Add(handoverTimeout)
+	for {
+		pr, none, err := l.contact(l.wantRanks())
+		if err != nil || pr != nil {
+			return pr, none, err
+		}
+		path, err := handoverPath(l.cfg.SocketDir, l.ranks[0].Device)
+		if err != nil {
+			return nil, "", err
+		}
+		s, err := daemon.TakeSocket(path)
+		if err == nil {
+			l.ctlSock = s
+			return nil, none, nil
+		}
+		if !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+			return nil, "", fmt.Errorf("--takeover: control socket: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // contact finds the preload to take over and asks for its cache. With no
 // preload there, it returns nil and says so; a refusal (another model,
 // other devices, a takeover in flight) is an error, leaving that preload
@@ -58,11 +85,13 @@ func (l *launcher) contact(procs []handoverRank) (*predecessor, string, error) {
 	for _, g := range l.cfg.Groups {
 		h.Identity[g.Name] = g.Checkpoint.Identity
 	}
-	if err := conn.Send(h); err != nil {
-		_ = conn.Close()
-		return nil, "", fmt.Errorf("--takeover: %s: %w", path, err)
-	}
+	// A predecessor that refuses at once (another takeover in flight) may
+	// close before the hello is written: its reason is still queued.
+	serr := conn.Send(h)
 	fr, err := conn.Recv()
+	if err != nil && serr != nil {
+		err = serr
+	}
 	if err != nil {
 		_ = conn.Close()
 		return nil, "", fmt.Errorf("--takeover: %s: no offer: %w", path, err)

@@ -1,0 +1,305 @@
+package commands
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"hash/crc32"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
+
+// sameAsDisk checks that every tensor w serves is byte for byte the one on
+// disk (a fallback load from a directory with no daemon).
+func sameAsDisk(t *testing.T, w *client.Weights, model string) {
+	t.Helper()
+	disk, err := client.Attach(context.Background(), model, client.WithSocketDir(sockDir(t)))
+	if err != nil || disk.Source.Hit {
+		t.Fatalf("disk load: %v", err)
+	}
+	defer disk.Close()
+	want, err := disk.Tensors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range want {
+		got, err := w.Get(d.Name)
+		if err != nil || !bytes.Equal(got.Data, d.Data) {
+			t.Fatalf("tensor %s differs from the file (%v)", d.Name, err)
+		}
+	}
+}
+
+// intact checks every tensor of w against the CRC-32C the daemon took when
+// it loaded it.
+func intact(t *testing.T, w *client.Weights) {
+	t.Helper()
+	ts, err := w.Tensors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ts {
+		if crc32.Checksum(x.Data, checkpoint.Castagnoli) != x.CRC32C {
+			t.Fatalf("tensor %s does not match its CRC-32C", x.Name)
+		}
+	}
+}
+
+// A rank daemon killed 50 times in a row while engines attach in a loop is
+// replaced each time on its socket with its segments: no attach misses
+// (a connect in the gap waits in the backlog, a handshake cut short is
+// tried again), nothing is read again, and the bytes are the file's.
+func TestRankKilledFiftyTimes(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	port := freePort(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--weight-cache-health-port", port)
+	pid := int(p.ready["pid"].(float64))
+	rank := int(readyRanks(t, p)[0]["pid"].(float64))
+
+	stop := make(chan struct{})
+	var hits, misses atomic.Int64
+	var firstMiss atomic.Value
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false), client.WithConnectTimeout(10*time.Second))
+				if err != nil {
+					misses.Add(1)
+					firstMiss.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				hits.Add(1)
+				_ = w.Close()
+			}
+		}()
+	}
+	for i := range 50 {
+		if err := syscall.Kill(rank, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		ev := p.event(t, "rank_restarted")
+		if int(ev["old_pid"].(float64)) != rank || int(ev["restarts"].(float64)) != i+1 {
+			t.Fatalf("kill %d: restart event %v", i+1, ev)
+		}
+		rank = int(ev["new_pid"].(float64))
+		// Let the engines attach to this one before it dies too.
+		before := hits.Load()
+		waitFor(t, "an attach to the replacement", func() bool { return hits.Load() > before })
+	}
+	close(stop)
+	wg.Wait()
+	if n := misses.Load(); n != 0 {
+		t.Fatalf("%d attaches missed over 50 restarts (%d hit); the first: %v", n, hits.Load(), firstMiss.Load())
+	}
+	fams := scrape(t, "127.0.0.1:"+port)
+	if v := value(t, fams, "weightcache_checkpoint_read_bytes_total", nil); v != float64(dataBytes(t, model)) {
+		t.Fatalf("the launcher read %v checkpoint bytes over 50 restarts, want one checkpoint's %d", v, dataBytes(t, model))
+	}
+	if v := value(t, fams, "weightcache_rank_restarts_total", map[string]string{"device": "host"}); v != 50 {
+		t.Fatalf("restarts counted: %v, want 50", v)
+	}
+	w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameAsDisk(t, w, model)
+	w.Close()
+	t.Logf("50 restarts, %d hits, launcher pid %d", hits.Load(), pid)
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+	noSockets(t, dir)
+}
+
+// versionedPreload starts a preload that calls itself version v, as a
+// binary built at that version does.
+func versionedPreload(t *testing.T, v string, args ...string) *preloadProc {
+	t.Helper()
+	t.Setenv("WEIGHTCACHE_TEST_VERSION", v)
+	return startPreloadProc(t, true, args...)
+}
+
+// holdLeases attaches n engines across the ranks of groups on devices and
+// keeps them; each is zero_copy, so each holds a lease.
+func holdLeases(t *testing.T, dir string, n int, models map[string]string, tp int) []*client.Weights {
+	t.Helper()
+	var out []*client.Weights
+	groups := []string{"main", "draft"}
+	for i := 0; len(out) < n; i++ {
+		g := groups[i%len(groups)]
+		m, ok := models[g]
+		if !ok {
+			g, m = "main", models["main"]
+		}
+		r := (i / len(groups)) % tp
+		w, err := client.Attach(context.Background(), m, client.WithSocketDir(dir), client.WithGroup(g), client.WithParallel(tp, r, 1, 0),
+			client.WithDevice(fmt.Sprintf("host:%d", r)), client.WithFallback(false))
+		if err != nil {
+			t.Fatalf("engine %d (group %s, rank %d): %v", i, g, r, err)
+		}
+		out = append(out, w)
+	}
+	t.Cleanup(func() {
+		for _, w := range out {
+			_ = w.Close()
+		}
+	})
+	return out
+}
+
+func leasesIn(t *testing.T, dir string) int {
+	t.Helper()
+	sts, err := client.Status(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, st := range sts {
+		n += st.Leases
+	}
+	return n
+}
+
+// --takeover from a preload that calls itself one version to one of
+// another, at TP 4 with a draft group, while 100 engines hold leases: the
+// leases move with their connections, the successor serves new engines
+// without reading the checkpoint, and the old preload exits 0.
+func TestTakeoverAcrossVersions(t *testing.T) {
+	model, draft, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
+	args := []string{"--model", model, "--draft-model", draft, "--socket-dir", dir, "--devices", "host:0,host:1,host:2,host:3",
+		"--tensor-parallel-size", "4", "--max-leases-per-process", "100"}
+	old := versionedPreload(t, "0.9.0", args...)
+	held := holdLeases(t, dir, 100, map[string]string{"main": model, "draft": draft}, 4)
+	if n := leasesIn(t, dir); n != 100 {
+		t.Fatalf("%d leases before the takeover", n)
+	}
+
+	next := versionedPreload(t, "1.0.0", append(args, "--takeover")...)
+	r := next.ready
+	if r["source"] != "takeover" || r["source_version"] != "weightcache 0.9.0" || r["read_bytes"].(float64) != 0 ||
+		int(r["source_pid"].(float64)) != old.cmd.Process.Pid || r["leases"].(float64) != 100 {
+		t.Fatalf("successor's ready line: %v", r)
+	}
+	if err := old.cmd.Wait(); err != nil {
+		t.Fatalf("old preload after handing over: %v\n%s", err, old.stderr)
+	}
+	if !strings.Contains(old.stderr.String(), "handed over to the successor") {
+		t.Fatalf("old preload's log: %s", old.stderr)
+	}
+	if n := leasesIn(t, dir); n != 100 {
+		t.Fatalf("%d leases on the successor, want the 100 handed over", n)
+	}
+	for _, w := range held {
+		intact(t, w)
+	}
+	for _, g := range []struct{ group, model string }{{"main", model}, {"draft", draft}} {
+		for rank := range 4 {
+			w, err := client.Attach(context.Background(), g.model, client.WithSocketDir(dir), client.WithGroup(g.group),
+				client.WithParallel(4, rank, 1, 0), client.WithDevice(fmt.Sprintf("host:%d", rank)), client.WithFallback(false))
+			if err != nil {
+				t.Fatalf("new engine on the successor, group %s rank %d: %v", g.group, rank, err)
+			}
+			if st := w.Source; !st.Hit {
+				t.Fatalf("new engine: %+v", st)
+			}
+			_ = w.Close()
+		}
+	}
+	for _, w := range held {
+		_ = w.Close()
+	}
+	waitFor(t, "the handed leases released on the successor", func() bool { return leasesIn(t, dir) == 0 })
+	if code := next.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("successor exit %d: %s", code, next.stderr)
+	}
+	noSockets(t, dir)
+}
+
+// Handovers that must not happen end with one preload serving and a
+// message that says why.
+func TestBadTakeovers(t *testing.T) {
+	model, other, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
+	old := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "host:0,host:1", "--tensor-parallel-size", "2")
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"another model", []string{"--model", other, "--devices", "host:0,host:1", "--tensor-parallel-size", "2"}, "asked for group main on host:0 from " + other},
+		{"other devices", []string{"--model", model, "--devices", "host:0"}, "serves"},
+		{"another fingerprint", []string{"--model", model, "--devices", "host:0,host:1", "--tensor-parallel-size", "2", "--dtype", "float32"}, "fingerprint field dtype"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, stderr, code := runWC(t, append([]string{"preload", "--socket-dir", dir, "--takeover"}, c.args...)...)
+			if code == 0 || !strings.Contains(stderr, "refused") || !strings.Contains(stderr, c.want) {
+				t.Fatalf("exit %d, stderr %s", code, stderr)
+			}
+			if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--tp-rank", "1", "--device", "host:1", "--fallback=false"); res.Source != "hit" {
+				t.Fatalf("the preload refused no longer serves: %+v", res)
+			}
+		})
+	}
+
+	t.Run("two successors race", func(t *testing.T) {
+		args := []string{"preload", "--model", model, "--socket-dir", dir, "--devices", "host:0,host:1", "--tensor-parallel-size", "2", "--takeover"}
+		ended := make(chan *exec.Cmd, 2)
+		logs := map[*exec.Cmd]*bytes.Buffer{}
+		for range 2 {
+			c := wc(args...)
+			logs[c] = &bytes.Buffer{}
+			c.Stderr = logs[c]
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = c.Wait(); ended <- c }()
+			t.Cleanup(func() { _ = c.Process.Kill() })
+		}
+		if err := old.cmd.Wait(); err != nil {
+			t.Fatalf("old preload: %v", err)
+		}
+		// One successor took over; the other was refused (a takeover was
+		// in flight) or took over from the first, which then exited.
+		// Either way exactly one is left, and it serves.
+		var gone *exec.Cmd
+		select {
+		case gone = <-ended:
+		case <-time.After(60 * time.Second):
+			t.Fatal("both successors still run a minute on")
+		}
+		out := logs[gone].String()
+		if code := gone.ProcessState.ExitCode(); !(code == 0 && strings.Contains(out, "handed over to the successor")) && !(code != 0 && strings.Contains(out, "refused")) {
+			t.Fatalf("the successor that ended (exit %d) says neither: %s", code, out)
+		}
+		select {
+		case c := <-ended:
+			t.Fatalf("both successors ended: %s\n%s", logs[gone], logs[c])
+		case <-time.After(500 * time.Millisecond):
+		}
+		if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--tp-rank", "0", "--device", "host:0", "--fallback=false"); res.Source != "hit" {
+			t.Fatalf("after the race: %+v", res)
+		}
+		for c := range logs {
+			if c != gone {
+				_ = c.Process.Signal(syscall.SIGTERM)
+				<-ended
+			}
+		}
+		noSockets(t, dir)
+	})
+}
