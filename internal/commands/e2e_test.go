@@ -87,7 +87,20 @@ type preloadProc struct {
 // ready line is out.
 func startPreloadProc(t testing.TB, wait bool, args ...string) *preloadProc {
 	t.Helper()
+	return startPreloadWith(t, wait, nil, args...)
+}
+
+// startPreloadProcFiles starts a preload with files from fd 3 on, as
+// systemd passes stored descriptors, and waits for its ready line.
+func startPreloadProcFiles(t testing.TB, files []*os.File, args ...string) *preloadProc {
+	t.Helper()
+	return startPreloadWith(t, true, files, args...)
+}
+
+func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string) *preloadProc {
+	t.Helper()
 	cmd := wc(append([]string{"preload"}, args...)...)
+	cmd.ExtraFiles = files
 	p := &preloadProc{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 16)}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()

@@ -5,7 +5,10 @@ import (
 	"context"
 	"fmt"
 	"hash/crc32"
+	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +17,10 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"golang.org/x/sys/unix"
+
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // sameAsDisk checks that every tensor w serves is byte for byte the one on
@@ -302,4 +308,308 @@ func TestBadTakeovers(t *testing.T) {
 		}
 		noSockets(t, dir)
 	})
+}
+
+// fakeStore is systemd's fd store as preload sees it: a NOTIFY_SOCKET
+// that keeps the descriptors sent with FDSTORE=1 by FDNAME= and lets go
+// of those named by FDSTOREREMOVE=1.
+type fakeStore struct {
+	path    string
+	mu      sync.Mutex
+	files   map[string]*os.File
+	removed []string
+}
+
+func newFakeStore(t *testing.T) *fakeStore {
+	t.Helper()
+	s := &fakeStore{path: filepath.Join(sockDir(t), "notify"), files: map[string]*os.File{}}
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: s.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, f := range s.files {
+			f.Close()
+		}
+	})
+	go func() {
+		buf, oob := make([]byte, 4096), make([]byte, syscall.CmsgSpace(4*16))
+		for {
+			n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+			if err != nil {
+				return
+			}
+			var fds []int
+			if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, m := range msgs {
+					if got, err := syscall.ParseUnixRights(&m); err == nil {
+						fds = append(fds, got...)
+					}
+				}
+			}
+			vars := map[string]string{}
+			for _, kv := range strings.Split(string(buf[:n]), "\n") {
+				k, v, _ := strings.Cut(kv, "=")
+				vars[k] = v
+			}
+			s.mu.Lock()
+			switch {
+			case vars["FDSTORE"] == "1" && len(fds) == 1:
+				if old, ok := s.files[vars["FDNAME"]]; ok {
+					old.Close()
+				}
+				s.files[vars["FDNAME"]] = os.NewFile(uintptr(fds[0]), vars["FDNAME"])
+			case vars["FDSTOREREMOVE"] == "1":
+				if f, ok := s.files[vars["FDNAME"]]; ok {
+					f.Close()
+					delete(s.files, vars["FDNAME"])
+				}
+				s.removed = append(s.removed, vars["FDNAME"])
+			default:
+				for _, fd := range fds {
+					syscall.Close(fd)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+func (s *fakeStore) has(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.files[name]
+	return ok
+}
+
+// restart starts preload as systemd restarts a service with a store: the
+// stored descriptors from fd 3 on, named in LISTEN_FDNAMES.
+func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
+	t.Helper()
+	s.mu.Lock()
+	var names []string
+	var files []*os.File
+	for n, f := range s.files {
+		// A copy: the store may replace its own while preload starts.
+		fd, err := syscall.Dup(int(f.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+		files = append(files, os.NewFile(uintptr(fd), n))
+	}
+	s.mu.Unlock()
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	t.Setenv("LISTEN_FDS", fmt.Sprint(len(files)))
+	t.Setenv("LISTEN_FDNAMES", strings.Join(names, ":"))
+	return startPreloadProcFiles(t, files, args...)
+}
+
+// The fd store keeps the cache across a crash of the whole service: the
+// restarted preload serves the stored segments without reading the
+// checkpoint. After the checkpoint changed, it loads afresh, says why,
+// and takes the stale segments out of the store.
+func TestFDStoreRestart(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	store := newFakeStore(t)
+	t.Setenv("NOTIFY_SOCKET", store.path)
+	args := []string{"--model", model, "--socket-dir", dir}
+	p := startPreloadProc(t, true, args...)
+	waitFor(t, "the description stored", func() bool { return store.has("wc-meta") && store.has("wc-0-seg-0") })
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+	waitFor(t, "the crashed preload's rank gone", func() bool {
+		_, err := client.StatsOf(context.Background(), filepath.Join(dir, "main-host.sock"))
+		return err != nil
+	})
+
+	warm := store.restart(t, args...)
+	if r := warm.ready; r["source"] != "fdstore" || r["read_bytes"].(float64) != 0 {
+		t.Fatalf("restart with the stored descriptors: %v\n%s", r, warm.stderr)
+	}
+	w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+	if err != nil {
+		t.Fatalf("attach after the warm restart: %v", err)
+	}
+	sameAsDisk(t, w, model)
+	w.Close()
+	_ = warm.cmd.Process.Kill()
+	_ = warm.cmd.Wait()
+
+	// A fine-tune written over the same files: same headers, new identity.
+	shards, _ := filepath.Glob(filepath.Join(model, "*.safetensors"))
+	later := time.Now().Add(time.Minute)
+	for _, s := range shards {
+		if err := os.Chtimes(s, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the second preload's rank gone", func() bool {
+		_, err := client.StatsOf(context.Background(), filepath.Join(dir, "main-host.sock"))
+		return err != nil
+	})
+	cold := store.restart(t, args...)
+	r := cold.ready
+	if r["source"] != "checkpoint" || r["read_bytes"].(float64) == 0 || !strings.Contains(fmt.Sprint(r["reason"]), "checkpoint_changed") {
+		t.Fatalf("restart after the checkpoint changed: %v\n%s", r, cold.stderr)
+	}
+	store.mu.Lock()
+	removed := strings.Join(store.removed, ",")
+	store.mu.Unlock()
+	if !strings.Contains(removed, "wc-0-seg-0") {
+		t.Fatalf("stale segments not taken out of the store: removed %s", removed)
+	}
+	if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false", "--verify"); res.Source != "hit" {
+		t.Fatalf("attach after the cold restart: %+v", res)
+	}
+	if code := cold.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, cold.stderr)
+	}
+}
+
+// fakePredecessor answers one successor on the control socket of a
+// preload of model on device host, the way serve says, then goes away.
+func fakePredecessor(t *testing.T, dir string, serve func(conn *protocol.Conn)) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	path, err := protocol.SocketPath(dir, "handover", "host")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = strings.TrimSuffix(path, ".sock") + ".ctl"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		uc, err := ln.AcceptUnix()
+		_ = ln.Close() // gone, as a predecessor that died
+		if err != nil {
+			return
+		}
+		defer uc.Close()
+		conn := protocol.NewConn(uc, protocol.MaxReplyFrame)
+		fr, err := conn.Recv()
+		if err != nil || fr.Type != "handover_hello" {
+			return
+		}
+		serve(conn)
+	}()
+	return done
+}
+
+// memfd is a memfd of size bytes, sealed against writes when sealed.
+func memfd(t *testing.T, size int64, sealed bool) *os.File {
+	t.Helper()
+	fd, err := unix.MemfdCreate("fake", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "fake")
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if sealed {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// A predecessor that dies halfway, or hands over segments that are not
+// sealed or not of their size, is not trusted: the successor loads from
+// the checkpoint, says why, and serves.
+func TestTakeoverFromABadPredecessor(t *testing.T) {
+	model := synthModel(t, "tiny")
+	offer := func(conn *protocol.Conn, size int64) {
+		_ = conn.Send(map[string]any{"type": "handover_offer", "version": protocol.Version, "handover_version": 1, "pid": 1, "binary": "fake",
+			"adopt": true, "segments": []map[string]any{{"segments": []map[string]any{{"index": 0, "size": size}}, "tensors": 1, "data_bytes": 8, "index_size": 4096}}})
+	}
+	// Made here, not on the fake's goroutine: closed when the test ends.
+	unsealed, small, index := memfd(t, 1<<20, false), memfd(t, 4096, true), memfd(t, 4096, true)
+	segments := func(conn *protocol.Conn, files ...*os.File) {
+		_ = conn.Send(map[string]any{"type": "handover_segments", "version": protocol.Version, "rank": 0}, files...)
+	}
+	for _, c := range []struct {
+		name  string
+		serve func(conn *protocol.Conn)
+		want  string
+	}{
+		{"dies after its offer", func(conn *protocol.Conn) { offer(conn, 1<<20) }, "went away while sending segments"},
+		{"segments not sealed", func(conn *protocol.Conn) { offer(conn, 1<<20); segments(conn, unsealed, index) }, "carries seals 0x0"},
+		{"a segment of the wrong size", func(conn *protocol.Conn) { offer(conn, 1<<20); segments(conn, small, index) }, "want 1048576"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := sockDir(t)
+			served := fakePredecessor(t, dir, c.serve)
+			p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--takeover")
+			r := p.ready
+			if r["source"] != "checkpoint" || r["read_bytes"].(float64) == 0 || !strings.Contains(fmt.Sprint(r["reason"]), c.want) {
+				t.Fatalf("ready line: %v\n%s", r, p.stderr)
+			}
+			if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false", "--verify"); res.Source != "hit" {
+				t.Fatalf("attach: %+v", res)
+			}
+			p.stop(t, syscall.SIGTERM)
+			<-served
+			noSockets(t, dir)
+		})
+	}
+}
+
+// A successor that speaks only a handover version this preload does not
+// know is told so and offered no segments; the preload serves on.
+func TestTakeoverUnknownVersion(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, _ := protocol.SocketPath(dir, "main", "host")
+	ctl, _ := protocol.SocketPath(dir, "handover", "host")
+	conn, err := protocol.Dial(context.Background(), strings.TrimSuffix(ctl, ".sock")+".ctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hello := map[string]any{"type": "handover_hello", "version": protocol.Version, "versions": []int{99}, "pid": os.Getpid(), "binary": "weightcache 9.9",
+		"ranks": []map[string]any{{"group": "main", "device": "host", "model": model, "dir": ckpt.Dir, "socket": sock, "fingerprint": fp}}}
+	if err := conn.Send(hello); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := conn.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o struct {
+		Version int    `json:"handover_version"`
+		Adopt   bool   `json:"adopt"`
+		Reason  string `json:"reason"`
+	}
+	if fr.Type != "handover_offer" || fr.Decode(&o) != nil || o.Adopt || o.Version != 0 || !strings.Contains(o.Reason, "handover versions [99] unknown") || !strings.Contains(o.Reason, "speaks [1]") {
+		t.Fatalf("offer to a successor of an unknown version: %s %s", fr.Type, fr.Body)
+	}
+	conn.Close()
+	if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false"); res.Source != "hit" {
+		t.Fatalf("the preload no longer serves: %+v\n%s", res, p.stderr)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
 }

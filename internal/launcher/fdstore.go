@@ -87,7 +87,11 @@ func (l *launcher) adoptStore() error {
 		if s, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
 			l.store.sockets[r.Socket] = s
 		} else {
-			l.log.Warn("fd store: socket not adopted", "socket", r.Socket, "err", err)
+			// Removed from the directory when its rank stopped: taken
+			// afresh, and the store's copy let go.
+			l.log.Info("fd store: socket not adopted; taking it afresh", "socket", r.Socket, "err", err)
+			l.store.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "listen"), nil)
+			l.store.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "lock"), nil)
 		}
 	}
 	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
