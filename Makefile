@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale fuzz deps clean
+.PHONY: build test test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps clean
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
@@ -85,6 +85,11 @@ bench: build
 
 # Attach at 1k, 10k and 100k tensors from Go and Python; preload against cp
 # and the preload tree's private memory (TP 1 and TP 4) at each size.
+# Rank restart and --takeover to ready against a cold preload, medium preset
+# and 100,000 tensors.
+bench-outlive:
+	$(GO) test -run '^$$' -bench Outlive -benchtime 1x ./internal/commands/
+
 bench-scale: build python-deps
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/
 	$(PYTHON) python/bench_scale.py --bin $(BIN)

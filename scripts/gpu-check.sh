@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA backend's check on a real GPU (issues 5 and 10).
-# Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py).
+# Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py), and the
+# cache outliving a GPU rank and a preload (--takeover; issue 18).
 #
 # Builds weightcache, writes `synth --preset medium` (219 tensors, 1.4 GB),
 # measures plain host-to-device copies of those bytes, preloads them on one
@@ -323,6 +324,48 @@ PY
 	fi
 fi
 
+# 7a. The cache outlives the rank (issue 18). With no engine attached, the
+# launcher holds the only reference to the GPU segments: the exported VMM
+# descriptors it kept (it released its own allocation handles after the
+# load). Kill the rank: if the replacement imports those descriptors, a VMM
+# allocation survives the death of the process that imported it while only
+# an exported descriptor is held elsewhere (what systemd's fd store needs
+# for a GPU crash); if not, the launcher reloads the rank ("reloaded":true).
+RANK_PID=$(grep -o '"ranks":.*' <<<"$READY" | grep -o '"pid":[0-9]*' | head -n1 | cut -d: -f2)
+kill -KILL "$RANK_PID"
+for _ in $(seq 3000); do
+	grep -q '"event":"rank_restarted"' "$WORK/preload.out" && break
+	sleep 0.02
+done
+RESTART=$(grep '"event":"rank_restarted"' "$WORK/preload.out" | head -n1)
+check "a killed GPU rank is replaced" "$([[ -n $RESTART ]] && echo 1 || echo 0)" "${RESTART:-no rank_restarted line: $(tail -n 3 "$WORK/preload.err")}"
+RELOADED=$(field "$RESTART" reloaded)
+SURVIVES=$([[ ${RELOADED:-false} == true ]] && echo no || echo yes)
+A=$(step 120 "attach --verify after the restart" "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify) || true
+check "bytes after the GPU rank restart" "$([[ $(field "$A" verified) == true ]] && echo 1 || echo 0)" "$A"
+RESTART_LINE="$(field "$RESTART" seconds) s, reloaded ${RELOADED:-false}; VMM allocation survives its importer with only an exported descriptor held: $SURVIVES"
+
+# 7b. --takeover on the GPU: a second preload takes the segments over as
+# VMM descriptors (imported as an engine does, while the first still runs).
+"$BIN" preload --model "$MODEL" --socket-dir "$SOCK" --devices "$UUID" --takeover >"$WORK/takeover.out" 2>"$WORK/takeover.err" &
+SUCC=$!
+PIDS+=("$SUCC")
+for _ in $(seq 6000); do
+	[[ -s $WORK/takeover.out ]] && break
+	kill -0 "$SUCC" 2>/dev/null || break
+	sleep 0.02
+done
+TREADY=$(head -n1 "$WORK/takeover.out")
+check "--takeover on the GPU (source takeover, 0 bytes read)" \
+	"$([[ $(field "$TREADY" source) == takeover && $(field "$TREADY" read_bytes) == 0 ]] && echo 1 || echo 0)" "${TREADY:-$(tail -n 3 "$WORK/takeover.err")}"
+{ wait "$DAEMON" || true; } 2>/dev/null
+A=$(step 120 "attach --verify after the takeover" "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify) || true
+check "bytes after the GPU takeover" "$([[ $(field "$A" verified) == true ]] && echo 1 || echo 0)" "$A"
+TAKEOVER_LINE="$(field "$TREADY" load_seconds) s to ready, source $(field "$TREADY" source), read_bytes $(field "$TREADY" read_bytes)"
+if [[ $(field "$TREADY" source) == takeover ]]; then
+	DAEMON=$SUCC
+fi
+
 # 7. A zero_copy engine keeps its memory when the daemon dies.
 "$BIN" attach --model "$MODEL" --socket-dir "$SOCK" --device "$DEVICE" --fallback=false --json --verify --reread --hold 120s >"$WORK/engine.out" 2>"$WORK/engine.err" &
 ENGINE=$!
@@ -459,6 +502,8 @@ say "  read-only mappings:                        ${READ_ONLY:-false}"
 say "  publish into the GPU:                      $PUB_N tensors in $(calc "$PUB_S" 3) s; attach of the published layout $PUB_ATTACH_MS ms"
 say "  TP 2 on GPUs:                              $TP_LINE"
 say "  vLLM loader tier 2 restart on the GPU:     $T2_LINE"
+say "  GPU rank killed and replaced:              $RESTART_LINE"
+say "  --takeover on the GPU:                     $TAKEOVER_LINE"
 target "preload >= 70% of the pinned ceiling" "$(ge "$PRELOAD" "0.7 * $PINNED")" "$RATIO_PINNED%"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"

@@ -19,7 +19,7 @@ import (
 
 // freePorts returns n distinct loopback TCP ports nobody listens on right
 // now: all are held open until every one is picked.
-func freePorts(t *testing.T, n int) []string {
+func freePorts(t testing.TB, n int) []string {
 	t.Helper()
 	var out []string
 	for range n {
@@ -33,7 +33,7 @@ func freePorts(t *testing.T, n int) []string {
 	return out
 }
 
-func freePort(t *testing.T) string { return freePorts(t, 1)[0] }
+func freePort(t testing.TB) string { return freePorts(t, 1)[0] }
 
 // dataBytes is the tensor data in a checkpoint's files: their sizes less
 // their headers, from the files themselves.
