@@ -613,3 +613,25 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 		t.Fatalf("preload exit %d: %s", code, p.stderr)
 	}
 }
+
+// A rank stopped by someone else's SIGTERM drains and removes its socket,
+// as a daemon does; its launcher replaces it on a fresh socket at the same
+// path, with the same segments.
+func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	rank := int(readyRanks(t, p)[0]["pid"].(float64))
+	if err := syscall.Kill(rank, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if ev := p.event(t, "rank_restarted"); int(ev["old_pid"].(float64)) != rank || ev["reloaded"] == true {
+		t.Fatalf("restart event: %v", ev)
+	}
+	if res, _ := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false", "--verify"); res.Source != "hit" {
+		t.Fatalf("after the restart: %+v", res)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+	noSockets(t, dir)
+}

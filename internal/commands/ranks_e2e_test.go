@@ -142,11 +142,11 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 		t.Fatalf("restarted rank: %+v", res)
 	}
 
-	// A rank that cannot come back (its socket removed from under it)
-	// fails its restarts, backs off, and is reported dead; the other
-	// serves on.
+	// A rank that cannot come back (its socket directory opened to the
+	// group, which daemons refuse) fails its restarts, backs off, and is
+	// reported dead; the other serves on.
 	pid = int(ev["new_pid"].(float64))
-	if err := os.Remove(filepath.Join(dir, "main-host_1.sock")); err != nil {
+	if err := os.Chmod(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
@@ -167,6 +167,9 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 	}
 	if err := json.Unmarshal(body, &h); err != nil || h.Ready || h.Ranks[1].State != "exited" || h.Ranks[1].ExitCode == nil || h.Ranks[0].State != "ready" {
 		t.Fatalf("/health after a rank died for good: %s (%v)", body, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
 	}
 	if res, _ := attachJSON(t, tp(0, "host:0")...); res.Source != "hit" {
 		t.Fatalf("surviving rank: %+v", res)

@@ -105,6 +105,10 @@ type RankSpec struct {
 	Settings
 	// Plan is what the sharding plan replicates, for status.
 	Plan *protocol.PlanReport `json:"plan,omitempty"`
+	// ControlSocket, for the launcher's first rank, is the launcher's
+	// control socket (handover), which that rank removes if the launcher
+	// dies without removing it.
+	ControlSocket string `json:"control_socket,omitempty"`
 }
 
 // RankListening tells the launcher that the rank holds its socket.

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
@@ -53,12 +55,21 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	}
 	frames := make(chan *protocol.Frame)
 	gone := make(chan error, 1)
+	// keep: the launcher asked this rank to leave its socket in place
+	// (it stops its ranks itself, or hands the socket to a successor).
+	var keep atomic.Bool
 	go func() {
 		for {
 			fr, err := ctl.Recv()
 			if err != nil {
+				// The launcher is exiting: nobody else will remove the socket.
+				keep.Store(false)
 				gone <- err
 				return
+			}
+			if fr.Type == TypeRankKeep {
+				keep.Store(true)
+				continue
 			}
 			if fr.Type == TypeRankProgress {
 				var pr RankProgress
@@ -99,14 +110,14 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		}
 	}
 	if err != nil {
-		keepIfLauncher(d, launcher)
+		keepIfAsked(d, &keep, spec)
 		d.Shutdown(context.Background())
 		return err
 	}
 	if handed, err := serveReady(ctx, d, ctl, frames, gone, log); handed || err != nil {
 		return err
 	}
-	keepIfLauncher(d, launcher)
+	keepIfAsked(d, &keep, spec)
 	if n := d.Leases(); n > 0 {
 		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", spec.DrainTimeout)
 	}
@@ -181,9 +192,6 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 				} else {
 					log.Info("adopted leases from the predecessor", "leases", len(m.Leases))
 				}
-			case TypeRankKeep:
-				fr.CloseFiles()
-				d.KeepSocket()
 			case TypeRankHandover:
 				var m RankHandover
 				err := fr.Decode(&m)
@@ -295,12 +303,41 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 	return nil
 }
 
-// keepIfLauncher leaves the socket to the launcher while it lives: it
-// holds a copy, restarts a rank that stops on it, and removes it once
-// every rank has stopped. A rank whose launcher died removes it itself.
-func keepIfLauncher(d *Daemon, launcher int) {
-	if getppid() == launcher {
+// keepIfAsked leaves the socket in place when the launcher asked (it
+// removes it once every rank has stopped, or a successor serves it);
+// otherwise the rank was stopped by someone else or its launcher died,
+// and it removes the socket itself: a launcher that lives takes a fresh
+// one for the rank's replacement. The launcher's first rank also removes
+// the launcher's control socket, unless a live process holds it.
+func keepIfAsked(d *Daemon, keep *atomic.Bool, spec RankSpec) {
+	if keep.Load() {
 		d.KeepSocket()
+		return
+	}
+	if spec.ControlSocket != "" {
+		RemoveUnheld(spec.ControlSocket)
+	}
+}
+
+// RemoveUnheld removes a socket and its lock file left by a process that
+// is gone: only if nobody holds the lock. A dying launcher's threads can
+// deliver Pdeathsig before its descriptors close, so a held lock is
+// tried again for up to a second; a successor holds it for good.
+func RemoveUnheld(path string) {
+	f, err := openNoFollow(path+".lock", os.O_RDWR)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	for try := 0; syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil; try++ {
+		if try == 50 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if sameFile(f, path+".lock") {
+		_ = os.Remove(path)
+		_ = os.Remove(path + ".lock")
 	}
 }
 

@@ -251,14 +251,16 @@ func dupListener(l *net.UnixListener) (*os.File, error) {
 // closes them when it refuses them.
 func SocketFromFiles(path string, ln, lock *os.File) (*Socket, error) {
 	s := &Socket{Path: path, Listener: ln, Lock: lock}
-	if err := s.check(); err != nil {
+	if err := s.Check(); err != nil {
 		s.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Socket) check() error {
+// Check says whether s is still the socket at its path: a listening unix
+// socket bound there, its lock the file beside it.
+func (s *Socket) Check() error {
 	if s.Listener == nil || s.Lock == nil {
 		return fmt.Errorf("socket %s: listener or lock descriptor missing", s.Path)
 	}

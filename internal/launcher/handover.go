@@ -129,6 +129,10 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var busy sync.Mutex
+	// The launcher lets go of what handovers read (caches, sockets) only
+	// once none runs: each ends when ctx does.
+	var running sync.WaitGroup
+	defer running.Wait()
 	for {
 		uc, err := ln.AcceptUnix()
 		if err != nil {
@@ -138,7 +142,10 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		running.Add(1)
 		go func() {
+			defer running.Done()
+			defer context.AfterFunc(ctx, func() { _ = uc.Close() })()
 			defer uc.Close()
 			conn := protocol.NewConn(uc, protocol.MaxReplyFrame)
 			if uid, _, err := peerUID(uc); err != nil || uid != os.Geteuid() {

@@ -324,11 +324,15 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	if err != nil {
 		return daemon.RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
 	}
-	return daemon.RankSpec{
+	spec := daemon.RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: fp, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
 		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
-	}, nil
+	}
+	if gi == 0 && r.Local == 0 {
+		spec.ControlSocket, _ = handoverPath(l.cfg.SocketDir, r.Device)
+	}
+	return spec, nil
 }
 
 // takeSocket takes a rank's socket for the launcher's lifetime.
@@ -373,6 +377,8 @@ func (l *launcher) stopAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// The launcher removes the sockets once every rank has stopped.
+			p.keepSocket()
 			p.terminate(l.cfg.DrainTimeout + 10*time.Second)
 		}()
 	}

@@ -95,7 +95,20 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 // replace starts old's successor in its slot and brings it to ready. The
 // returned proc is nil when none could be started.
 func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc, bool, error) {
-	p, err := spawn(l.exe, old.Rank, old.spec, l.cfg.Stderr, old.sock)
+	sock := old.sock
+	if err := sock.Check(); err != nil {
+		// The rank removed it (stopped by someone else's SIGTERM): the
+		// replacement serves a fresh one at the same path.
+		l.log.Info("rank's socket is gone; taking it afresh", "rank", old.String(), "err", err)
+		fresh, err := takeSocket(old.spec)
+		if err != nil {
+			return nil, false, err
+		}
+		sock.Close()
+		sock = fresh
+		old.sock = fresh
+	}
+	p, err := spawn(l.exe, old.Rank, old.spec, l.cfg.Stderr, sock)
 	if err != nil {
 		return nil, false, err
 	}
