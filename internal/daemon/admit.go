@@ -45,8 +45,13 @@ func (d *Daemon) evictIdleLocked() bool {
 func (d *Daemon) setIdle(s *session, idle bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.idleSince = time.Time{}
-	if idle {
+	// A connection idle since it was admitted keeps its admission time:
+	// its goroutine may start after a younger one's, and the oldest must
+	// still go first.
+	switch {
+	case !idle:
+		s.idleSince = time.Time{}
+	case s.idleSince.IsZero():
 		s.idleSince = time.Now()
 	}
 	s.holding = s.leased || s.writer
