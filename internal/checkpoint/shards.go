@@ -189,7 +189,11 @@ func checkIndex(idxPath string, weightMap map[string]string, shards []Shard) err
 
 // checkDisjoint refuses a tensor name that appears in two shards.
 func checkDisjoint(shards []Shard) error {
-	owner := map[string]string{}
+	n := 0
+	for _, s := range shards {
+		n += len(s.Header.Tensors)
+	}
+	owner := make(map[string]string, n)
 	for _, s := range shards {
 		for _, t := range s.Header.Tensors {
 			if prev, dup := owner[t.Name]; dup {

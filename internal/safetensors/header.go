@@ -131,9 +131,11 @@ func ParseHeader(raw []byte, dataSize int64) (*Header, error) {
 	}
 	h.Raw = raw
 	h.DataStart = 8 + int64(len(raw))
-	h.byName = make(map[string]int, len(h.Tensors))
-	for i, t := range h.Tensors {
-		h.byName[t.Name] = i
+	if h.byName == nil {
+		h.byName = make(map[string]int, len(h.Tensors))
+		for i, t := range h.Tensors {
+			h.byName[t.Name] = i
+		}
 	}
 	return h, nil
 }

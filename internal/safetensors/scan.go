@@ -1,6 +1,9 @@
 package safetensors
 
-import "math"
+import (
+	"bytes"
+	"math"
+)
 
 // scanHeader reads the plain form every writer produces, byte by byte:
 // entries of exactly "dtype", "shape" and "data_offsets", names and
@@ -15,8 +18,12 @@ func scanHeader(raw []byte) (*Header, bool) {
 	if !s.byte('{') {
 		return nil, false
 	}
-	h := &Header{}
-	seen := map[string]struct{}{}
+	// Sized up front: growing a map and a slice of 100,000 entries step
+	// by step costs more than the scan itself.
+	n := bytes.Count(raw, []byte(`"data_offsets"`))
+	h := &Header{Tensors: make([]Tensor, 0, n), byName: make(map[string]int, n)}
+	s.slab = make([]int64, 0, 5*n) // a shape of about three dims, two offsets
+	sawMeta := false
 	if !s.peek('}') {
 		for {
 			name, ok := s.str()
@@ -24,11 +31,12 @@ func scanHeader(raw []byte) (*Header, bool) {
 				return nil, false
 			}
 			key := string(name)
-			if _, dup := seen[key]; dup {
+			_, dup := h.byName[key]
+			if dup || (key == metadataKey && sawMeta) {
 				return nil, false
 			}
-			seen[key] = struct{}{}
 			if key == metadataKey {
+				sawMeta = true
 				if h.Metadata, ok = s.metadata(); !ok {
 					return nil, false
 				}
@@ -37,6 +45,7 @@ func scanHeader(raw []byte) (*Header, bool) {
 				if !ok {
 					return nil, false
 				}
+				h.byName[key] = len(h.Tensors)
 				h.Tensors = append(h.Tensors, t)
 			}
 			if s.byte(',') {
@@ -53,8 +62,9 @@ func scanHeader(raw []byte) (*Header, bool) {
 }
 
 type scanner struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	slab []int64 // every entry's dims and offsets, one allocation
 }
 
 func (s *scanner) ws() {
@@ -129,20 +139,22 @@ func (s *scanner) ints() ([]int64, bool) {
 	if !s.byte('[') {
 		return nil, false
 	}
-	out := []int64{}
+	start := len(s.slab)
+	// Capped, so that a later append never writes into this one.
+	out := func() []int64 { return s.slab[start:len(s.slab):len(s.slab)] }
 	if s.byte(']') {
-		return out, true
+		return []int64{}, true
 	}
 	for {
 		n, ok := s.uint()
 		if !ok {
 			return nil, false
 		}
-		out = append(out, n)
+		s.slab = append(s.slab, n)
 		if s.byte(',') {
 			continue
 		}
-		return out, s.byte(']')
+		return out(), s.byte(']')
 	}
 }
 
