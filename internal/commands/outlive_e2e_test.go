@@ -635,3 +635,57 @@ func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
 	}
 	noSockets(t, dir)
 }
+
+// A checkpoint changed on disk since the running preload loaded it is not
+// adopted: the successor loads it afresh, says why, and takes only the
+// sockets; an engine leased on the old bytes keeps them until it lets go,
+// and the old preload exits 0 once it has.
+func TestTakeoverOfAChangedCheckpointLoadsAfresh(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	args := []string{"--model", model, "--socket-dir", dir, "--drain-timeout", "30s"}
+	old := startPreloadProc(t, true, args...)
+	held, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shards, _ := filepath.Glob(filepath.Join(model, "*.safetensors"))
+	later := time.Now().Add(time.Minute)
+	for _, s := range shards {
+		if err := os.Chtimes(s, later, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := startPreloadProc(t, true, append(args, "--takeover")...)
+	r := next.ready
+	if r["source"] != "checkpoint" || r["read_bytes"].(float64) == 0 || !strings.Contains(fmt.Sprint(r["reason"]), "checkpoint_changed") {
+		t.Fatalf("successor's ready line: %v", r)
+	}
+	// New engines reach the successor's fresh load.
+	w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+	if err != nil {
+		t.Fatalf("engine after the takeover: %v", err)
+	}
+	sameAsDisk(t, w, model)
+	w.Close()
+	intact(t, held) // the old bytes, still mapped, still whole
+	exited := make(chan error, 1)
+	go func() { exited <- old.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("old preload exited while an engine held a lease on it: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	held.Close()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("old preload: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("old preload still running after its last lease ended")
+	}
+	if code := next.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("successor exit %d: %s", code, next.stderr)
+	}
+	noSockets(t, dir)
+}
