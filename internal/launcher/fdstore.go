@@ -240,7 +240,13 @@ func (s *fdStore) send(msg string, f *os.File) error {
 	if addr[0] == '@' {
 		addr = "\x00" + addr[1:]
 	}
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	// Close-on-exec before any fork can see it: ranks may be starting.
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return err
 	}
