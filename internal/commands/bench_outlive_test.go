@@ -2,10 +2,6 @@ package commands
 
 import (
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -49,7 +45,7 @@ func BenchmarkOutlive(b *testing.B) {
 					restarts = append(restarts, time.Since(start))
 					rank = int(ev["new_pid"].(float64))
 				}
-				if got := metricValue(b, port, "weightcache_checkpoint_read_bytes_total"); got != read {
+				if got := value(b, scrape(b, "127.0.0.1:"+port), "weightcache_checkpoint_read_bytes_total", nil); got != read {
 					b.Fatalf("read %v checkpoint bytes after %d restarts, want the cold load's %v", got, tries, read)
 				}
 				// Each successor binds its own health port.
@@ -89,26 +85,4 @@ func met(d time.Duration) string {
 		return "met"
 	}
 	return "missed"
-}
-
-// metricValue is one unlabelled sample from the launcher's /metrics.
-func metricValue(tb testing.TB, port, name string) float64 {
-	tb.Helper()
-	resp, err := http.Get("http://127.0.0.1:" + port + "/metrics")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return f
-		}
-	}
-	tb.Fatalf("no %s in /metrics", name)
-	return 0
 }

@@ -67,7 +67,7 @@ func readyRanks(t *testing.T, p *preloadProc) []map[string]any {
 	return out
 }
 
-func httpGet(t *testing.T, url string) (int, []byte) {
+func httpGet(t testing.TB, url string) (int, []byte) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -82,7 +82,7 @@ func httpGet(t *testing.T, url string) (int, []byte) {
 }
 
 // scrape parses /metrics with the Prometheus text parser.
-func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
+func scrape(t testing.TB, addr string) map[string]*dto.MetricFamily {
 	t.Helper()
 	code, body := httpGet(t, "http://"+addr+"/metrics")
 	if code != 200 {
@@ -97,7 +97,7 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 }
 
 // value finds the sample of family name whose labels include want.
-func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+func value(t testing.TB, fams map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
 	t.Helper()
 	f, ok := fams[name]
 	if !ok {

@@ -210,7 +210,6 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 				for _, f := range files {
 					_ = f.Close()
 				}
-				d.KeepSocket()
 				d.Shutdown(context.Background())
 				if err != nil {
 					return true, fmt.Errorf("hand %d leases to the launcher: %w", len(leases), err)

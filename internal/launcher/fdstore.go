@@ -10,7 +10,6 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/daemon"
-	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // Under systemd (NOTIFY_SOCKET set), preload stores every descriptor it
@@ -46,7 +45,7 @@ func fdName(rank int, what string) string { return fmt.Sprintf("wc-%d-%s", rank,
 
 // socket is the stored socket for spec's rank, if one was adopted.
 func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
-	path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+	path, err := socketPath(spec)
 	if err != nil {
 		return nil
 	}
@@ -71,7 +70,7 @@ func (l *launcher) adoptStore() error {
 		return nil
 	}
 	delete(files, fdMetaName)
-	want := l.wantRanks()
+	want := l.handoverRanks()
 	take := func(name string) *os.File {
 		f := files[name]
 		delete(files, name)
@@ -90,8 +89,8 @@ func (l *launcher) adoptStore() error {
 			// Removed from the directory when its rank stopped: taken
 			// afresh, and the store's copy let go.
 			l.log.Info("fd store: socket not adopted; taking it afresh", "socket", r.Socket, "err", err)
-			l.store.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "listen"), nil)
-			l.store.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "lock"), nil)
+			l.store.drop(fdName(i, "listen"))
+			l.store.drop(fdName(i, "lock"))
 		}
 	}
 	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
@@ -217,17 +216,20 @@ func readMeta(f *os.File) (fdMeta, error) {
 // forget closes descriptors nobody uses and takes them out of the store.
 func (s *fdStore) forget(files map[string]*os.File) {
 	for name, f := range files {
-		s.send("FDSTOREREMOVE=1\nFDNAME="+name, nil)
+		s.drop(name)
 		_ = f.Close()
 	}
 }
 
 func (s *fdStore) remove(rank int, c *cache) {
 	for k := range c.msg.Segments {
-		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(rank, "seg-"+strconv.Itoa(k)), nil)
+		s.drop(fdName(rank, "seg-"+strconv.Itoa(k)))
 	}
-	s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(rank, "index"), nil)
+	s.drop(fdName(rank, "index"))
 }
+
+// drop takes the descriptors named name out of the store.
+func (s *fdStore) drop(name string) { _ = s.send("FDSTOREREMOVE=1\nFDNAME="+name, nil) }
 
 // send is one sd_notify datagram, with f attached when not nil. Go's
 // net refuses ancillary data on a connected datagram socket, so it is
@@ -271,7 +273,7 @@ func (l *launcher) storeFDs() {
 		return
 	}
 	procs := l.procsSnapshot()
-	meta := fdMeta{Version: handoverVersion, Binary: l.cfg.Version, Ranks: l.handoverRanks(procs)}
+	meta := fdMeta{Version: handoverVersion, Binary: l.cfg.Version, Ranks: l.handoverRanks()}
 	put := func(name string, f *os.File) bool {
 		if err := s.send("FDSTORE=1\nFDNAME="+name, f); err != nil {
 			l.log.Warn("fd store: not stored; a restart will load from the checkpoint", "name", name, "err", err)
@@ -328,15 +330,15 @@ func (l *launcher) closeStore(handed bool) {
 		return
 	}
 	for i, p := range l.procsSnapshot() {
-		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "listen"), nil)
-		s.send("FDSTOREREMOVE=1\nFDNAME="+fdName(i, "lock"), nil)
+		s.drop(fdName(i, "listen"))
+		s.drop(fdName(i, "lock"))
 		if handed && p.cache != nil {
 			s.remove(i, p.cache)
 		}
 	}
-	s.send("FDSTOREREMOVE=1\nFDNAME=wc-ctl-listen", nil)
-	s.send("FDSTOREREMOVE=1\nFDNAME=wc-ctl-lock", nil)
+	s.drop("wc-ctl-listen")
+	s.drop("wc-ctl-lock")
 	if handed {
-		s.send("FDSTOREREMOVE=1\nFDNAME="+fdMetaName, nil)
+		s.drop(fdMetaName)
 	}
 }

@@ -102,12 +102,17 @@ type handoverLeases struct {
 	Last   bool                 `json:"last"`
 }
 
-// handoverPath is the control socket of the preload whose first rank is
-// that of group main on device. It does not end in .sock: clients that
-// list the directory's rank sockets (status, finding a rank) skip it.
-func handoverPath(dir, device string) (string, error) {
-	p, err := protocol.SocketPath(dir, "handover", device)
+// controlPath is this launch's control socket, named after its first
+// rank's device. It does not end in .sock: clients that list the
+// directory's rank sockets (status, finding a rank) skip it.
+func (l *launcher) controlPath() (string, error) {
+	p, err := protocol.SocketPath(l.cfg.SocketDir, "handover", l.ranks[0].Device)
 	return strings.TrimSuffix(p, ".sock") + ".ctl", err
+}
+
+// socketPath is the socket of the rank spec describes.
+func socketPath(spec daemon.RankSpec) (string, error) {
+	return protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
 }
 
 // handoverTimeout bounds each step of a handover, on both sides.
@@ -279,7 +284,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (handoverOffer, string)
 	if !l.started.Load() || l.stopping.Load() {
 		return handoverOffer{}, fmt.Sprintf("preload pid %d is not serving (starting or stopping)", os.Getpid())
 	}
-	mine := l.handoverRanks(procs)
+	mine := l.handoverRanks()
 	if len(mine) != len(h.Ranks) {
 		return handoverOffer{}, fmt.Sprintf("preload pid %d serves %s; the successor asks for %s", os.Getpid(), describeRanks(mine), describeRanks(h.Ranks))
 	}
@@ -376,16 +381,6 @@ func expectStep(conn *protocol.Conn, want string) bool {
 	}
 	fr.CloseFiles()
 	return fr.Type == want
-}
-
-func (l *launcher) handoverRanks(procs []*proc) []handoverRank {
-	out := make([]handoverRank, 0, len(procs))
-	for _, p := range procs {
-		g := l.cfg.Groups[l.groupIndex(p.group)]
-		path, _ := protocol.SocketPath(l.cfg.SocketDir, p.group, p.Device)
-		out = append(out, handoverRank{Group: p.group, Device: p.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path, Fingerprint: p.spec.Fingerprint})
-	}
-	return out
 }
 
 func describeRanks(rs []handoverRank) string {

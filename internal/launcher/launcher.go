@@ -72,7 +72,7 @@ type launcher struct {
 	report  report
 	exe     string // started as `exe daemon` per rank
 
-	stopping atomic.Bool    // stopAll began: exits are not restarted
+	stopping atomic.Bool    // stop began: exits are not restarted
 	restarts sync.WaitGroup // restarts in flight
 	outMu    sync.Mutex     // event lines on stdout
 	pred     *predecessor   // --takeover: the preload taken over (takeover.go)
@@ -148,7 +148,7 @@ func (l *launcher) prepare() error {
 	if l.pred != nil || l.ctlSock != nil {
 		return nil // the control socket comes with the others
 	}
-	path, err := handoverPath(l.cfg.SocketDir, l.ranks[0].Device)
+	path, err := l.controlPath()
 	if err != nil {
 		return err
 	}
@@ -158,14 +158,15 @@ func (l *launcher) prepare() error {
 	return nil
 }
 
-// wantRanks is every rank this launch serves, as a handover names them.
-func (l *launcher) wantRanks() []handoverRank {
+// handoverRanks is every rank this launch serves, as a handover and the
+// fd store name them, in the order spawnAll starts them.
+func (l *launcher) handoverRanks() []handoverRank {
 	var out []handoverRank
-	for gi, g := range l.cfg.Groups {
+	for _, g := range l.cfg.Groups {
 		for _, r := range l.ranks {
 			fp, _ := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
 			path, _ := protocol.SocketPath(l.cfg.SocketDir, g.Name, r.Device)
-			out = append(out, handoverRank{Group: l.cfg.Groups[gi].Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path, Fingerprint: fp})
+			out = append(out, handoverRank{Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path, Fingerprint: fp})
 		}
 	}
 	return out
@@ -330,14 +331,14 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
 	}
 	if gi == 0 && r.Local == 0 {
-		spec.ControlSocket, _ = handoverPath(l.cfg.SocketDir, r.Device)
+		spec.ControlSocket, _ = l.controlPath()
 	}
 	return spec, nil
 }
 
 // takeSocket takes a rank's socket for the launcher's lifetime.
 func takeSocket(spec daemon.RankSpec) (*daemon.Socket, error) {
-	path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+	path, err := socketPath(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -363,13 +364,14 @@ func (l *launcher) abort(err error) {
 	for _, m := range l.nodes {
 		m.fail(err)
 	}
-	l.stopAll()
+	l.stop(false)
 }
 
-// stopAll sends SIGTERM to every rank at once and waits for all; a rank
+// stop sends SIGTERM to every rank at once and waits for all; a rank
 // still draining after its drain timeout and a grace period is killed.
-// Then the sockets go, and with them the launcher's copy of every segment.
-func (l *launcher) stopAll() {
+// Then the sockets go (left to the successor, when handed over), and with
+// them the launcher's copy of every segment.
+func (l *launcher) stop(handed bool) {
 	l.stopping.Store(true)
 	l.restarts.Wait()
 	var wg sync.WaitGroup
@@ -386,32 +388,29 @@ func (l *launcher) stopAll() {
 	for _, m := range l.nodes {
 		m.close()
 	}
-	l.release(false)
+	l.release(handed)
 }
 
 // release lets go of what the launcher holds for its ranks: their sockets
 // (removed, unless handed to a successor, which serves them now) and its
 // copy of their segments.
 func (l *launcher) release(handed bool) {
-	for _, p := range l.procsSnapshot() {
-		if p.sock != nil {
-			if handed {
-				p.sock.Close()
-			} else {
-				p.sock.Remove()
-			}
+	let := func(s *daemon.Socket) {
+		switch {
+		case s == nil:
+		case handed:
+			s.Close()
+		default:
+			s.Remove()
 		}
+	}
+	for _, p := range l.procsSnapshot() {
+		let(p.sock)
 		if p.cache != nil {
 			p.cache.close()
 		}
 	}
-	if l.ctlSock != nil {
-		if handed {
-			l.ctlSock.Close()
-		} else {
-			l.ctlSock.Remove()
-		}
-	}
+	let(l.ctlSock)
 	l.closeStore(handed)
 }
 
@@ -439,12 +438,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			stopHandovers()
 			// The successor serves every socket and lease; the ranks have
 			// stopped. Leave the sockets to it.
-			l.stopping.Store(true)
-			l.restarts.Wait()
-			for _, p := range l.procsSnapshot() {
-				p.terminate(l.cfg.DrainTimeout + 10*time.Second)
-			}
-			l.release(true)
+			l.stop(true)
 			if l.cfg.WaitAfterHandover {
 				l.log.Info("handed over to the successor: holding nothing, waiting to be stopped")
 				<-ctx.Done()
@@ -454,7 +448,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			return nil
 		case <-ctx.Done():
 			stopHandovers()
-			l.stopAll()
+			l.stop(false)
 			return nil
 		case p := <-l.exited:
 			if l.stopping.Load() || p.wasHanded() {
@@ -473,7 +467,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			l.log.Error("rank exited; the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)
 			if alive == 0 {
 				stopHandovers()
-				l.stopAll()
+				l.stop(false)
 				return fmt.Errorf("every rank has exited, the last: %w", err)
 			}
 		}

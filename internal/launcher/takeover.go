@@ -39,14 +39,15 @@ const (
 // that one, within the handover timeout.
 func (l *launcher) findPredecessor() (*predecessor, string, error) {
 	deadline := time.Now().Add(handoverTimeout)
+	ranks := l.handoverRanks()
+	path, err := l.controlPath()
+	if err != nil {
+		return nil, "", err
+	}
 	for {
-		pr, none, err := l.contact(l.wantRanks())
+		pr, none, err := l.contact(path, ranks)
 		if err != nil || pr != nil {
 			return pr, none, err
-		}
-		path, err := handoverPath(l.cfg.SocketDir, l.ranks[0].Device)
-		if err != nil {
-			return nil, "", err
 		}
 		s, err := daemon.TakeSocket(path)
 		if err == nil {
@@ -64,11 +65,7 @@ func (l *launcher) findPredecessor() (*predecessor, string, error) {
 // preload there, it returns nil and says so; a refusal (another model,
 // other devices, a takeover in flight) is an error, leaving that preload
 // serving.
-func (l *launcher) contact(procs []handoverRank) (*predecessor, string, error) {
-	path, err := handoverPath(l.cfg.SocketDir, procs[0].Device)
-	if err != nil {
-		return nil, "", err
-	}
+func (l *launcher) contact(path string, procs []handoverRank) (*predecessor, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
 	defer cancel()
 	conn, err := protocol.Dial(ctx, path)
@@ -302,7 +299,7 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 		return nil, err
 	}
 	for _, p := range procs {
-		path, err := protocol.SocketPath(l.cfg.SocketDir, p.group, p.Device)
+		path, err := socketPath(p.spec)
 		if err != nil {
 			return fail(err)
 		}
@@ -317,7 +314,7 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 		}
 		out = append(out, s)
 	}
-	path, _ := handoverPath(l.cfg.SocketDir, procs[0].Device)
+	path, _ := l.controlPath()
 	n := len(fr.Files)
 	ctl, err := daemon.SocketFromFiles(path, fr.Files[n-2], fr.Files[n-1])
 	if err != nil {
@@ -346,7 +343,7 @@ func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
 		}
 	}
 	for _, p := range procs {
-		path, err := protocol.SocketPath(l.cfg.SocketDir, p.group, p.Device)
+		path, err := socketPath(p.spec)
 		if err != nil {
 			return err
 		}
@@ -359,7 +356,7 @@ func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
 		}
 	}
 	if l.ctlSock == nil {
-		path, err := handoverPath(l.cfg.SocketDir, procs[0].Device)
+		path, err := l.controlPath()
 		if err != nil {
 			return err
 		}
