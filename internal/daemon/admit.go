@@ -42,7 +42,7 @@ func (d *Daemon) evictIdleLocked() bool {
 
 // setIdle records, for eviction, whether s waits for a request and
 // whether it holds a lease or the publish claim. Called by s's goroutine.
-func (d *Daemon) setIdle(s *session, idle bool) {
+func (d *Daemon) setIdle(s *session, idle bool) (handing bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	// A connection idle since it was admitted keeps its admission time:
@@ -55,4 +55,5 @@ func (d *Daemon) setIdle(s *session, idle bool) {
 		s.idleSince = time.Now()
 	}
 	s.holding = s.leased || s.writer
+	return d.handing
 }

@@ -84,14 +84,14 @@ func (d *Daemon) serveConn(s *session) {
 		default:
 			_ = uc.SetReadDeadline(time.Now().Add(d.limits.IdleTimeout))
 		}
-		if d.handingOver() {
+		if handing := d.setIdle(s, true); handing {
 			s.handed = s.leased
 			return
 		}
-		d.setIdle(s, true)
 		fr, err := conn.Recv()
-		d.setIdle(s, false)
 		if err != nil {
+			// Still idle: a connection whose client just closed it is
+			// the one to evict while its goroutine winds down.
 			if errors.Is(err, protocol.ErrNoFrame) && d.handingOver() {
 				// Between requests: nothing of the next one was read.
 				s.handed = s.leased
@@ -105,6 +105,7 @@ func (d *Daemon) serveConn(s *session) {
 			}
 			return
 		}
+		d.setIdle(s, false)
 		// Requests never carry descriptors.
 		fr.CloseFiles()
 		if err := d.awaitUnread(s); err != nil {
@@ -112,6 +113,10 @@ func (d *Daemon) serveConn(s *session) {
 			return
 		}
 		msg, files, keep := d.answer(s, fr)
+		// Idle from its reply on: the client may close and connect again
+		// before this goroutine reads once more, and a full table must
+		// find this connection evictable meanwhile.
+		d.setIdle(s, true)
 		if err := d.send(s, conn, msg, files); err != nil {
 			d.log.Warn("closed a connection that did not take its reply", "type", fr.Type, "err", err)
 			return
