@@ -180,6 +180,10 @@ class FakeDaemon:
         self.srv.listen(4)
         os.rename(self.path + ".new", self.path)
         self.serve = serve
+        # Set once a connection is served and closed: the fake's own
+        # descriptors are in this process, so a test counting descriptors
+        # waits for it first.
+        self.served = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
@@ -193,6 +197,7 @@ class FakeDaemon:
                     self.serve(c)
                 except OSError:
                     pass
+            self.served.set()
 
     def close(self):
         self.srv.close()
@@ -271,13 +276,14 @@ def test_unexpected_descriptors_are_closed(model, sock_dir):
                                    "tensors": 0, "index_size": n})], [fd])
         os.close(fd)
         time.sleep(0.2)
-    fake = FakeDaemon(sock_dir, serve)
     before = fd_count()
+    fake = FakeDaemon(sock_dir, serve)
     try:
         _, info = attach(model, socket_dir=sock_dir, connect_timeout_s=2)
     finally:
         fake.close()
     assert info.reason == "protocol_error" and "1 segments but 0 descriptors" in info.detail
+    assert fake.served.wait(5)
     assert fd_count() <= before
 
 
