@@ -21,7 +21,6 @@ type session struct {
 
 	// Owned by the connection's goroutine.
 	pid    int // the peer's, from SO_PEERCRED: leases are capped per process
-	unread int // descriptors of the last reply, while the client may not have read them
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
@@ -32,6 +31,7 @@ type session struct {
 	idleSince time.Time // when it began waiting for a request; zero while busy
 	holding   bool      // leased or writing, so never evicted
 	evicted   bool
+	unread    int // descriptors of the last reply, while the client may not have read them
 }
 
 // reply is a handler's answer: a protocol message and the descriptors
@@ -68,7 +68,7 @@ func (d *Daemon) serveConn(s *session) {
 	defer func() {
 		conn.Release()
 		d.dropLease(s)
-		d.queueFDs(-s.unread)
+		d.taken(s)
 		if s.writer {
 			d.abortPublish(s, "connection closed before commit")
 		}
@@ -166,11 +166,13 @@ func (d *Daemon) send(s *session, conn *protocol.Conn, msg any, files []*os.File
 		}
 		defer d.budget.Give(charge)
 	}
-	err := conn.Send(body, files...)
-	if err == nil && len(files) > 0 {
-		s.unread = len(files)
-		d.queueFDs(s.unread)
+	if len(files) > 0 {
+		if err := d.queue(s, len(files)); err != nil {
+			_ = conn.Send(protocol.Errorf(protocol.CodeBusy, "%v", err))
+			return err
+		}
 	}
+	err := conn.Send(body, files...)
 	if err == nil && charge > 0 {
 		err = awaitTaken(uc)
 	}
@@ -186,22 +188,51 @@ const freeReply = 64 << 10
 // awaitUnread waits, within the write timeout, until the client has read
 // the descriptors of the last reply, if it has not yet.
 func (d *Daemon) awaitUnread(s *session) error {
-	if s.unread == 0 {
+	d.mu.Lock()
+	unread := s.unread
+	d.mu.Unlock()
+	if unread == 0 {
 		return nil
 	}
 	_ = s.uc.SetWriteDeadline(time.Now().Add(d.limits.WriteTimeout))
 	if err := awaitTaken(s.uc); err != nil {
 		return err
 	}
-	d.queueFDs(-s.unread)
-	s.unread = 0
+	d.taken(s)
 	return nil
 }
 
-// queueFDs counts descriptors sent in replies not known to be read.
-func (d *Daemon) queueFDs(n int) {
+// queue counts n descriptors of a reply to s about to be sent. Over
+// MaxQueuedFDs it first forgets those of every reply whose client has read
+// it since, and then refuses: past the uid's in-flight limit every sendmsg
+// with descriptors fails, this daemon's, its other ranks' and any other
+// process's of the uid, so clients that do not read get busy instead.
+func (d *Daemon) queue(s *session, n int) error {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.queuedFDs+n > d.limits.MaxQueuedFDs {
+		for _, o := range d.conns {
+			if o.unread > 0 && readAll(o.uc) {
+				d.queuedFDs -= o.unread
+				o.unread = 0
+			}
+		}
+	}
+	if d.queuedFDs+n > d.limits.MaxQueuedFDs {
+		d.refused++
+		return fmt.Errorf("daemon on %s: %d descriptors are queued in replies their clients have not read (limit %d, MaxQueuedFDs); try again once they read or close", d.ln.path, d.queuedFDs, d.limits.MaxQueuedFDs)
+	}
+	s.unread = n
 	d.queuedFDs += n
+	return nil
+}
+
+// taken forgets the descriptors of s's last reply: read, or its
+// connection closed.
+func (d *Daemon) taken(s *session) {
+	d.mu.Lock()
+	d.queuedFDs -= s.unread
+	s.unread = 0
 	d.mu.Unlock()
 }
 

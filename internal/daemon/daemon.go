@@ -70,7 +70,7 @@ type Daemon struct {
 	leases     int
 	leaseCh    chan struct{} // signalled whenever leases drops
 	peerLeases map[int]int   // live leases by peer pid
-	refused    int64         // leases refused: a peer's cap, or the table full
+	refused    int64         // leases refused: a peer's cap, the table full, or too many descriptors queued unread
 	conns      map[*net.UnixConn]*session
 	evicted    int64
 	handshakes map[string]int64

@@ -1,6 +1,10 @@
 package daemon
 
-import "time"
+import (
+	"time"
+
+	"github.com/weightcache/weightcache/internal/protocol"
+)
 
 // Limits bound what local clients can make a daemon hold. Zero fields take
 // the defaults below; the README's "Limits" table lists them with their flags.
@@ -25,6 +29,10 @@ type Limits struct {
 	// MaxLeasesPerProcess caps the leases one peer process (SO_PEERCRED
 	// pid) holds; takeLease also keeps a share of the table for others.
 	MaxLeasesPerProcess int `json:"max_leases_per_process,omitempty"`
+	// MaxQueuedFDs caps the descriptors in replies that clients have not
+	// read yet, over all connections; by default a 16th of RLIMIT_NOFILE,
+	// the uid's in-flight limit, which the other ranks share.
+	MaxQueuedFDs int `json:"max_queued_fds,omitempty"`
 }
 
 // leaseTable is how many leases the daemon grants in all (table), and how
@@ -75,6 +83,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.WriteTimeout <= 0 {
 		l.WriteTimeout = DefaultWriteTimeout
+	}
+	if l.MaxQueuedFDs <= 0 {
+		l.MaxQueuedFDs = max(fdLimit()/16, 2*(protocol.MaxFDs+1))
 	}
 	return l
 }

@@ -63,3 +63,25 @@ func awaitTaken(uc *net.UnixConn) error {
 	}
 	return ierr
 }
+
+// readAll reports whether the peer has read everything written to uc (no
+// error: a closed connection is its goroutine's to count).
+func readAll(uc *net.UnixConn) bool {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := -1
+	_ = raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+	return n >= 0 && n <= 1
+}
+
+// fdLimit is the soft RLIMIT_NOFILE: without CAP_SYS_RESOURCE, also the
+// most descriptors the uid may have in flight in unread messages.
+func fdLimit() int {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur > 1<<30 {
+		return 1 << 20
+	}
+	return int(rl.Cur)
+}

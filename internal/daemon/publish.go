@@ -301,11 +301,7 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
 	// The last segment is the writer's index: read once sealed, then
 	// replaced by the daemon's own, checksums included.
 	segs, idx := segs[:len(segs)-1], segs[len(segs)-1]
-	tensors, err := readIndex(idx, c.Tensors)
-	var l *layout
-	if err == nil {
-		l, err = sealLayout(d.cfg.Backend.Device(), segs, tensors, d.stopCh)
-	}
+	l, err := commitLayout(d.cfg.Backend.Device(), segs, idx, c.Tensors, d.stopCh)
 	if err != nil {
 		// Seals cannot be undone, so a failed commit cannot be retried:
 		// nothing of it is kept.
@@ -332,11 +328,53 @@ func (d *Daemon) commit(s *session, fr *protocol.Frame) (reply, error) {
 		Tensors: l.tensors, Bytes: l.bytes, FingerprintSum: fp.Sum()}}, nil
 }
 
-// sealLayout checks the writer's manifest against its segments, seals them
-// and checksums every tensor as it will be served.
-func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor, stop <-chan struct{}) (*layout, error) {
-	if err := CheckLayout(segmentSizes(segs), tensors); err != nil {
+// commitLayout checks the writer's index (count entries) against its
+// segments, seals them and serves the index as the daemon's own, every
+// tensor's checksum computed as it will be served. The index is read
+// mapped, an entry at a time, so the daemon's heap does not grow with the
+// writer's tensors or names; the served copy is written, not mapped
+// (host.CopyIndex). Whatever index_size the writer asked for, only the
+// pages its entries use are touched.
+func commitLayout(device string, segs []backend.Segment, idx backend.Segment, count int, stop <-chan struct{}) (_ *layout, err error) {
+	if err := idx.Seal(); err != nil {
+		return nil, fmt.Errorf("seal the index segment: %w (unmap every writable mapping of it before commit)", err)
+	}
+	f, err := idx.Export()
+	if err != nil {
+		return nil, fmt.Errorf("export the index segment: %w", err)
+	}
+	buf, err := host.Map(f, idx.Size())
+	_ = f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("map the index segment: %w", err)
+	}
+	defer func() {
+		if uerr := host.Unmap(buf); uerr != nil && err == nil {
+			err = fmt.Errorf("unmap the index segment: %w", uerr)
+		}
+	}()
+	x, err := protocol.OpenIndex(buf)
+	if err != nil {
 		return nil, err
+	}
+	if x.Len() != count {
+		return nil, fmt.Errorf("commit lists %d tensors, the index %d", count, x.Len())
+	}
+	// Sorted strictly by name: no name is listed twice.
+	if err := x.CheckOrder(); err != nil {
+		return nil, err
+	}
+	sizes := segmentSizes(segs)
+	var data int64
+	for i := range x.Len() {
+		t, err := x.Entry(i)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkEntry(t, sizes); err != nil {
+			return nil, err
+		}
+		data += t.NBytes
 	}
 	// segs shares its array with d.pub.segments (touched only by the
 	// writer's session), so that a failed commit frees the snapshots.
@@ -345,21 +383,32 @@ func sealLayout(device string, segs []backend.Segment, tensors []protocol.Tensor
 			return nil, fmt.Errorf("seal segment %d: %w (unmap every writable mapping of it before commit)", i, err)
 		}
 	}
-	buf := make([]byte, 4<<20)
-	for i := range tensors {
-		t := &tensors[i]
-		r, ok := segs[t.Segment].(io.ReaderAt)
-		if !ok {
-			t.CRC32C = 0 // a device segment: the host cannot read it cheaply
-			continue
-		}
-		crc, err := checksum(r, t.Offset, t.NBytes, buf, stop)
-		if err != nil {
-			return nil, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
-		}
-		t.CRC32C = crc
+	crcBuf := make([]byte, 4<<20)
+	index, err := host.CopyIndex(int64(x.Size()), func(w io.WriterAt) error {
+		return x.Rewrite(w, func(i int) (uint32, error) {
+			t, err := x.Entry(i) // checked above; the index is sealed
+			if err != nil {
+				return 0, err
+			}
+			r, ok := segs[t.Segment].(io.ReaderAt)
+			if !ok {
+				return 0, nil // a device segment: the host cannot read it cheaply
+			}
+			crc, err := checksum(r, t.Offset, t.NBytes, crcBuf, stop)
+			if err != nil {
+				return 0, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
+			}
+			return crc, nil
+		})
+	})
+	if err != nil {
+		return nil, err
 	}
-	return newLayout(device, segs, tensors)
+	l, err := indexedLayout(device, segs, index, count, data)
+	if err != nil {
+		_ = index.Free()
+	}
+	return l, err
 }
 
 func segmentSizes(segs []backend.Segment) []protocol.Segment {
@@ -370,27 +419,18 @@ func segmentSizes(segs []backend.Segment) []protocol.Segment {
 	return sizes
 }
 
-// CheckLayout refuses manifest entries that a daemon must not serve: an
-// empty or repeated name, bytes outside their segment, a size that does
-// not match dtype and shape.
-func CheckLayout(segs []protocol.Segment, tensors []protocol.Tensor) error {
-	seen := make(map[string]bool, len(tensors))
-	for _, t := range tensors {
-		if t.Name == "" {
-			return errors.New("a tensor has an empty name")
-		}
-		if len(t.Name) > MaxFieldBytes || len(t.DType) > MaxFieldBytes {
-			return fmt.Errorf("tensor %s: name or dtype over the limit of %d bytes", quote(t.Name), MaxFieldBytes)
-		}
-		if seen[t.Name] {
-			return fmt.Errorf("tensor %s is listed twice", t.Name)
-		}
-		seen[t.Name] = true
-		if err := checkPlacement(t, segs); err != nil {
-			return err
-		}
+// checkEntry refuses a manifest entry that a daemon must not serve: an
+// empty or overlong name, bytes outside their segment, a size that does
+// not match dtype and shape. Names listed twice are the order table's to
+// find (protocol.Index.CheckOrder).
+func checkEntry(t protocol.Tensor, segs []protocol.Segment) error {
+	if t.Name == "" {
+		return errors.New("a tensor has an empty name")
 	}
-	return nil
+	if len(t.Name) > MaxFieldBytes || len(t.DType) > MaxFieldBytes {
+		return fmt.Errorf("tensor %s: name or dtype over the limit of %d bytes", quote(t.Name), MaxFieldBytes)
+	}
+	return checkPlacement(t, segs)
 }
 
 // sealPublished seals segs[i], or, where a writer's mapping of it cannot
@@ -424,44 +464,6 @@ func checkPlacement(t protocol.Tensor, segs []protocol.Segment) error {
 		return fmt.Errorf("tensor %s: field nbytes %d does not match dtype %q and shape %v", t.Name, t.NBytes, t.DType, t.Shape)
 	}
 	return nil
-}
-
-// readIndex seals the writer's index segment (so that it cannot change
-// under us), maps it and decodes every entry; count is how many the
-// commit says there are. Mapped, not read into the heap: only the pages
-// the entries use are touched, whatever index_size the writer asked for.
-func readIndex(seg backend.Segment, count int) (_ []protocol.Tensor, err error) {
-	if err := seg.Seal(); err != nil {
-		return nil, fmt.Errorf("seal the index segment: %w (unmap every writable mapping of it before commit)", err)
-	}
-	f, err := seg.Export()
-	if err != nil {
-		return nil, fmt.Errorf("export the index segment: %w", err)
-	}
-	buf, err := host.Map(f, seg.Size())
-	_ = f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("map the index segment: %w", err)
-	}
-	defer func() {
-		if uerr := host.Unmap(buf); uerr != nil && err == nil {
-			err = fmt.Errorf("unmap the index segment: %w", uerr)
-		}
-	}()
-	x, err := protocol.OpenIndex(buf)
-	if err != nil {
-		return nil, err
-	}
-	if x.Len() != count {
-		return nil, fmt.Errorf("commit lists %d tensors, the index %d", count, x.Len())
-	}
-	out := make([]protocol.Tensor, x.Len())
-	for i := range out {
-		if out[i], err = x.Entry(i); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
 }
 
 // checkPublishSize refuses a publish whose segments add up to more than

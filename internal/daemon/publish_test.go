@@ -247,22 +247,44 @@ func TestCommitChecksEntries(t *testing.T) {
 	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
 	fp.Engine = "raw"
 	ctx := context.Background()
+	a := protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{1}, NBytes: 1}
+	b := protocol.Tensor{Name: "b", DType: "U8", Shape: []int64{1}, Offset: 1, NBytes: 1}
+	const order = protocol.IndexHeaderLen + 2*protocol.IndexEntryLen // of two entries
 	for _, tc := range []struct {
 		name string
-		t    protocol.Tensor
-		want string
+		ts   []protocol.Tensor
+		// mangle changes the encoded index before the commit, for what
+		// EncodeIndex would refuse to write.
+		mangle func([]byte)
+		want   string
 	}{
-		{"outside", protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{300}, Offset: 4000, NBytes: 300}, "outside segment"},
-		{"size", protocol.Tensor{Name: "a", DType: "F32", Shape: []int64{3}, NBytes: 16}, "does not match"},
-		{"segment", protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{1}, Segment: 3, NBytes: 1}, "does not exist"},
+		{"outside", []protocol.Tensor{{Name: "a", DType: "U8", Shape: []int64{300}, Offset: 4000, NBytes: 300}}, nil, "outside segment"},
+		{"size", []protocol.Tensor{{Name: "a", DType: "F32", Shape: []int64{3}, NBytes: 16}}, nil, "does not match"},
+		{"segment", []protocol.Tensor{{Name: "a", DType: "U8", Shape: []int64{1}, Segment: 3, NBytes: 1}}, nil, "does not exist"},
+		// The names are the last bytes: "ab" becomes "aa".
+		{"twice", []protocol.Tensor{a, b}, func(x []byte) { x[len(x)-1] = 'a' }, "tensor a is listed twice"},
+		{"unsorted", []protocol.Tensor{a, b}, func(x []byte) { x[order], x[order+4] = 1, 0 }, "not sorted by name at slot 1"},
+		{"order past", []protocol.Tensor{a, b}, func(x []byte) { x[order] = 7 }, "order slot 0 names an entry past the 2"},
+		{"dtype", []protocol.Tensor{a}, func(x []byte) { copy(x[protocol.IndexHeaderLen+16:], "Q9") }, "does not match dtype \"Q9\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := rawConn(t, d.Socket())
 			if _, err := c.Call(ctx, protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}, protocol.TypeOK); err != nil {
 				t.Fatal(err)
 			}
-			rawPublish(t, c, []protocol.Tensor{tc.t}).CloseFiles()
-			_, err := c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: 1}, protocol.TypeCommitted)
+			fr := rawPublish(t, c, tc.ts)
+			if tc.mangle != nil {
+				x := make([]byte, protocol.IndexSize(tc.ts))
+				if _, err := fr.Files[1].ReadAt(x, 0); err != nil {
+					t.Fatal(err)
+				}
+				tc.mangle(x)
+				if _, err := fr.Files[1].WriteAt(x, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fr.CloseFiles()
+			_, err := c.Call(ctx, protocol.Commit{Head: protocol.NewHead(protocol.TypeCommit), Tensors: len(tc.ts)}, protocol.TypeCommitted)
 			if !errors.Is(err, protocol.ErrBadRequest) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("commit: %v, want %q", err, tc.want)
 			}

@@ -30,7 +30,7 @@ var (
 	descLeases     = desc("weightcache_leases", "Live zero_copy leases.")
 	descReleases   = desc("weightcache_releases_total", "Copy-mode releases.")
 	descLeaseLimit = desc("weightcache_lease_limit", "Leases the rank grants at most; leases at it lock new engines out.")
-	descRefused    = desc("weightcache_leases_refused_total", "Leases refused: a process over --max-leases-per-process, or the table full.")
+	descRefused    = desc("weightcache_leases_refused_total", "Leases refused: a process over --max-leases-per-process, the table full, or too many descriptors queued unread.")
 	descConns      = desc("weightcache_connections", "Open client connections.")
 	descRestarts   = desc("weightcache_rank_restarts_total", "Times the rank's daemon died and was replaced on its socket with its segments, reading nothing.")
 	descRead       = prometheus.NewDesc("weightcache_checkpoint_read_bytes_total", "Checkpoint bytes the launcher read since it started: one checkpoint, unless a load was repeated.", nil, nil)

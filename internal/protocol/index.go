@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -227,4 +228,58 @@ func (x *Index) at(k int) int {
 		return -1
 	}
 	return int(i)
+}
+
+// CheckOrder checks that the order table lists every entry, sorted
+// strictly by name: Find then finds each one, and no name is listed
+// twice. Nothing per entry is allocated, whatever the count.
+func (x *Index) CheckOrder() error {
+	var prev []byte
+	for k := range x.n {
+		i := x.at(k)
+		if i < 0 {
+			return fmt.Errorf("%w: manifest index: order slot %d names an entry past the %d there are", ErrBadFrame, k, x.n)
+		}
+		name := x.name(i)
+		if name == nil {
+			return fmt.Errorf("%w: manifest index entry %d: name outside the string table", ErrBadFrame, i)
+		}
+		if k > 0 {
+			switch c := bytes.Compare(prev, name); {
+			case c == 0:
+				return fmt.Errorf("tensor %s is listed twice", name)
+			case c > 0:
+				return fmt.Errorf("%w: manifest index: order table not sorted by name at slot %d (%s after %s)", ErrBadFrame, k, name, prev)
+			}
+		}
+		prev = name
+	}
+	return nil
+}
+
+// Rewrite writes x to w with entry i's checksum replaced by sum(i), a
+// chunk of entries at a time: how a daemon serves a writer's index as its
+// own without holding a decoded copy.
+func (x *Index) Rewrite(w io.WriterAt, sum func(i int) (uint32, error)) error {
+	if _, err := w.WriteAt(x.b[:x.entries], 0); err != nil {
+		return err
+	}
+	const per = 4096 // entries per chunk: 256 KiB
+	buf := make([]byte, min(per, x.n)*IndexEntryLen)
+	for i := 0; i < x.n; i += per {
+		at := x.entries + int64(i)*IndexEntryLen
+		chunk := buf[:copy(buf, x.b[at:x.order])]
+		for j := 0; j*IndexEntryLen < len(chunk); j++ {
+			crc, err := sum(i + j)
+			if err != nil {
+				return err
+			}
+			binary.LittleEndian.PutUint32(chunk[j*IndexEntryLen+44:], crc)
+		}
+		if _, err := w.WriteAt(chunk, at); err != nil {
+			return err
+		}
+	}
+	_, err := w.WriteAt(x.b[x.order:], x.order)
+	return err
 }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"fmt"
+	"io"
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -20,6 +21,25 @@ func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
 	// Encoded straight into a shared mapping, so that the table never sits
 	// in private memory.
 	if err := seg.fill(func(b []byte) error { return protocol.EncodeIndex(b, tensors) }); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	if err := seg.Seal(); err != nil {
+		_ = seg.Free()
+		return nil, fmt.Errorf("manifest index: %w", err)
+	}
+	return seg, nil
+}
+
+// CopyIndex writes a fresh sealed memfd of size bytes with write, which
+// gets the unsealed segment to write into with WriteAt (through the page
+// cache, never a mapping: the copy stays out of the daemon's resident set).
+func CopyIndex(size int64, write func(io.WriterAt) error) (backend.Segment, error) {
+	seg, err := newSegment("weightcache:host", size)
+	if err != nil {
+		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
+	}
+	if err := write(seg); err != nil {
 		_ = seg.Free()
 		return nil, fmt.Errorf("manifest index: %w", err)
 	}
