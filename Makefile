@@ -96,7 +96,7 @@ bench-scale: build python-deps
 
 # Every decoder of untrusted bytes, each for FUZZTIME (longer runs: make fuzz FUZZTIME=5m).
 FUZZTIME ?= 10s
-FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/protocol:FuzzRecv client:FuzzMapManifest \
+FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/safetensors:FuzzScanStringObject internal/protocol:FuzzRecv client:FuzzMapManifest \
 	internal/plan:FuzzParse internal/daemon:FuzzHandoff internal/audit:FuzzLoadRules
 
 fuzz:

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +10,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
 )
@@ -24,11 +27,11 @@ func (c *Checkpoint) loadShards() error {
 	idxPath := filepath.Join(c.Dir, IndexName)
 	idxStat, statErr := statFile(idxPath) // before it is read
 	data, err := os.ReadFile(idxPath)
-	var weightMap map[string]string
+	indexed := err == nil
 	var names []string
 	switch {
 	case err == nil:
-		if weightMap, names, err = parseIndex(idxPath, data); err != nil {
+		if names, err = indexShards(idxPath, data); err != nil {
 			return err
 		}
 	case errors.Is(err, fs.ErrNotExist):
@@ -41,26 +44,81 @@ func (c *Checkpoint) loadShards() error {
 	if c.Identity, err = recordIdentity(c.Dir, names, false); err != nil {
 		return err
 	}
-	if weightMap != nil && c.Identity != nil && statErr == nil {
+	if indexed && c.Identity != nil && statErr == nil {
 		idxStat.Name = IndexName
 		c.Identity = append(Identity{idxStat}, c.Identity...)
-	} else if weightMap != nil {
+	} else if indexed {
 		c.Identity = nil
 	}
-	for _, name := range names {
-		s, err := readShard(c.Dir, name)
-		if err != nil {
-			if weightMap != nil && errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("%w: %s names shard %s, which is missing: %v", ErrInvalid, idxPath, name, err)
+	// Headers are parsed side by side: at 100,000 tensors the parse, not
+	// the read, is most of the time.
+	c.Shards = make([]Shard, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(len(names), runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for i := range next {
+				c.Shards[i], errs[i] = readShard(c.Dir, names[i])
 			}
-			return err
-		}
-		c.Shards = append(c.Shards, s)
+		})
 	}
-	if weightMap != nil {
-		return checkIndex(idxPath, weightMap, c.Shards)
+	for i := range names {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		c.Shards = nil
+		if indexed && errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %s names shard %s, which is missing: %v", ErrInvalid, idxPath, names[i], err)
+		}
+		return err
+	}
+	if indexed {
+		return checkIndex(idxPath, data, c.Shards)
 	}
 	return checkDisjoint(c.Shards)
+}
+
+// indexShards returns the shard names the index data uses, sorted. The
+// plain form every tool writes is scanned without building the weight map
+// (at 100,000 tensors the map costs more than the headers); anything else
+// goes to parseIndex, whose errors are the ones reported.
+func indexShards(idxPath string, data []byte) ([]string, error) {
+	raw, n := map[string]bool{}, 0
+	var last []byte
+	plain := safetensors.ScanStringObject(data, "weight_map", func(_, v []byte) bool {
+		n++
+		if bytes.Equal(v, last) || raw[string(v)] {
+			return true
+		}
+		last, raw[string(v)] = v, true
+		return localShard(string(v))
+	})
+	if !plain || n == 0 {
+		_, names, err := parseIndex(idxPath, data)
+		return names, err
+	}
+	seen := map[string]bool{}
+	var names []string
+	for v := range raw {
+		if shard := path.Clean(v); !seen[shard] {
+			seen[shard] = true
+			names = append(names, shard)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// localShard reports whether an index may name shard: a file inside the
+// checkpoint, in the index's own slash-separated form.
+func localShard(shard string) bool {
+	return filepath.IsLocal(shard) && !strings.Contains(shard, `\`)
 }
 
 // parseIndex returns the weight map and the shard names it uses, sorted.
@@ -77,11 +135,13 @@ func parseIndex(idxPath string, data []byte) (map[string]string, []string, error
 	seen := map[string]bool{}
 	var names []string
 	for tensor, shard := range idx.WeightMap {
-		if !filepath.IsLocal(shard) || strings.Contains(shard, `\`) {
+		if !localShard(shard) {
 			return nil, nil, fmt.Errorf("%w: %s maps tensor %q to %q, which is not a file inside the checkpoint", ErrInvalid, idxPath, tensor, shard)
 		}
-		shard = path.Clean(shard)
-		idx.WeightMap[tensor] = shard
+		if c := path.Clean(shard); c != shard {
+			shard = c
+			idx.WeightMap[tensor] = shard
+		}
 		if !seen[shard] {
 			seen[shard] = true
 			names = append(names, shard)
@@ -160,10 +220,53 @@ func readShard(dir, name string) (Shard, error) {
 	return s, nil
 }
 
-// checkIndex requires the index and the shard headers to agree exactly:
-// every indexed tensor is in the shard named, and every shard tensor is
-// indexed to that shard.
-func checkIndex(idxPath string, weightMap map[string]string, shards []Shard) error {
+// checkIndex requires the index data and the shard headers to agree
+// exactly: every indexed tensor is in the shard named, and every shard
+// tensor is indexed to that shard. The plain form is checked as it is
+// scanned, each entry against its shard's header; anything else, or any
+// disagreement, goes to checkWeightMap for the error.
+func checkIndex(idxPath string, data []byte, shards []Shard) error {
+	byName := map[string]int{}
+	listed := make([][]bool, len(shards))
+	total := 0
+	for i, s := range shards {
+		byName[s.Name] = i
+		listed[i] = make([]bool, len(s.Header.Tensors))
+		total += len(s.Header.Tensors)
+	}
+	n, at := 0, -1
+	var last []byte
+	plain := safetensors.ScanStringObject(data, "weight_map", func(k, v []byte) bool {
+		if at < 0 || !bytes.Equal(v, last) {
+			var ok bool
+			if at, ok = byName[path.Clean(string(v))]; !ok {
+				return false
+			}
+			last = v
+		}
+		i, ok := shards[at].Header.Index(string(k))
+		if !ok || listed[at][i] {
+			return false
+		}
+		listed[at][i] = true
+		n++
+		return true
+	})
+	// Each entry named a distinct tensor of its shard: with as many
+	// entries as tensors, every tensor is listed.
+	if plain && n == total {
+		return nil
+	}
+	weightMap, _, err := parseIndex(idxPath, data)
+	if err != nil {
+		return err
+	}
+	return checkWeightMap(idxPath, weightMap, shards)
+}
+
+// checkWeightMap is checkIndex over a decoded weight map, naming what
+// disagrees.
+func checkWeightMap(idxPath string, weightMap map[string]string, shards []Shard) error {
 	byName := map[string]*Shard{}
 	for i := range shards {
 		byName[shards[i].Name] = &shards[i]

@@ -129,8 +129,11 @@ func (s Slice) Shape(shape []int64) []int64 {
 // tpRank of tpSize holds. A dimension that does not divide is an error
 // that names the tensor.
 func (p *Plan) SliceFor(name string, shape []int64, m Model, tpSize, tpRank int) (Slice, error) {
+	if tpSize == 1 {
+		return Slice{Dim: -1}, nil
+	}
 	r := p.Match(name)
-	if tpSize == 1 || r.Split == Replicated {
+	if r.Split == Replicated {
 		return Slice{Dim: -1}, nil
 	}
 	if r.Dim >= len(shape) {

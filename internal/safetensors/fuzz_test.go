@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
@@ -102,4 +103,53 @@ func FuzzParseHeader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// ScanStringObject reads a sharded checkpoint's index as encoding/json
+// does, or gives up.
+func FuzzScanStringObject(f *testing.F) {
+	for _, s := range []string{
+		`{"metadata":{"total_size":123},"weight_map":{"a":"m-1.safetensors","b":"m-2.safetensors"}}`,
+		` { "weight_map" : { } , "metadata" : [1, {"x": "}"}, "a\"b"] } `,
+		`{"weight_map":{"a":"x","a":"y"}}`,
+		`{"weight_map":{"a":"x"},"weight_map":{"b":"y"}}`,
+		`{"Weight_Map":{"a":"x"}}`,
+		`{"weight_map":{"a\u00e9":"x"}}`,
+		"{\"weight_map\":{\"\xff\":\"x\"}}",
+		`{"weight_map":{"a":1}}`,
+		`{"weight_map":null}`,
+		`{"metadata":tru,"weight_map":{"a":"x"}}`,
+		`{"weight_map":{"a":"x"}}x`,
+		`{"metadata":{"k":"v\\"},"weight_map":{"é":"ü"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, dup := map[string]string{}, false
+		if !ScanStringObject(raw, "weight_map", func(k, v []byte) bool {
+			_, dup = got[string(k)]
+			got[string(k)] = string(v)
+			return !dup
+		}) {
+			return
+		}
+		var want struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(raw, &want); err != nil {
+			t.Fatalf("scan accepted %q, encoding/json says %v", raw, err)
+		}
+		if !maps.Equal(got, want.WeightMap) || want.WeightMap == nil {
+			t.Fatalf("scan and encoding/json differ on %q:\n%v\n%v", raw, got, want.WeightMap)
+		}
+	})
+}
+
+func TestScanStringObjectTakesThePlainForm(t *testing.T) {
+	raw := `{"metadata": {"total_size": 123, "x": [1, "}"]}, "weight_map": {"a": "m-1.safetensors", "é": "m-2.safetensors"}}`
+	var got []string
+	if !ScanStringObject([]byte(raw), "weight_map", func(k, v []byte) bool { got = append(got, string(k)+"="+string(v)); return true }) ||
+		!slices.Equal(got, []string{"a=m-1.safetensors", "é=m-2.safetensors"}) {
+		t.Fatalf("plain index: %v", got)
+	}
 }

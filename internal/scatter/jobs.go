@@ -47,9 +47,17 @@ func planJobs(cfg Config) ([]*job, error) {
 	if p == nil {
 		p, _ = plan.New("replicated", nil)
 	}
+	// One allocation per kind rather than per tensor: at 100,000 tensors
+	// the small ones cost more than the planning, mostly in the collector.
+	nt := len(cfg.Targets)
+	slab, parts := make([]job, len(served)), make([]part, len(served)*nt)
+	ptrs, entries := make([]*part, len(served)*nt), make([]*protocol.Tensor, len(served)*nt)
+	groups, gptrs, targets := make([]group, len(served)), make([]*group, len(served)), make([]int, len(served)*nt)
 	jobs := make([]*job, len(served))
 	for i, s := range served {
-		j := &job{s: s, part: make([]*part, len(cfg.Targets))}
+		j := &slab[i]
+		j.s, j.part, j.entries = s, ptrs[i*nt:(i+1)*nt:(i+1)*nt], entries[i*nt:i*nt:(i+1)*nt]
+		j.groups = gptrs[i : i : i+1]
 		for t, tg := range cfg.Targets {
 			sl, err := p.SliceFor(s.Tensor.Name, s.Tensor.Shape, cfg.Model, cfg.TPSize, tg.TPRank)
 			if err != nil {
@@ -62,8 +70,15 @@ func planJobs(cfg Config) ([]*job, error) {
 				}
 				n, _ = safetensors.NBytes(s.DType, sl.Shape(s.Tensor.Shape))
 			}
-			j.part[t] = &part{slice: sl, nbytes: n}
-			j.addToGroup(t, sl)
+			parts[i*nt+t] = part{slice: sl, nbytes: n}
+			j.part[t] = &parts[i*nt+t]
+			if t == 0 {
+				groups[i] = group{slice: sl, targets: targets[i*nt : i*nt+1 : (i+1)*nt]}
+				targets[i*nt] = 0
+				j.groups = append(j.groups, &groups[i])
+			} else {
+				j.addToGroup(t, sl)
+			}
 		}
 		jobs[i] = j
 	}
@@ -120,4 +135,46 @@ func (j *job) geometry() (outer, row, srcE, dstE int64) {
 		g.start, g.len = g.slice.Start*inner, g.slice.Len*inner
 	}
 	return outer, shape[sl.Dim] * inner, srcE, dstE
+}
+
+// smallTensor is the size up to which a tensor may share a batch: one
+// read for the lot and one write per target, where 100,000 tiny tensors
+// (norms, biases, scales) would otherwise cost two syscalls each.
+const smallTensor = 64 << 10
+
+// batchable reports whether j goes whole and unconverted to every target,
+// so that its bytes are the same read or written.
+func (j *job) batchable() bool {
+	return len(j.groups) == 1 && j.groups[0].slice.Whole() && j.s.DType == j.s.Tensor.DType && j.s.NBytes <= smallTensor
+}
+
+// batches cuts jobs, in order, into runs that lie back to back in one
+// shard and in order within one segment of each target, spanning at most
+// chunk bytes on either side. Any other job is a batch of its own.
+func batches(jobs []*job, chunk int64) [][]*job {
+	var out [][]*job
+	for i := 0; i < len(jobs); {
+		n := 1
+		for first := jobs[i]; first.batchable() && i+n < len(jobs) && follows(first, jobs[i+n-1], jobs[i+n], chunk); n++ {
+		}
+		out = append(out, jobs[i:i+n])
+		i += n
+	}
+	return out
+}
+
+// follows reports whether j can join the batch that starts at first and
+// ends at prev.
+func follows(first, prev, j *job, chunk int64) bool {
+	s, p := j.s, prev.s
+	if !j.batchable() || s.Shard != p.Shard || s.Tensor.Begin != p.Tensor.End || s.Tensor.End-first.s.Tensor.Begin > chunk {
+		return false
+	}
+	for t, pt := range j.part {
+		q := prev.part[t]
+		if pt.seg != q.seg || pt.off < q.off+q.nbytes || pt.off+pt.nbytes-first.part[t].off > chunk {
+			return false
+		}
+	}
+	return true
 }

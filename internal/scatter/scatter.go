@@ -173,7 +173,7 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 	defer cancel(nil)
 	var read atomic.Int64
 	pacer := checkpoint.Pacer{Rate: cfg.ReadLimit, Start: time.Now(), Read: &read}
-	feed := make(chan *job)
+	feed := make(chan []*job)
 	var wg sync.WaitGroup
 	workers := min(cfg.Workers, max(len(jobs), 1))
 	for range workers {
@@ -193,17 +193,17 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 					cancel(err)
 				}
 			}()
-			for j := range feed {
-				if err := w.copy(j); err != nil {
+			for b := range feed {
+				if err := w.copyBatch(b); err != nil {
 					cancel(err)
 				}
 			}
 		}()
 	}
 loop:
-	for _, j := range jobs {
+	for _, b := range batches(jobs, int64(cfg.ChunkBytes)) {
 		select {
-		case feed <- j:
+		case feed <- b:
 		case <-ctx.Done():
 			break loop
 		}

@@ -90,6 +90,48 @@ func (w *worker) copy(j *job) error {
 	return nil
 }
 
+// copyBatch moves a batch (batches): one read of its bytes, their
+// checksums, and one write per target, the padding between its tensors'
+// places zeroed.
+func (w *worker) copyBatch(b []*job) error {
+	if len(b) == 1 {
+		return w.copy(b[0])
+	}
+	first, last := b[0], b[len(b)-1]
+	f := w.files[first.s.Shard.Path]
+	if f == nil {
+		return fmt.Errorf("tensor %s: shard %s is not open", first.s.Tensor.Name, first.s.Shard.Path)
+	}
+	begin := first.s.Tensor.Begin
+	src, err := first.s.Read(f, 0, w.read[:last.s.Tensor.End-begin], nil)
+	if err != nil {
+		return err
+	}
+	w.progress(int64(len(src)))
+	for _, j := range b {
+		crc := crc32.Checksum(src[j.s.Tensor.Begin-begin:j.s.Tensor.End-begin], checkpoint.Castagnoli)
+		for _, e := range j.entries {
+			e.CRC32C = crc
+		}
+	}
+	if len(w.gather) < len(w.read) {
+		w.gather = make([]byte, w.chunk)
+	}
+	for t, pt := range first.part {
+		end := int64(0)
+		out := w.gather[:last.part[t].off+last.part[t].nbytes-pt.off]
+		for _, j := range b {
+			at := j.part[t].off - pt.off
+			clear(out[end:at])
+			end = at + int64(copy(out[at:], src[j.s.Tensor.Begin-begin:j.s.Tensor.End-begin]))
+		}
+		if err := w.writeTo(t, pt, out, 0); err != nil {
+			return fmt.Errorf("write tensors %s to %s to %s: %w", first.s.Tensor.Name, last.s.Tensor.Name, pt.dev, err)
+		}
+	}
+	return nil
+}
+
 // direct reports whether the tensor goes whole to one staged target, so
 // that it can be read straight into the pinned buffers.
 func (w *worker) direct(j *job) bool {
