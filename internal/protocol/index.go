@@ -96,11 +96,7 @@ func EncodeIndex(dst []byte, ts []Tensor) error {
 		dimAt += int64(len(t.Shape))
 		nameAt += int64(copy(dst[nameAt:], t.Name))
 	}
-	order := make([]uint32, n)
-	for i := range order {
-		order[i] = uint32(i)
-	}
-	slices.SortFunc(order, func(a, b uint32) int { return strings.Compare(ts[a].Name, ts[b].Name) })
+	order := nameOrder(ts)
 	for i, o := range order {
 		if i > 0 && ts[order[i-1]].Name == ts[o].Name {
 			return fmt.Errorf("tensor %s is listed twice", ts[o].Name)
@@ -108,6 +104,60 @@ func EncodeIndex(dst []byte, ts []Tensor) error {
 		le.PutUint32(dst[orderOff+4*int64(i):], o)
 	}
 	return nil
+}
+
+// nameOrder is the entry numbers of ts sorted by name. Shards written by
+// the safetensors library lay their tensors out in name order (within a
+// dtype), so data order is a few sorted runs (a few per layer-ordered
+// shard otherwise): those are merged, in log2(runs) comparisons a tensor
+// rather than a sort's log2(tensors); anything more ragged is sorted.
+func nameOrder(ts []Tensor) []uint32 {
+	order := make([]uint32, len(ts))
+	for i := range order {
+		order[i] = uint32(i)
+	}
+	cmp := func(a, b uint32) int { return strings.Compare(ts[a].Name, ts[b].Name) }
+	var runs []int // where each sorted run starts
+	for i := 0; i < len(ts); i++ {
+		if i == 0 || ts[i-1].Name > ts[i].Name {
+			if runs = append(runs, i); len(runs) > 64 && len(runs) > len(ts)/16 {
+				slices.SortFunc(order, cmp)
+				return order
+			}
+		}
+	}
+	runs = append(runs, len(ts))
+	buf := make([]uint32, len(ts))
+	for len(runs) > 2 {
+		var next []int
+		for k := 0; k+1 < len(runs); k += 2 {
+			lo, mid := runs[k], runs[k+1]
+			hi := mid
+			if k+2 < len(runs) {
+				hi = runs[k+2]
+			}
+			merge(buf[lo:hi], order[lo:mid], order[mid:hi], cmp)
+			next = append(next, lo)
+		}
+		next = append(next, len(ts))
+		order, buf = buf, order
+		runs = next
+	}
+	return order
+}
+
+// merge writes the sorted runs a and b, in order, into dst.
+func merge(dst, a, b []uint32, cmp func(a, b uint32) int) {
+	i, j := 0, 0
+	for k := range dst {
+		if j == len(b) || i < len(a) && cmp(a[i], b[j]) <= 0 {
+			dst[k] = a[i]
+			i++
+		} else {
+			dst[k] = b[j]
+			j++
+		}
+	}
 }
 
 // Index reads an encoded index in place: entries are decoded one at a time,

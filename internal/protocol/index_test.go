@@ -4,8 +4,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -158,5 +161,36 @@ func writeVectors(t *testing.T) {
 	}
 	if err := os.WriteFile(vectorsPath, append(b, '\n'), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// nameOrder merges sorted runs and sorts anything else: either way the
+// order table is every entry once, by name.
+func TestNameOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, runs := range []int{0, 1, 2, 3, 7, 64, 65, 1000} {
+		var ts []Tensor
+		for r := range runs {
+			n := rng.IntN(50)
+			if runs == 1000 {
+				n = 1
+			}
+			for range n {
+				ts = append(ts, Tensor{Name: fmt.Sprintf("w.%d.%d", rng.IntN(1000), r)})
+			}
+			// Each run sorted, as a shard of the safetensors library is.
+			slices.SortFunc(ts[len(ts)-n:], func(a, b Tensor) int { return strings.Compare(a.Name, b.Name) })
+		}
+		got := nameOrder(ts)
+		if len(got) != len(ts) {
+			t.Fatalf("%d runs: %d entries ordered, want %d", runs, len(got), len(ts))
+		}
+		seen := make([]bool, len(ts))
+		for k, i := range got {
+			if seen[i] || k > 0 && ts[got[k-1]].Name > ts[i].Name {
+				t.Fatalf("%d runs: order %v is not every entry once by name", runs, got)
+			}
+			seen[i] = true
+		}
 	}
 }
