@@ -161,6 +161,14 @@ func TestResolveErrors(t *testing.T) {
 			writeIndex(t, dir, map[string]string{"a": "a.safetensors", "x": "b.safetensors"})
 			return dir
 		}, ErrInvalid, []string{`tensor "x" is in a.safetensors and in b.safetensors`}},
+		// As many entries as tensors, each shard named as often as it
+		// holds tensors: only the pairing is wrong.
+		{"index swaps two tensors' shards", func(t *testing.T, dir string) string {
+			writeShard(t, dir, "a.safetensors", tensor("p", 1, 0))
+			writeShard(t, dir, "b.safetensors", tensor("q", 1, 0))
+			writeIndex(t, dir, map[string]string{"p": "b.safetensors", "q": "a.safetensors"})
+			return dir
+		}, ErrInvalid, []string{`maps tensor "p" to DIR/b.safetensors, which does not contain it`}},
 		{"tensor in two shards without index", func(t *testing.T, dir string) string {
 			writeShard(t, dir, "a.safetensors", tensor("x", 1, 0))
 			writeShard(t, dir, "b.safetensors", tensor("x", 1, 0))
@@ -262,5 +270,18 @@ func TestResolveConfig(t *testing.T) {
 				t.Errorf("got %q %q %q %q", c.Architecture, c.TorchDType, c.QuantMethod, c.QuantHash)
 			}
 		})
+	}
+}
+
+// An index that lists a tensor twice is read as encoding/json reads it,
+// the last entry kept: the shard the first names is never opened.
+func TestIndexListingATensorTwiceKeepsTheLast(t *testing.T) {
+	dir := t.TempDir()
+	writeShard(t, dir, "a.safetensors", tensor("a", 1, 0))
+	writeShard(t, dir, "b.safetensors", tensor("b", 1, 0))
+	writeText(t, filepath.Join(dir, IndexName), `{"weight_map":{"a":"c.safetensors","b":"b.safetensors","a":"a.safetensors"}}`)
+	c, err := Resolve(dir, "")
+	if err != nil || len(c.Shards) != 2 || c.NumTensors() != 2 {
+		t.Fatalf("Resolve: %v", err)
 	}
 }

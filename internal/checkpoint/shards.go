@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io/fs"
 	"maps"
 	"os"
@@ -29,9 +30,10 @@ func (c *Checkpoint) loadShards() error {
 	data, err := os.ReadFile(idxPath)
 	indexed := err == nil
 	var names []string
+	var sum *indexSum
 	switch {
 	case err == nil:
-		if names, err = indexShards(idxPath, data); err != nil {
+		if names, sum, err = indexShards(idxPath, data); err != nil {
 			return err
 		}
 	case errors.Is(err, fs.ErrNotExist):
@@ -79,40 +81,65 @@ func (c *Checkpoint) loadShards() error {
 		return err
 	}
 	if indexed {
-		return checkIndex(idxPath, data, c.Shards)
+		return checkIndex(idxPath, data, sum, c.Shards)
 	}
 	return checkDisjoint(c.Shards)
 }
 
-// indexShards returns the shard names the index data uses, sorted. The
-// plain form every tool writes is scanned without building the weight map
-// (at 100,000 tensors the map costs more than the headers); anything else
-// goes to parseIndex, whose errors are the ones reported.
-func indexShards(idxPath string, data []byte) ([]string, error) {
-	raw, n := map[string]bool{}, 0
-	var last []byte
-	plain := safetensors.ScanStringObject(data, "weight_map", func(_, v []byte) bool {
-		n++
-		if bytes.Equal(v, last) || raw[string(v)] {
-			return true
+// indexShards returns the shard names the index data uses, sorted, and,
+// for the plain form every tool writes (keys sorted), its indexSum: that
+// form is scanned without building the weight map (at 100,000 tensors the
+// map costs more than the headers). Anything else goes to parseIndex,
+// whose errors are the ones reported.
+func indexShards(idxPath string, data []byte) ([]string, *indexSum, error) {
+	sum := &indexSum{seeds: map[string]maphash.Seed{}}
+	bySpelling := map[string]maphash.Seed{} // as the index writes the shard
+	var last, lastKey []byte
+	var seed maphash.Seed
+	plain := safetensors.ScanStringObject(data, "weight_map", func(k, v []byte) bool {
+		// Keys in order, as tools write them (sort_keys): none is listed
+		// twice, which encoding/json would settle by keeping the last.
+		if sum.n > 0 && bytes.Compare(lastKey, k) >= 0 {
+			return false
 		}
-		last, raw[string(v)] = v, true
-		return localShard(string(v))
+		lastKey = k
+		if sum.n == 0 || !bytes.Equal(v, last) {
+			var ok bool
+			if seed, ok = bySpelling[string(v)]; !ok {
+				if !localShard(string(v)) {
+					return false
+				}
+				shard := path.Clean(string(v))
+				if seed, ok = sum.seeds[shard]; !ok {
+					seed = maphash.MakeSeed()
+					sum.seeds[shard] = seed
+				}
+				bySpelling[string(v)] = seed
+			}
+			last = v
+		}
+		sum.n++
+		sum.sum += maphash.Bytes(seed, k)
+		return true
 	})
-	if !plain || n == 0 {
+	if !plain || sum.n == 0 {
 		_, names, err := parseIndex(idxPath, data)
-		return names, err
+		return names, nil, err
 	}
-	seen := map[string]bool{}
-	var names []string
-	for v := range raw {
-		if shard := path.Clean(v); !seen[shard] {
-			seen[shard] = true
-			names = append(names, shard)
-		}
-	}
-	slices.Sort(names)
-	return names, nil
+	names := slices.Sorted(maps.Keys(sum.seeds))
+	return names, sum, nil
+}
+
+// indexSum stands for a weight map without holding it: its entry count,
+// and the sum over its entries of the tensor name's hash keyed by the
+// shard's seed (random per shard and process). The headers' tensors give
+// the same count and sum when every entry names a tensor of its shard and
+// every tensor is listed, and any other pairing of names with shards a
+// different sum, but for a chance of about 2^-64.
+type indexSum struct {
+	n     int
+	sum   uint64
+	seeds map[string]maphash.Seed // by shard name, cleaned
 }
 
 // localShard reports whether an index may name shard: a file inside the
@@ -222,40 +249,22 @@ func readShard(dir, name string) (Shard, error) {
 
 // checkIndex requires the index data and the shard headers to agree
 // exactly: every indexed tensor is in the shard named, and every shard
-// tensor is indexed to that shard. The plain form is checked as it is
-// scanned, each entry against its shard's header; anything else, or any
-// disagreement, goes to checkWeightMap for the error.
-func checkIndex(idxPath string, data []byte, shards []Shard) error {
-	byName := map[string]int{}
-	listed := make([][]bool, len(shards))
-	total := 0
-	for i, s := range shards {
-		byName[s.Name] = i
-		listed[i] = make([]bool, len(s.Header.Tensors))
-		total += len(s.Header.Tensors)
-	}
-	n, at := 0, -1
-	var last []byte
-	plain := safetensors.ScanStringObject(data, "weight_map", func(k, v []byte) bool {
-		if at < 0 || !bytes.Equal(v, last) {
-			var ok bool
-			if at, ok = byName[path.Clean(string(v))]; !ok {
-				return false
+// tensor is indexed to that shard. The plain form is compared through its
+// indexSum; anything else, or any difference, goes to checkWeightMap for
+// the error.
+func checkIndex(idxPath string, data []byte, sum *indexSum, shards []Shard) error {
+	if sum != nil {
+		n, got := 0, uint64(0)
+		for _, s := range shards {
+			seed := sum.seeds[s.Name] // every shard read is one the index names
+			for _, t := range s.Header.Tensors {
+				got += maphash.String(seed, t.Name)
 			}
-			last = v
+			n += len(s.Header.Tensors)
 		}
-		i, ok := shards[at].Header.Index(string(k))
-		if !ok || listed[at][i] {
-			return false
+		if n == sum.n && got == sum.sum {
+			return nil
 		}
-		listed[at][i] = true
-		n++
-		return true
-	})
-	// Each entry named a distinct tensor of its shard: with as many
-	// entries as tensors, every tensor is listed.
-	if plain && n == total {
-		return nil
 	}
 	weightMap, _, err := parseIndex(idxPath, data)
 	if err != nil {

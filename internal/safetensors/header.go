@@ -56,16 +56,6 @@ func (h *Header) Tensor(name string) (Tensor, bool) {
 	return h.Tensors[i], true
 }
 
-// Index is the position in Tensors of the tensor named name.
-func (h *Header) Index(name string) (int, bool) {
-	if h.byName == nil {
-		i := slices.IndexFunc(h.Tensors, func(t Tensor) bool { return t.Name == name })
-		return i, i >= 0
-	}
-	i, ok := h.byName[name]
-	return i, ok
-}
-
 // DataSize returns the size of the data section that the header describes.
 func (h *Header) DataSize() int64 {
 	if len(h.Tensors) == 0 {
