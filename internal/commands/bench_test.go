@@ -104,17 +104,23 @@ func preloadToReady(b *testing.B, model, dir string) (time.Duration, int64, int6
 
 // procStatus reads one kB field of /proc/PID/status, in bytes.
 func procStatus(pid int, field string) int64 {
+	n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(procField(pid, field), "kB")), 10, 64)
+	return n << 10
+}
+
+// procField is the value of field in /proc/<pid>/status, as written there;
+// "" when there is none.
+func procField(pid int, field string) string {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return 0
+		return ""
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return n << 10
+			return strings.TrimSpace(v)
 		}
 	}
-	return 0
+	return ""
 }
 
 func median(ds []time.Duration) time.Duration {

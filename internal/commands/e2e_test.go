@@ -101,6 +101,13 @@ func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string)
 	t.Helper()
 	cmd := wc(append([]string{"preload"}, args...)...)
 	cmd.ExtraFiles = files
+	return startPreloadCmd(t, wait, cmd)
+}
+
+// startPreloadCmd starts cmd, a preload command line (maybe behind a
+// wrapper that execs it), as startPreloadProc does.
+func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
+	t.Helper()
 	p := &preloadProc{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 16)}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
