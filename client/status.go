@@ -37,6 +37,7 @@ type DaemonStatus struct {
 	LeaseLimit     int              `json:"lease_limit"`    // leases the daemon grants at most
 	LeasesRefused  int64            `json:"leases_refused"` // a process over its cap, or the table full
 	Connections    int              `json:"connections"`
+	QueuedFDs      int              `json:"queued_fds"` // in replies not known to be read
 	Handshakes     map[string]int64 `json:"handshakes"` // by result: hit, fingerprint_mismatch, ...
 	Mismatches     map[string]int64 `json:"mismatches"` // by fingerprint field
 	Releases       int64            `json:"releases"`
@@ -68,7 +69,7 @@ func statusOf(st protocol.Stats) DaemonStatus {
 		Socket: st.Socket, Model: st.Model, Fingerprint: Fingerprint(st.Fingerprint), FingerprintSum: st.FingerprintSum,
 		Tensors: st.Tensors, Bytes: st.Bytes, Segments: st.Segments, LoadedBytes: st.LoadedBytes, TotalBytes: st.TotalBytes,
 		LoadSeconds: st.LoadSeconds, Leases: st.Leases, LeaseLimit: st.LeaseLimit, LeasesRefused: st.LeasesRefused,
-		Connections: st.Connections, Handshakes: st.Handshakes,
+		Connections: st.Connections, QueuedFDs: st.QueuedFDs, Handshakes: st.Handshakes,
 		Mismatches: st.Mismatches, Releases: st.Releases, Error: st.Error,
 	}
 	if p := st.Plan; p != nil {

@@ -45,11 +45,21 @@ func (d *Daemon) serveSession(s *session) {
 	d.serveConn(s)
 	d.mu.Lock()
 	delete(d.conns, s.uc)
-	if s.handed {
+	keep := s.handed
+	switch {
+	case s.handed:
 		d.handed = append(d.handed, s)
+	case s.unread > 0 && !readAll(s.uc) && !d.stopping():
+		// Shut, not closed: the peer reads its reply and then the end.
+		_ = s.uc.CloseWrite()
+		_ = s.uc.CloseRead()
+		d.unread = append(d.unread, s)
+		keep = true
+	default:
+		d.forgetFDsLocked(s)
 	}
 	d.mu.Unlock()
-	if !s.handed {
+	if !keep {
 		_ = s.uc.Close()
 	}
 }

@@ -68,7 +68,6 @@ func (d *Daemon) serveConn(s *session) {
 	defer func() {
 		conn.Release()
 		d.dropLease(s)
-		d.taken(s)
 		if s.writer {
 			d.abortPublish(s, "connection closed before commit")
 		}
@@ -202,38 +201,73 @@ func (d *Daemon) awaitUnread(s *session) error {
 	return nil
 }
 
-// queue counts n descriptors of a reply to s about to be sent. Over
-// MaxQueuedFDs it first forgets those of every reply whose client has read
-// it since, and then refuses: past the uid's in-flight limit every sendmsg
-// with descriptors fails, this daemon's, its other ranks' and any other
-// process's of the uid, so clients that do not read get busy instead.
+// queue counts n descriptors of a reply to s about to be sent, and
+// refuses them (busy) over MaxQueuedFDs: past the uid's in-flight limit
+// every sendmsg with descriptors fails, this daemon's, its other ranks'
+// and any other process's of the uid, and a descriptor once sent cannot be
+// taken back from a client that does not read it. Over the cap, replies
+// read since (and ended connections whose peer read or closed) are
+// forgotten first. A process that has descriptors queued already may fill
+// only three quarters of the cap: the rest is kept for processes that
+// have none, so that clients that do not read cannot lock engines out.
 func (d *Daemon) queue(s *session, n int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.queuedFDs+n > d.limits.MaxQueuedFDs {
-		for _, o := range d.conns {
-			if o.unread > 0 && readAll(o.uc) {
-				d.queuedFDs -= o.unread
-				o.unread = 0
-			}
-		}
+	limit := d.limits.MaxQueuedFDs
+	if d.peerFDs[s.pid] > 0 {
+		limit -= limit / 4
 	}
-	if d.queuedFDs+n > d.limits.MaxQueuedFDs {
+	if d.queuedFDs+n > limit {
+		d.sweepFDsLocked()
+	}
+	if d.queuedFDs+n > limit {
 		d.refused++
-		return fmt.Errorf("daemon on %s: %d descriptors are queued in replies their clients have not read (limit %d, MaxQueuedFDs); try again once they read or close", d.ln.path, d.queuedFDs, d.limits.MaxQueuedFDs)
+		return fmt.Errorf("daemon on %s: %d descriptors are queued in replies their clients have not read (limit %d of MaxQueuedFDs %d for a process with %d queued); try again once they read or close",
+			d.ln.path, d.queuedFDs, limit, d.limits.MaxQueuedFDs, d.peerFDs[s.pid])
 	}
 	s.unread = n
 	d.queuedFDs += n
+	d.peerFDs[s.pid] += n
 	return nil
 }
 
-// taken forgets the descriptors of s's last reply: read, or its
-// connection closed.
+// sweepFDsLocked forgets the descriptors of every reply its client has
+// read since, and closes the ended connections whose peer read or closed.
+func (d *Daemon) sweepFDsLocked() {
+	for _, o := range d.conns {
+		if o.unread > 0 && readAll(o.uc) {
+			d.forgetFDsLocked(o)
+		}
+	}
+	kept := d.unread[:0]
+	for _, o := range d.unread {
+		if readAll(o.uc) {
+			d.forgetFDsLocked(o)
+			_ = o.uc.Close()
+			continue
+		}
+		kept = append(kept, o)
+	}
+	clear(d.unread[len(kept):])
+	d.unread = kept
+}
+
+// taken forgets the descriptors of s's last reply, which its client read.
 func (d *Daemon) taken(s *session) {
 	d.mu.Lock()
-	d.queuedFDs -= s.unread
-	s.unread = 0
+	d.forgetFDsLocked(s)
 	d.mu.Unlock()
+}
+
+func (d *Daemon) forgetFDsLocked(s *session) {
+	if s.unread == 0 {
+		return
+	}
+	d.queuedFDs -= s.unread
+	if d.peerFDs[s.pid] -= s.unread; d.peerFDs[s.pid] <= 0 {
+		delete(d.peerFDs, s.pid)
+	}
+	s.unread = 0
 }
 
 // answer turns a handler's reply or error into the frame to send. keep is

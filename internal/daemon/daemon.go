@@ -76,10 +76,15 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
-	queuedFDs  int // sent in each connection's last reply, not known to be read
-	pub        publishState
-	handing    bool       // HandOver began: sessions stop between requests
-	handed     []*session // leased sessions stopped for the successor
+	queuedFDs  int         // sent in each connection's last reply, not known to be read
+	peerFDs    map[int]int // queuedFDs by peer pid
+	// unread are connections ended with their last reply unread: kept
+	// open, serving nothing, so that its descriptors, which stay in
+	// flight in the peer's socket, count until it reads or closes.
+	unread  []*session
+	pub     publishState
+	handing bool       // HandOver began: sessions stop between requests
+	handed  []*session // leased sessions stopped for the successor
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -142,6 +147,7 @@ func Start(cfg Config) (*Daemon, error) {
 		leaseCh:    make(chan struct{}, 1),
 		conns:      map[*net.UnixConn]*session{},
 		peerLeases: map[int]int{},
+		peerFDs:    map[int]int{},
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
@@ -212,6 +218,10 @@ stop:
 	for c := range d.conns {
 		_ = c.Close()
 	}
+	for _, s := range d.unread {
+		_ = s.uc.Close()
+	}
+	d.unread = nil
 	d.mu.Unlock()
 	d.wg.Wait()
 	d.free()
@@ -251,6 +261,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Leases:         d.leases,
 		LeasesRefused:  d.refused,
 		Connections:    len(d.conns),
+		QueuedFDs:      d.queuedFDs,
 		Handshakes:     copyMap(d.handshakes),
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
@@ -341,4 +352,14 @@ func (d *Daemon) dropLease(s *session) bool {
 	default:
 	}
 	return true
+}
+
+// stopping reports whether Shutdown has begun.
+func (d *Daemon) stopping() bool {
+	select {
+	case <-d.stopCh:
+		return true
+	default:
+		return false
+	}
 }

@@ -80,21 +80,26 @@ func TestPipelinedManifestsOneInFlight(t *testing.T) {
 	}
 	d.mu.Lock()
 	queued, want := d.queuedFDs, len(d.layout.segments)+1
+	// Both replies were read since: a sweep forgets them.
+	d.sweepFDsLocked()
+	swept := d.queuedFDs
 	d.mu.Unlock()
-	// What is left counted is the engine's: it asked nothing since.
-	if queued != want || fds != want {
-		t.Fatalf("%d descriptors counted queued after the close, want the engine's %d; the reply carried %d", queued, want, fds)
+	// Counted still: the engine's (it asked nothing since) and the closed
+	// connection's one reply.
+	if queued != 2*want || fds != want || swept != 0 {
+		t.Fatalf("%d descriptors counted queued after the close, want 2 replies of %d; the reply carried %d; %d after a sweep", queued, want, fds, swept)
 	}
 }
 
 // Descriptors queued in replies that are not read are capped over all
 // connections (clients of many processes would otherwise reach the uid's
-// in-flight limit): over the cap an engine gets a busy that says why, and
-// replies read since, an engine's among them, no longer count.
+// in-flight limit): over the cap a client gets a busy that says why, a
+// quarter of it is kept for processes with none queued, and replies read
+// since no longer count.
 func TestQueuedDescriptorsCapped(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	const per = 2 // a segment and the index
-	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxQueuedFDs = 3 * per })
+	d := start(t, model, dir, "host", func(c *Config) { c.Limits.MaxQueuedFDs = 4 * per })
 	if err := d.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -105,39 +110,39 @@ func TestQueuedDescriptorsCapped(t *testing.T) {
 		}
 		return c
 	}
+	reply := func(c *protocol.Conn) *protocol.Frame {
+		fr, err := c.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(fr.CloseFiles)
+		return fr
+	}
+	// This process may fill three quarters of the cap.
 	stalled := []*protocol.Conn{ask(), ask(), ask()}
 	waitFor(t, func() bool { return hits(d) == 3 })
-	over := ask()
-	fr, err := over.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var e protocol.Error
-	if fr.Type != protocol.TypeError || fr.Decode(&e) != nil || e.Code != protocol.CodeBusy ||
-		!strings.Contains(e.Message, "6 descriptors are queued in replies their clients have not read (limit 6") {
-		t.Fatalf("a manifest over the cap: %s", fr.Body)
+	if fr := reply(ask()); fr.Type != protocol.TypeError || fr.Decode(&e) != nil || e.Code != protocol.CodeBusy ||
+		!strings.Contains(e.Message, "6 descriptors are queued in replies their clients have not read (limit 6 of MaxQueuedFDs 8 for a process with 6 queued)") {
+		t.Fatalf("a manifest over this process's share: %s", fr.Body)
 	}
-	fr.CloseFiles()
-	fr, err = stalled[0].Recv()
-	if err != nil || fr.Type != protocol.TypeManifest {
-		t.Fatalf("a stalled client reads its manifest: %v", err)
+	// Another process, with none queued, gets the quarter kept for it.
+	if got := hog(t, model, dir, 1); got != 1 {
+		t.Fatalf("a process with nothing queued got %d leases, want 1", got)
 	}
-	fr.CloseFiles()
-	// The engine reads its manifest and keeps its lease: counted until a
-	// sweep sees it read.
-	if w := attach(t, model, dir, client.WithFallback(false)); !w.Source.Hit {
-		t.Fatalf("engine once a stalled client read: %s", w.Source)
+	// Replies read since (a stalled client's, the other process's) no
+	// longer count.
+	if fr := reply(stalled[0]); fr.Type != protocol.TypeManifest {
+		t.Fatalf("a stalled client reads its manifest: %s", fr.Body)
 	}
-	fr, err = ask().Recv()
-	if err != nil || fr.Type != protocol.TypeManifest {
-		t.Fatalf("a manifest while the only other queued reply is an engine's, read: %v", err)
+	if fr := reply(ask()); fr.Type != protocol.TypeManifest {
+		t.Fatalf("a manifest once replies were read: %s", fr.Body)
 	}
-	fr.CloseFiles()
 	d.mu.Lock()
 	queued := d.queuedFDs
 	d.mu.Unlock()
-	if queued > 3*per {
-		t.Fatalf("%d descriptors counted queued, over the cap", queued)
+	if queued != 3*per {
+		t.Fatalf("%d descriptors counted queued, want the 3 unread replies' %d", queued, 3*per)
 	}
 }
 

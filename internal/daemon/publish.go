@@ -192,8 +192,12 @@ func (d *Daemon) checkPublish(s *session, p protocol.Publish) *protocol.Error {
 const maxPublishTensors = 1 << 22
 
 // maxTensorDims is the most dimensions per tensor that maxIndexSize makes
-// room for, on average over the index.
-const maxTensorDims = 32
+// room for, on average over the index; MaxTensorDims is the most one
+// tensor of a published index may have.
+const (
+	maxTensorDims = 32
+	MaxTensorDims = 64
+)
 
 // maxIndexSize is the largest index n tensors can need: an entry, an
 // order slot, maxTensorDims dimensions and a name of MaxFieldBytes each.
@@ -360,13 +364,24 @@ func commitLayout(device string, segs []backend.Segment, idx backend.Segment, co
 	if x.Len() != count {
 		return nil, fmt.Errorf("commit lists %d tensors, the index %d", count, x.Len())
 	}
+	// The writer's pages count in the daemon's resident set while they are
+	// mapped: each pass lets go of those it read every 4096 entries.
+	drop := func() { _ = host.Drop(buf) }
 	// Sorted strictly by name: no name is listed twice.
-	if err := x.CheckOrder(); err != nil {
+	if err := x.CheckOrder(drop); err != nil {
 		return nil, err
 	}
 	sizes := segmentSizes(segs)
 	var data int64
 	for i := range x.Len() {
+		if i%4096 == 4095 {
+			drop()
+		}
+		// Checked before Entry copies them: a name may span the whole
+		// string table, and a shape the whole dims table.
+		if n, dims := x.Lens(i); n > MaxFieldBytes || dims > MaxTensorDims {
+			return nil, fmt.Errorf("manifest index entry %d: a name of %d bytes or %d dimensions, over the limits of %d and %d", i, n, dims, MaxFieldBytes, MaxTensorDims)
+		}
 		t, err := x.Entry(i)
 		if err != nil {
 			return nil, err
@@ -399,7 +414,7 @@ func commitLayout(device string, segs []backend.Segment, idx backend.Segment, co
 				return 0, fmt.Errorf("checksum tensor %s: %w", t.Name, err)
 			}
 			return crc, nil
-		})
+		}, drop)
 	})
 	if err != nil {
 		return nil, err

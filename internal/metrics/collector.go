@@ -32,6 +32,7 @@ var (
 	descLeaseLimit = desc("weightcache_lease_limit", "Leases the rank grants at most; leases at it lock new engines out.")
 	descRefused    = desc("weightcache_leases_refused_total", "Leases refused: a process over --max-leases-per-process, the table full, or too many descriptors queued unread.")
 	descConns      = desc("weightcache_connections", "Open client connections.")
+	descQueued     = desc("weightcache_queued_descriptors", "Descriptors sent in replies their clients have not read yet (capped at a 16th of RLIMIT_NOFILE).")
 	descRestarts   = desc("weightcache_rank_restarts_total", "Times the rank's daemon died and was replaced on its socket with its segments, reading nothing.")
 	descRead       = prometheus.NewDesc("weightcache_checkpoint_read_bytes_total", "Checkpoint bytes the launcher read since it started: one checkpoint, unless a load was repeated.", nil, nil)
 )
@@ -44,7 +45,7 @@ type collector struct{ src Source }
 func newCollector(src Source) *collector { return &collector{src: src} }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descRestarts, descRead} {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descQueued, descRestarts, descRead} {
 		ch <- d
 	}
 }
@@ -99,6 +100,7 @@ func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string)
 	ch <- prometheus.MustNewConstMetric(descLeaseLimit, prometheus.GaugeValue, float64(st.LeaseLimit), l...)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.LeasesRefused), l...)
 	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(st.Connections), l...)
+	ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(st.QueuedFDs), l...)
 	for _, res := range results {
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(st.Handshakes[res]), with(res)...)
 	}

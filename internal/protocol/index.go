@@ -212,6 +212,13 @@ func (x *Index) name(i int) []byte {
 	return x.b[x.strs+int64(off):][:n]
 }
 
+// Lens is entry i's name length and number of dimensions, as stated: a
+// reader with limits checks them before Entry copies that much.
+func (x *Index) Lens(i int) (name, dims uint32) {
+	e := x.entry(i)
+	return binary.LittleEndian.Uint32(e[8:]), binary.LittleEndian.Uint32(e[12:])
+}
+
 // Entry decodes entry i (0 <= i < Len): a copy, valid after the index is
 // unmapped. Its place in a segment is not checked here: the caller knows
 // the segments.
@@ -282,10 +289,15 @@ func (x *Index) at(k int) int {
 
 // CheckOrder checks that the order table lists every entry, sorted
 // strictly by name: Find then finds each one, and no name is listed
-// twice. Nothing per entry is allocated, whatever the count.
-func (x *Index) CheckOrder() error {
+// twice. Nothing per entry is allocated, whatever the count; every, when
+// set, is called after each 4096 slots (a reader of a mapping drops the
+// pages it read).
+func (x *Index) CheckOrder(every func()) error {
 	var prev []byte
 	for k := range x.n {
+		if every != nil && k%4096 == 4095 {
+			every()
+		}
 		i := x.at(k)
 		if i < 0 {
 			return fmt.Errorf("%w: manifest index: order slot %d names an entry past the %d there are", ErrBadFrame, k, x.n)
@@ -308,9 +320,10 @@ func (x *Index) CheckOrder() error {
 }
 
 // Rewrite writes x to w with entry i's checksum replaced by sum(i), a
-// chunk of entries at a time: how a daemon serves a writer's index as its
-// own without holding a decoded copy.
-func (x *Index) Rewrite(w io.WriterAt, sum func(i int) (uint32, error)) error {
+// chunk at a time: how a daemon serves a writer's index as its own
+// without holding a decoded copy. every, when set, is called after each
+// chunk (a reader of a mapping drops the pages it read).
+func (x *Index) Rewrite(w io.WriterAt, sum func(i int) (uint32, error), every func()) error {
 	if _, err := w.WriteAt(x.b[:x.entries], 0); err != nil {
 		return err
 	}
@@ -329,7 +342,17 @@ func (x *Index) Rewrite(w io.WriterAt, sum func(i int) (uint32, error)) error {
 		if _, err := w.WriteAt(chunk, at); err != nil {
 			return err
 		}
+		if every != nil {
+			every()
+		}
 	}
-	_, err := w.WriteAt(x.b[x.order:], x.order)
-	return err
+	for at := x.order; at < int64(len(x.b)); at += 4 << 20 {
+		if _, err := w.WriteAt(x.b[at:min(at+4<<20, int64(len(x.b)))], at); err != nil {
+			return err
+		}
+		if every != nil {
+			every()
+		}
+	}
+	return nil
 }

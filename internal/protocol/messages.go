@@ -156,6 +156,7 @@ type Stats struct {
 	LeaseLimit     int                    `json:"lease_limit"`    // leases granted at most, in all
 	LeasesRefused  int64                  `json:"leases_refused"` // a process's cap, or the table full
 	Connections    int                    `json:"connections"`
+	QueuedFDs      int                    `json:"queued_fds"` // in replies not known to be read
 	Handshakes     map[string]int64       `json:"handshakes"`
 	Mismatches     map[string]int64       `json:"mismatches"`
 	Releases       int64                  `json:"releases"`

@@ -128,6 +128,12 @@ func Map(f *os.File, size int64) ([]byte, error) {
 	return b, nil
 }
 
+// Drop lets go of the pages of a mapping made by Map that were read so
+// far, keeping the mapping: they are the memfd's still, and a later read
+// faults them in again. A reader of a large segment keeps its resident
+// set small with it.
+func Drop(b []byte) error { return unix.Madvise(b, unix.MADV_DONTNEED) }
+
 // Unmap releases a mapping made by Map.
 func Unmap(b []byte) error { return unix.Munmap(b) }
 

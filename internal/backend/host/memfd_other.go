@@ -19,6 +19,9 @@ func (s *segment) fill(func([]byte) error) error { return ErrUnsupported }
 // Map is not supported on this platform.
 func Map(f *os.File, size int64) ([]byte, error) { return nil, ErrUnsupported }
 
+// Drop is not supported on this platform.
+func Drop(b []byte) error { return ErrUnsupported }
+
 // Unmap is not supported on this platform.
 func Unmap(b []byte) error { return ErrUnsupported }
 
