@@ -129,11 +129,20 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 // gets the connect timeout, and waiting for a loading daemon the state
 // timeout. A daemon that goes away before the manifest, or answers no
 // hello, is a reasonAgain miss: connect tries again.
-func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options, helloBy time.Time) (*Weights, Source) {
+func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, helloBy time.Time) (*Weights, Source) {
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.connectTimeout) }
 	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name}
+	// The manifest request goes out with the hello: a ready daemon answers
+	// both in turn, a round trip saved. One that is not ready answers it
+	// not_ready and keeps the connection; mismatched files leave it unread
+	// on a connection that is closed.
+	reqs := []any{hello}
+	pipelined := a.change == "" && !a.serial
+	if pipelined {
+		reqs = append(reqs, protocol.NewHead(protocol.TypeManifest))
+	}
 	sctx, cancel := context.WithDeadline(ctx, helloBy)
-	fr, err := conn.Call(sctx, hello, protocol.TypeOK, protocol.TypeMismatch)
+	fr, err := conn.Pipeline(sctx, reqs, protocol.TypeOK, protocol.TypeMismatch)
 	cancel()
 	if errors.Is(err, context.DeadlineExceeded) {
 		// The connect budget is spent: connect gives up with the first
@@ -154,7 +163,26 @@ func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options, h
 		return nil, miss(ReasonEmpty, "", errors.New("daemon holds no weights yet: load from disk and publish"))
 	}
 	identity := ok.Identity
+	var early *protocol.Frame // a manifest answered before wait_ready
+	defer func() {
+		if early != nil {
+			early.CloseFiles()
+		}
+	}()
 	if ok.State != protocol.StateReady {
+		if pipelined {
+			// Not ready at the hello: the manifest asked with it comes back
+			// not_ready, or, ready in between, as the manifest.
+			sctx, cancel = step()
+			early, err = conn.Await(sctx, protocol.TypeManifest, protocol.TypeMismatch)
+			cancel()
+			if errors.Is(err, protocol.ErrNotReady) {
+				early, err, pipelined, a.serial = nil, nil, false, true
+			}
+			if err != nil {
+				return nil, protocolMiss(err)
+			}
+		}
 		wctx, cancel := context.WithTimeout(ctx, o.stateTimeout+o.connectTimeout)
 		fr, err := conn.Call(wctx, protocol.WaitReady{Head: protocol.NewHead(protocol.TypeWaitReady), TimeoutMS: o.stateTimeout.Milliseconds()}, protocol.TypeReady)
 		cancel()
@@ -180,7 +208,14 @@ func handshake(ctx context.Context, conn *protocol.Conn, a attempt, o options, h
 		return nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; the headers are the same (verify_content would compare every tensor)", a.change))
 	}
 	sctx, cancel = step()
-	fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
+	switch {
+	case early != nil:
+		fr, early = early, nil
+	case pipelined:
+		fr, err = conn.Await(sctx, protocol.TypeManifest, protocol.TypeMismatch)
+	default:
+		fr, err = conn.Call(sctx, protocol.NewHead(protocol.TypeManifest), protocol.TypeManifest, protocol.TypeMismatch)
+	}
 	cancel()
 	if err != nil {
 		return nil, protocolMiss(err)

@@ -178,8 +178,11 @@ func TestFallbackReasons(t *testing.T) {
 		{"daemon draining", func(c *protocol.Conn) {
 			answer(c, protocol.Errorf(protocol.CodeDraining, "draining"))
 		}, ReasonNoDaemon, "draining"},
+		// The manifest asked with the hello is answered not_ready, then
+		// the wait.
 		{"still loading", func(c *protocol.Conn) {
 			answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateLoading})
+			answer(c, protocol.Errorf(protocol.CodeNotReady, "not ready: wait_ready first"))
 			answer(c, protocol.Errorf(protocol.CodeNotReady, "still loading"))
 		}, ReasonNotReadyTimeout, "still loading"},
 		{"silent daemon", func(c *protocol.Conn) { c.Recv(); time.Sleep(time.Second) }, ReasonProtocolError, "deadline"},

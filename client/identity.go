@@ -23,6 +23,11 @@ type attempt struct {
 	// change is, on a second try, how the engine's files differ from the
 	// daemon's; the fingerprint then carries the checkpoint hash.
 	change string
+	// serial sends the hello alone, the manifest asked only once ready:
+	// set after a daemon that was not ready answered the manifest sent
+	// with the hello (one from before pipelining closes the connection
+	// after that answer, and the next try must wait for it instead).
+	serial bool
 }
 
 // reasonRehash is internal to Attach: the files' identity differs, so try

@@ -42,7 +42,7 @@ func connect(ctx context.Context, sock string, a attempt, o options) (*Weights, 
 		switch {
 		case err == nil:
 			var w *Weights
-			if w, src = handshake(ctx, conn, a, o, by); src.Reason != reasonAgain {
+			if w, src = handshake(ctx, conn, &a, o, by); src.Reason != reasonAgain {
 				if !src.Hit {
 					_ = conn.Close()
 				}

@@ -98,7 +98,7 @@ func TestGivesUpOnADaemonThatKeepsDying(t *testing.T) {
 	took := time.Since(start)
 	var me *MissError
 	if !errors.As(err, &me) || me.Source.Reason != ReasonProtocolError ||
-		!strings.Contains(err.Error(), "peer closed the connection before its ok reply; retried") {
+		!strings.Contains(err.Error(), "peer closed the connection before its ok reply") || !strings.Contains(err.Error(), "; retried") {
 		t.Fatalf("Attach = %v, want a protocol_error miss naming the retries", err)
 	}
 	if took > 300*time.Millisecond+time.Second || conns.Load() < 3 {
@@ -189,5 +189,37 @@ func TestNoRetry(t *testing.T) {
 				t.Fatalf("Attach = %v after %d connections, want %s after one", err, conns.Load(), tt.reason)
 			}
 		})
+	}
+}
+
+// A daemon from before pipelining answers the manifest sent with a hello
+// that found it loading with not_ready, and closes the connection: the
+// engine connects again, sends the hello alone and waits as it did.
+func TestLoadingDaemonThatClosesAfterAnEarlyManifest(t *testing.T) {
+	model := synth(t)
+	var conns atomic.Int32
+	dir := fakeDaemon(t, func(c *protocol.Conn) {
+		answer(c, protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateLoading})
+		fr, err := c.Recv()
+		if err != nil {
+			return
+		}
+		fr.CloseFiles()
+		if conns.Add(1) == 1 {
+			if fr.Type != protocol.TypeManifest {
+				t.Errorf("first connection: %s after the hello, want the manifest sent with it", fr.Type)
+			}
+			_ = c.Send(protocol.Errorf(protocol.CodeNotReady, "daemon is loading"))
+			return
+		}
+		if fr.Type != protocol.TypeWaitReady {
+			t.Errorf("second connection: %s after the hello, want wait_ready", fr.Type)
+		}
+		_ = c.Send(protocol.Errorf(protocol.CodeNotReady, "still loading"))
+	})
+	_, err := Attach(context.Background(), model, WithSocketDir(dir), WithFallback(false))
+	var me *MissError
+	if !errors.As(err, &me) || me.Source.Reason != ReasonNotReadyTimeout || !strings.Contains(err.Error(), "still loading") || conns.Load() != 2 {
+		t.Fatalf("Attach = %v after %d connections, want not_ready_timeout saying still loading after 2", err, conns.Load())
 	}
 }

@@ -17,6 +17,7 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 	if s.hello == nil {
 		return reply{}, protocol.Errorf(protocol.CodeBadRequest, "wait_ready before hello")
 	}
+	s.early = false
 	timer := time.NewTimer(msDuration(w.TimeoutMS))
 	defer timer.Stop()
 	for {
@@ -61,6 +62,10 @@ func (d *Daemon) manifest(s *session) (reply, error) {
 	state, l := d.state, d.layout
 	d.mu.Unlock()
 	if state != stateReady || l == nil {
+		if s.early && state != stateDraining {
+			s.early = false
+			return reply{}, retryable{protocol.Errorf(protocol.CodeNotReady, "daemon on %s is %s: wait_ready first", d.ln.path, state)}
+		}
 		d.count(protocol.ResultNotReady, nil)
 		code := protocol.CodeNotReady
 		if state == stateDraining {

@@ -24,6 +24,11 @@ type session struct {
 	hello  *protocol.Hello
 	leased bool
 	writer bool // holds the publish claim; see publish.go
+	// early is set while the hello said the daemon is not ready and no
+	// wait_ready followed: a manifest request then is one a client sent
+	// with its hello (protocol.Conn.Pipeline), answered not_ready without
+	// closing the connection or counting a handshake.
+	early bool
 	handed bool // its lease goes to a successor (handover.go)
 
 	// Guarded by Daemon.mu: what eviction sees of the connection, as of

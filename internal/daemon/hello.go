@@ -48,6 +48,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	if l := d.served(); l != nil {
 		return reply{msg: l.hello}, nil
 	}
+	s.early = true
 	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version}}, nil
 }
 

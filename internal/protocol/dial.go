@@ -32,29 +32,66 @@ func Dial(ctx context.Context, path string) (*Conn, error) {
 // closes or resets the connection before its reply is ErrClosed. The
 // context's deadline bounds the exchange.
 func (c *Conn) Call(ctx context.Context, req any, want string, also ...string) (*Frame, error) {
+	return c.Pipeline(ctx, []any{req}, want, also...)
+}
+
+// Pipeline is Call sending every one of reqs before it reads the reply to
+// the first: the peer answers them in turn, and the caller reads the
+// replies to the others with Await, a round trip each saved.
+func (c *Conn) Pipeline(ctx context.Context, reqs []any, want string, also ...string) (*Frame, error) {
+	stop, err := c.bound(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	for i, req := range reqs {
+		if err := c.Send(req); err != nil {
+			if i > 0 && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+				// The peer answered the first and closed (a mismatch,
+				// say): its answer is queued for us still.
+				break
+			}
+			// A daemon that refuses a connection (busy at its connection
+			// limit) says why and closes it before reading the request: its
+			// reason is still queued for us, and beats "broken pipe".
+			if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+				if fr, rerr := c.Recv(); rerr == nil && fr.Type == TypeError {
+					fr.CloseFiles()
+					var we Error
+					if fr.Decode(&we) == nil {
+						return nil, &we
+					}
+				}
+				return nil, fmt.Errorf("%w before its %s reply: %w", ErrClosed, want, err)
+			}
+			return nil, err
+		}
+	}
+	return c.reply(ctx, want, also...)
+}
+
+// Await reads the reply to a request sent before, as Call reads its own.
+func (c *Conn) Await(ctx context.Context, want string, also ...string) (*Frame, error) {
+	stop, err := c.bound(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	return c.reply(ctx, want, also...)
+}
+
+// bound makes ctx's deadline and cancellation the connection's, until the
+// returned stop.
+func (c *Conn) bound(ctx context.Context) (stop func() bool, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		if err := c.uc.SetDeadline(dl); err != nil {
 			return nil, err
 		}
 	}
-	stop := context.AfterFunc(ctx, func() { _ = c.uc.SetDeadline(aLongTimeAgo) })
-	defer stop()
-	if err := c.Send(req); err != nil {
-		// A daemon that refuses a connection (busy at its connection
-		// limit) says why and closes it before reading the request: its
-		// reason is still queued for us, and beats "broken pipe".
-		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
-			if fr, rerr := c.Recv(); rerr == nil && fr.Type == TypeError {
-				fr.CloseFiles()
-				var we Error
-				if fr.Decode(&we) == nil {
-					return nil, &we
-				}
-			}
-			return nil, fmt.Errorf("%w before its %s reply: %w", ErrClosed, want, err)
-		}
-		return nil, err
-	}
+	return context.AfterFunc(ctx, func() { _ = c.uc.SetDeadline(aLongTimeAgo) }), nil
+}
+
+func (c *Conn) reply(ctx context.Context, want string, also ...string) (*Frame, error) {
 	fr, err := c.Recv()
 	switch {
 	case err == nil:
