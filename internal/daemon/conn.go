@@ -28,7 +28,7 @@ type session struct {
 	// wait_ready followed: a manifest request then is one a client sent
 	// with its hello (protocol.Conn.Pipeline), answered not_ready without
 	// closing the connection or counting a handshake.
-	early bool
+	early  bool
 	handed bool // its lease goes to a successor (handover.go)
 
 	// Guarded by Daemon.mu: what eviction sees of the connection, as of
