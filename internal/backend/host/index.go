@@ -13,28 +13,23 @@ import (
 // whatever the rank's device: clients map it beside the segments. The
 // launcher writes its ranks' indexes with it, the daemon its own.
 func WriteIndex(tensors []protocol.Tensor) (backend.Segment, error) {
-	size := protocol.IndexSize(tensors)
-	seg, err := newSegment("weightcache:host", size)
-	if err != nil {
-		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
-	}
 	// Encoded straight into a shared mapping, so that the table never sits
 	// in private memory.
-	if err := seg.fill(func(b []byte) error { return protocol.EncodeIndex(b, tensors) }); err != nil {
-		_ = seg.Free()
-		return nil, fmt.Errorf("manifest index: %w", err)
-	}
-	if err := seg.Seal(); err != nil {
-		_ = seg.Free()
-		return nil, fmt.Errorf("manifest index: %w", err)
-	}
-	return seg, nil
+	return sealedIndex(protocol.IndexSize(tensors), func(s *segment) error {
+		return s.fill(func(b []byte) error { return protocol.EncodeIndex(b, tensors) })
+	})
 }
 
 // CopyIndex writes a fresh sealed memfd of size bytes with write, which
 // gets the unsealed segment to write into with WriteAt (through the page
 // cache, never a mapping: the copy stays out of the daemon's resident set).
 func CopyIndex(size int64, write func(io.WriterAt) error) (backend.Segment, error) {
+	return sealedIndex(size, func(s *segment) error { return write(s) })
+}
+
+// sealedIndex is a fresh memfd of size bytes, filled by write and sealed;
+// on error nothing is kept.
+func sealedIndex(size int64, write func(*segment) error) (backend.Segment, error) {
 	seg, err := newSegment("weightcache:host", size)
 	if err != nil {
 		return nil, fmt.Errorf("manifest index of %d bytes: %w", size, err)
