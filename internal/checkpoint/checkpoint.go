@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
 )
@@ -31,10 +32,13 @@ var (
 
 // Shard is one safetensors file of a checkpoint.
 type Shard struct {
-	Name   string // path relative to Checkpoint.Dir, slash-separated
-	Path   string // Dir joined with Name
-	Size   int64
-	Header *safetensors.Header
+	Name string // path relative to Checkpoint.Dir, slash-separated
+	Path string // Dir joined with Name
+	Size int64
+	// DataStart is the file offset of the data section, 8 + the header's
+	// length (Header.DataStart once parsed).
+	DataStart int64
+	Header    *safetensors.Header
 }
 
 // Checkpoint is a resolved, validated model checkpoint. Only headers are
@@ -52,6 +56,12 @@ type Checkpoint struct {
 	Identity Identity
 
 	hash string // set by Resolve
+
+	// lazy is set by ResolveLazily until Parse: the shards' headers are
+	// read and hashed, not parsed.
+	lazy      *shardList
+	parseOnce sync.Once
+	parseErr  error
 }
 
 // TensorRef is one tensor and the shard that holds it.
@@ -88,6 +98,86 @@ func Resolve(model, revision string) (*Checkpoint, error) {
 	}
 	c.hash = hashShards(c.Shards)
 	return c, nil
+}
+
+// ResolveLazily is Resolve for a preload that may find its segments
+// served already (a takeover): each shard's header is read and hashed,
+// and parsed only by Parse, or by the first call that needs the tensors.
+// The fingerprint and the stat identity are complete at once. A checkpoint
+// whose weight dtype comes from its tensors (no torch_dtype in config.json),
+// or anything unusual on the way, is resolved in full, with Resolve's
+// errors.
+func ResolveLazily(model, revision string) (*Checkpoint, error) {
+	if model == "" {
+		return Resolve(model, revision)
+	}
+	dir, rev, err := locate(model, revision)
+	if err != nil {
+		return nil, err
+	}
+	c := &Checkpoint{Dir: dir, Revision: rev}
+	if err := c.readConfig(); err != nil || c.TorchDType == "" {
+		return Resolve(model, revision)
+	}
+	l, err := c.listShards()
+	if err == nil {
+		err = c.readShards(l, rawShard)
+	}
+	if err != nil {
+		return Resolve(model, revision)
+	}
+	c.hash, c.lazy = hashShards(c.Shards), l
+	return c, nil
+}
+
+// Parse parses and checks the headers a lazily resolved checkpoint kept
+// (nothing to do after Resolve), with the errors Resolve would give.
+func (c *Checkpoint) Parse() error {
+	c.parseOnce.Do(func() {
+		if l := c.lazy; l != nil {
+			c.parseErr = c.parseKept(l)
+		}
+	})
+	return c.parseErr
+}
+
+// parseKept parses the header bytes read and hashed, never the files
+// again: what is served is what the fingerprint describes. Each shard's
+// Header is replaced in place; Size and DataSize read other fields, so
+// they may run meanwhile.
+func (c *Checkpoint) parseKept(l *shardList) error {
+	headers := make([]*safetensors.Header, len(c.Shards))
+	errs := make([]error, len(c.Shards))
+	var wg sync.WaitGroup
+	for i := range c.Shards {
+		wg.Go(func() {
+			s := &c.Shards[i]
+			headers[i], errs[i] = safetensors.ParseHeader(s.Header.Raw, s.Size-s.DataStart)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("%w: %s: %w", ErrInvalid, s.Path, errs[i])
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err // the first shard's, as Resolve reports it
+		}
+	}
+	for i := range c.Shards {
+		c.Shards[i].Header = headers[i]
+	}
+	return l.check(c.Shards)
+}
+
+// DataSize is the bytes of tensor data over all shards: each file's size
+// less its header, which the header's entries tile exactly.
+func (c *Checkpoint) DataSize() int64 {
+	var n int64
+	for i := range c.Shards {
+		n += c.Shards[i].Size - c.Shards[i].DataStart
+	}
+	return n
 }
 
 // locate maps model to a directory: an existing directory wins, otherwise
@@ -145,14 +235,15 @@ func hashShards(shards []Shard) string {
 // Size returns the total size of the shard files in bytes.
 func (c *Checkpoint) Size() int64 {
 	var n int64
-	for _, s := range c.Shards {
-		n += s.Size
+	for i := range c.Shards {
+		n += c.Shards[i].Size
 	}
 	return n
 }
 
 // NumTensors returns the number of tensors over all shards.
 func (c *Checkpoint) NumTensors() int {
+	_ = c.Parse()
 	n := 0
 	for _, s := range c.Shards {
 		n += len(s.Header.Tensors)
@@ -163,6 +254,7 @@ func (c *Checkpoint) NumTensors() int {
 // Tensors returns every tensor in shard order, then data order within a
 // shard: the order that reads each file front to back.
 func (c *Checkpoint) Tensors() []TensorRef {
+	_ = c.Parse()
 	out := make([]TensorRef, 0, c.NumTensors())
 	for i := range c.Shards {
 		s := &c.Shards[i]

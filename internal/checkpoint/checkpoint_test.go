@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -283,5 +284,44 @@ func TestIndexListingATensorTwiceKeepsTheLast(t *testing.T) {
 	c, err := Resolve(dir, "")
 	if err != nil || len(c.Shards) != 2 || c.NumTensors() != 2 {
 		t.Fatalf("Resolve: %v", err)
+	}
+}
+
+// ResolveLazily gives Resolve's fingerprint and identity before any header
+// is parsed, the same tensors once parsed, and Resolve's errors from Parse.
+func TestResolveLazily(t *testing.T) {
+	dir := shardedDir(t)
+	full, err := Resolve(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lazy, err := ResolveLazily(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lazy.lazy == nil || lazy.Shards[0].Header.Tensors != nil {
+		t.Fatal("ResolveLazily parsed the headers")
+	}
+	ffp, _ := full.Fingerprint("", 1, 0, 1, 0)
+	lfp, _ := lazy.Fingerprint("", 1, 0, 1, 0)
+	if lfp != ffp || !slices.Equal(lazy.Identity, full.Identity) || lazy.Size() != full.Size() || lazy.DataSize() != full.DataSize() {
+		t.Fatalf("lazy fingerprint %+v, identity %v, sizes %d %d; full %+v, %v, %d %d",
+			lfp, lazy.Identity, lazy.Size(), lazy.DataSize(), ffp, full.Identity, full.Size(), full.DataSize())
+	}
+	if err := lazy.Parse(); err != nil || lazy.NumTensors() != full.NumTensors() || len(lazy.Tensors()) != 3 {
+		t.Fatalf("Parse: %v; %d tensors, want %d", err, lazy.NumTensors(), full.NumTensors())
+	}
+	// A shard whose header is not JSON: read and hashed at once, refused
+	// by Parse as Resolve refuses it.
+	bad := t.TempDir()
+	writeText(t, filepath.Join(bad, "config.json"), `{"torch_dtype":"float32"}`)
+	writeText(t, filepath.Join(bad, "model.safetensors"), "\x02\x00\x00\x00\x00\x00\x00\x00{x")
+	_, want := Resolve(bad, "")
+	lazy, err = ResolveLazily(bad, "")
+	if err != nil || want == nil {
+		t.Fatalf("ResolveLazily of a bad header: %v (Resolve: %v)", err, want)
+	}
+	if got := lazy.Parse(); got == nil || got.Error() != want.Error() || !errors.Is(got, ErrInvalid) {
+		t.Fatalf("Parse: %v, want Resolve's %v", got, want)
 	}
 }

@@ -98,5 +98,5 @@ func rawShard(dir, name string) (Shard, error) {
 	if _, err := f.ReadAt(raw, 8); err != nil {
 		return Shard{}, err
 	}
-	return Shard{Name: name, Path: p, Size: st.Size(), Header: &safetensors.Header{Raw: raw, DataStart: 8 + int64(n)}}, nil
+	return Shard{Name: name, Path: p, Size: st.Size(), DataStart: 8 + int64(n), Header: &safetensors.Header{Raw: raw, DataStart: 8 + int64(n)}}, nil
 }

@@ -25,47 +25,71 @@ const IndexName = "model.safetensors.index.json"
 // loadShards finds the shard files, reads and validates their headers and
 // checks that every tensor lives in exactly one shard.
 func (c *Checkpoint) loadShards() error {
-	idxPath := filepath.Join(c.Dir, IndexName)
-	idxStat, statErr := statFile(idxPath) // before it is read
-	data, err := os.ReadFile(idxPath)
-	indexed := err == nil
-	var names []string
-	var sum *indexSum
+	l, err := c.listShards()
+	if err != nil {
+		return err
+	}
+	if err := c.readShards(l, readShard); err != nil {
+		return err
+	}
+	return l.check(c.Shards)
+}
+
+// shardList is what the index (or the directory) says the shards are.
+type shardList struct {
+	idxPath string
+	indexed bool
+	data    []byte    // the index
+	sum     *indexSum // of a plain index
+	names   []string
+}
+
+// listShards names the shard files and records their stat identity,
+// before any header is read.
+func (c *Checkpoint) listShards() (*shardList, error) {
+	l := &shardList{idxPath: filepath.Join(c.Dir, IndexName)}
+	idxStat, statErr := statFile(l.idxPath) // before it is read
+	data, err := os.ReadFile(l.idxPath)
 	switch {
 	case err == nil:
-		if names, sum, err = indexShards(idxPath, data); err != nil {
-			return err
+		l.indexed, l.data = true, data
+		if l.names, l.sum, err = indexShards(l.idxPath, data); err != nil {
+			return nil, err
 		}
 	case errors.Is(err, fs.ErrNotExist):
-		if names, err = globShards(c.Dir); err != nil {
-			return err
+		if l.names, err = globShards(c.Dir); err != nil {
+			return nil, err
 		}
 	default:
-		return err
+		return nil, err
 	}
-	if c.Identity, err = recordIdentity(c.Dir, names, false); err != nil {
-		return err
+	if c.Identity, err = recordIdentity(c.Dir, l.names, false); err != nil {
+		return nil, err
 	}
-	if indexed && c.Identity != nil && statErr == nil {
+	if l.indexed && c.Identity != nil && statErr == nil {
 		idxStat.Name = IndexName
 		c.Identity = append(Identity{idxStat}, c.Identity...)
-	} else if indexed {
+	} else if l.indexed {
 		c.Identity = nil
 	}
-	// Headers are parsed side by side: at 100,000 tensors the parse, not
-	// the read, is most of the time.
-	c.Shards = make([]Shard, len(names))
-	errs := make([]error, len(names))
+	return l, nil
+}
+
+// readShards reads every shard of l with read, side by side: at 100,000
+// tensors the parse, not the read, is most of the time.
+func (c *Checkpoint) readShards(l *shardList, read func(dir, name string) (Shard, error)) error {
+	shards := make([]Shard, len(l.names))
+	errs := make([]error, len(l.names))
 	var wg sync.WaitGroup
 	next := make(chan int)
-	for range min(len(names), runtime.GOMAXPROCS(0)) {
+	for range min(len(l.names), runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for i := range next {
-				c.Shards[i], errs[i] = readShard(c.Dir, names[i])
+				shards[i], errs[i] = read(c.Dir, l.names[i])
 			}
 		})
 	}
-	for i := range names {
+	for i := range l.names {
 		next <- i
 	}
 	close(next)
@@ -74,16 +98,22 @@ func (c *Checkpoint) loadShards() error {
 		if err == nil {
 			continue
 		}
-		c.Shards = nil
-		if indexed && errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: %s names shard %s, which is missing: %v", ErrInvalid, idxPath, names[i], err)
+		if l.indexed && errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %s names shard %s, which is missing: %v", ErrInvalid, l.idxPath, l.names[i], err)
 		}
 		return err
 	}
-	if indexed {
-		return checkIndex(idxPath, data, sum, c.Shards)
+	c.Shards = shards
+	return nil
+}
+
+// check requires the parsed shards to agree with the index, or, without
+// one, no tensor to be in two shards.
+func (l *shardList) check(shards []Shard) error {
+	if l.indexed {
+		return checkIndex(l.idxPath, l.data, l.sum, shards)
 	}
-	return checkDisjoint(c.Shards)
+	return checkDisjoint(shards)
 }
 
 // indexShards returns the shard names the index data uses, sorted, and,
@@ -240,7 +270,7 @@ func readShard(dir, name string) (Shard, error) {
 		}
 		return Shard{}, err
 	}
-	s := Shard{Name: name, Path: p, Size: f.Size, Header: f.Header}
+	s := Shard{Name: name, Path: p, Size: f.Size, DataStart: f.Header.DataStart, Header: f.Header}
 	if err := f.Close(); err != nil {
 		return Shard{}, fmt.Errorf("%s: %w", p, err)
 	}

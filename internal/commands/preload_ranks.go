@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,7 @@ type rankFlags struct {
 	draftModel, draftDType, draftRev string
 	healthHost                       string
 	healthPort                       int
+	lazy                             bool // checkpoints resolved without parsing their headers
 }
 
 func (r *rankFlags) register(fs *flag.FlagSet) {
@@ -87,6 +89,11 @@ func (r *rankFlags) config(fs *flag.FlagSet, p *preloadFlags) (launcher.Config, 
 	if _, err := launcher.Map(cfg.Devices, cfg.Layout); err != nil {
 		return cfg, usageErrorf("%v", err)
 	}
+	// A preload that may be handed its segments (a takeover, or systemd's
+	// fd store) needs the fingerprint at once and the tensors only for a
+	// fresh load: at 100,000 tensors parsing the headers is most of a
+	// takeover. With TP > 1 the plan is checked against them first.
+	r.lazy = r.tp == 1 && (p.takeover || os.Getenv("LISTEN_FDS") != "")
 	main, err := r.group("main", p.model, p.revision, p.dtype, r.shardingPlan, r.wcPort)
 	if err != nil {
 		return cfg, err
@@ -135,7 +142,11 @@ func (r *rankFlags) group(name, model, revision, dtypeFlag, planFile string, por
 	if err != nil {
 		return launcher.Group{}, usageErrorf("group %s: dtype: %v", name, err)
 	}
-	ckpt, err := checkpoint.Resolve(model, revision)
+	resolve := checkpoint.Resolve
+	if r.lazy {
+		resolve = checkpoint.ResolveLazily
+	}
+	ckpt, err := resolve(model, revision)
 	if err != nil {
 		return launcher.Group{}, err
 	}

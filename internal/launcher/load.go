@@ -51,6 +51,10 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		}
 		return l.awaitReady(ctx, procs)
 	}
+	// Resolved lazily (a takeover that found no cache to take): parsed now.
+	if err := g.Checkpoint.Parse(); err != nil {
+		return fmt.Errorf("group %s: %w", g.Name, err)
+	}
 	cfg := scatter.Config{
 		Checkpoint: g.Checkpoint, Plan: g.Plan, Model: g.Heads, TPSize: l.cfg.Layout.TP,
 		Workers: l.cfg.Workers, ReadLimit: l.cfg.ReadLimit, Read: &l.read,

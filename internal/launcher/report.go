@@ -30,9 +30,7 @@ func (r *report) add(g Group, res *scatter.Result) {
 	defer r.mu.Unlock()
 	r.readBytes += res.ReadBytes
 	r.fileBytes += g.Checkpoint.Size()
-	for _, s := range g.Checkpoint.Shards {
-		r.dataBytes += s.Header.DataSize()
-	}
+	r.dataBytes += g.Checkpoint.DataSize()
 	r.loadSeconds += res.Elapsed.Seconds()
 }
 
@@ -42,9 +40,7 @@ func (r *report) addServed(g Group) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fileBytes += g.Checkpoint.Size()
-	for _, s := range g.Checkpoint.Shards {
-		r.dataBytes += s.Header.DataSize()
-	}
+	r.dataBytes += g.Checkpoint.DataSize()
 }
 
 // ReadyLine is the one JSON line preload prints on stdout once every rank
@@ -101,7 +97,7 @@ type ReadyRank struct {
 func (l *launcher) printReady() error {
 	r := &l.report
 	line := ReadyLine{
-		Event: "ready", Model: l.cfg.Groups[0].Model, Tensors: l.cfg.Groups[0].Checkpoint.NumTensors(),
+		Event: "ready", Model: l.cfg.Groups[0].Model, Tensors: l.tensors(),
 		LoadSeconds: r.localSeconds, LoaderSeconds: r.loadSeconds, PID: os.Getpid(), ReadBytes: r.readBytes, DataBytes: r.dataBytes, FileBytes: r.fileBytes,
 		NNodes: l.cfg.Layout.NNodes, NodeRank: l.cfg.Layout.NodeRank, Plan: l.cfg.Groups[0].Report,
 	}
@@ -181,4 +177,16 @@ func notifySystemd(addr string) error {
 		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w", addr, err)
 	}
 	return nil
+}
+
+// tensors is the main group's tensor count, as its first rank's segments
+// hold it: every rank holds a part of every tensor, and a checkpoint
+// resolved lazily for a takeover is then not parsed for the count.
+func (l *launcher) tensors() int {
+	for _, p := range l.procsSnapshot() {
+		if p.group == l.cfg.Groups[0].Name && p.cache != nil {
+			return p.cache.msg.Tensors
+		}
+	}
+	return l.cfg.Groups[0].Checkpoint.NumTensors()
 }
