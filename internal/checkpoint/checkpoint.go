@@ -100,9 +100,10 @@ func Resolve(model, revision string) (*Checkpoint, error) {
 	return c, nil
 }
 
-// ResolveLazily is Resolve for a preload that may find its segments
-// served already (a takeover): each shard's header is read and hashed,
-// and parsed only by Parse, or by the first call that needs the tensors.
+// ResolveLazily is Resolve for what may need no tensor (a preload that
+// takes its segments over, an engine's fingerprint): each shard's header
+// is read and hashed, and parsed only by Parse, or by the first call that
+// needs the tensors.
 // The fingerprint and the stat identity are complete at once. A checkpoint
 // whose weight dtype comes from its tensors (no torch_dtype in config.json),
 // or anything unusual on the way, is resolved in full, with Resolve's

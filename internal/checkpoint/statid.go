@@ -155,19 +155,10 @@ func LightFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpR
 // it hashes, taken before their headers are read: what a publisher states
 // about the checkpoint its engine loaded, without parsing a header.
 func QuickIdentity(model, revision, dtype string, tpSize, tpRank, dpSize, dpRank int) (Fingerprint, Identity, error) {
-	dir, _, err := locate(model, revision)
+	c, err := ResolveLazily(model, revision)
 	if err != nil {
 		return Fingerprint{}, nil, err
 	}
-	names, err := shardNames(dir)
-	if err != nil {
-		return Fingerprint{}, nil, err
-	}
-	_, ierr := os.Stat(filepath.Join(dir, IndexName))
-	id, err := recordIdentity(dir, names, ierr == nil)
-	if err != nil {
-		return Fingerprint{}, nil, err
-	}
-	fp, err := QuickFingerprint(model, revision, dtype, tpSize, tpRank, dpSize, dpRank)
-	return fp, id, err
+	fp, err := c.Fingerprint(dtype, tpSize, tpRank, dpSize, dpRank)
+	return fp, c.Identity, err
 }
