@@ -6,11 +6,9 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
@@ -36,7 +34,6 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if err := checkpoint.CheckRanks(o.tpSize, o.tpRank, o.dpSize, o.dpRank); err != nil {
 		return nil, err
 	}
-	warmCodecs.Do(func() { go warmHandshake() })
 	// A hit needs only config.json and the files' stat identity; the
 	// headers are hashed only when the files are not the daemon's, and the
 	// full, validated checkpoint is read only for a fallback.
@@ -76,20 +73,6 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	}
 	w.Source = src
 	return w, nil
-}
-
-// warmCodecs builds, once per process, encoding/json's codecs for the
-// handshake's messages on another core while Attach reads config.json and
-// dials: in a fresh process, which is what an engine's restart is, they
-// cost more than the handshake itself (about 0.3 ms of 0.8).
-var warmCodecs sync.Once
-
-func warmHandshake() {
-	_, _ = json.Marshal(protocol.Hello{})
-	var ok protocol.OK
-	_ = json.Unmarshal([]byte(`{"type":"ok","identity":[{"name":"","size":0}]}`), &ok)
-	var m protocol.Manifest
-	_ = json.Unmarshal([]byte(`{"type":"manifest","segments":[{"index":0}]}`), &m)
 }
 
 // attachDaemon runs the handshake. On anything short of a hit it returns the
