@@ -41,7 +41,7 @@ func hostMemory() (int64, error) {
 // awaitTaken waits until the peer has read everything written to uc, or
 // until uc's write deadline. The poller wakes a writer whenever the peer
 // frees a buffer it has read (sock_wfree calls unix_write_space), and a
-// peer that closes frees them all; SIOCOUTQ is what is still unread.
+// peer that closes frees them all.
 func awaitTaken(uc *net.UnixConn) error {
 	raw, err := uc.SyscallConn()
 	if err != nil {
@@ -49,14 +49,9 @@ func awaitTaken(uc *net.UnixConn) error {
 	}
 	var ierr error
 	err = raw.Write(func(fd uintptr) bool {
-		n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
-		if err != nil {
-			ierr = err
-			return true
-		}
-		// sock_wfree wakes writers while it still holds one unit of the
-		// last buffer it frees, so 1 is empty too.
-		return n <= 1
+		var taken bool
+		taken, ierr = outqEmpty(fd)
+		return taken || ierr != nil
 	})
 	if err != nil {
 		return err
@@ -71,9 +66,17 @@ func readAll(uc *net.UnixConn) bool {
 	if err != nil {
 		return false
 	}
-	n := -1
-	_ = raw.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
-	return n >= 0 && n <= 1
+	taken := false
+	_ = raw.Control(func(fd uintptr) { taken, _ = outqEmpty(fd) })
+	return taken
+}
+
+// outqEmpty reports whether nothing written to socket fd is left unread
+// (SIOCOUTQ). sock_wfree wakes writers while it still holds one unit of
+// the last buffer it frees, so 1 is empty too.
+func outqEmpty(fd uintptr) (bool, error) {
+	n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+	return err == nil && n <= 1, err
 }
 
 // fdLimit is the soft RLIMIT_NOFILE: without CAP_SYS_RESOURCE, also the
