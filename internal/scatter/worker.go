@@ -98,9 +98,9 @@ func (w *worker) copyBatch(b []*job) error {
 		return w.copy(b[0])
 	}
 	first, last := b[0], b[len(b)-1]
-	f := w.files[first.s.Shard.Path]
-	if f == nil {
-		return fmt.Errorf("tensor %s: shard %s is not open", first.s.Tensor.Name, first.s.Shard.Path)
+	f, err := w.file(first.s)
+	if err != nil {
+		return err
 	}
 	begin := first.s.Tensor.Begin
 	src, err := first.s.Read(f, 0, w.read[:last.s.Tensor.End-begin], nil)
@@ -140,9 +140,9 @@ func (w *worker) direct(j *job) bool {
 
 func (w *worker) copyDirect(j *job, srcE, dstE int64) error {
 	st, p, g := w.stages[0], j.part[0], j.groups[0]
-	f := w.files[j.s.Shard.Path]
-	if f == nil {
-		return fmt.Errorf("tensor %s: shard %s is not open", j.s.Tensor.Name, j.s.Shard.Path)
+	f, err := w.file(j.s)
+	if err != nil {
+		return err
 	}
 	total := j.s.Tensor.NBytes()
 	for done, off := int64(0), p.off; done < total; {
@@ -236,9 +236,9 @@ func (w *worker) copyLong(j *job, outer, row, c, srcE, dstE int64) error {
 // the served dtype.
 func (w *worker) load(j *job, e0, n, srcE, dstE int64) ([]byte, error) {
 	s := j.s
-	f := w.files[s.Shard.Path]
-	if f == nil {
-		return nil, fmt.Errorf("tensor %s: shard %s is not open", s.Tensor.Name, s.Shard.Path)
+	f, err := w.file(s)
+	if err != nil {
+		return nil, err
 	}
 	if s.DType != s.Tensor.DType && int64(len(w.conv)) < n*dstE {
 		w.conv = make([]byte, w.chunk)
@@ -283,4 +283,12 @@ func (w *worker) writeTo(t int, pt *part, p []byte, off int64) error {
 		p, off = p[n:], off+int64(n)
 	}
 	return nil
+}
+
+// file is the open shard that holds s.
+func (w *worker) file(s checkpoint.Served) (*os.File, error) {
+	if f := w.files[s.Shard.Path]; f != nil {
+		return f, nil
+	}
+	return nil, fmt.Errorf("tensor %s: shard %s is not open", s.Tensor.Name, s.Shard.Path)
 }
