@@ -29,11 +29,7 @@ func TestRenderedPreloadsServe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts daemons")
 	}
-	bin := weightcacheBin(t)
-	model := filepath.Join(t.TempDir(), "model")
-	if out, err := exec.Command(bin, "synth", "--preset", "tiny", "--out", model).CombinedOutput(); err != nil {
-		t.Fatalf("synth: %v\n%s", err, out)
-	}
+	bin, model := weightcacheBin(t), tinyModel(t)
 	c := loadChart(t)
 	t.Run("DaemonSet", func(t *testing.T) {
 		for _, o := range decodeAll(t, helmTemplate(t, c, "")) {
@@ -84,6 +80,16 @@ func TestRenderedPreloadsServe(t *testing.T) {
 	})
 }
 
+// tinyModel synthesizes the tiny preset with this checkout's binary.
+func tinyModel(t *testing.T) string {
+	t.Helper()
+	model := filepath.Join(t.TempDir(), "model")
+	if out, err := exec.Command(weightcacheBin(t), "synth", "--preset", "tiny", "--out", model).CombinedOutput(); err != nil {
+		t.Fatalf("synth: %v\n%s", err, out)
+	}
+	return model
+}
+
 // A rollout on one node, as the rendered DaemonSet runs it: the new pod's
 // preload starts beside the old one in the socket directory both mount,
 // takes the cache over (--takeover) and turns ready; the old preload exits
@@ -93,11 +99,7 @@ func TestRenderedDaemonSetTakesOver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts daemons")
 	}
-	bin := weightcacheBin(t)
-	model := filepath.Join(t.TempDir(), "model")
-	if out, err := exec.Command(bin, "synth", "--preset", "tiny", "--out", model).CombinedOutput(); err != nil {
-		t.Fatalf("synth: %v\n%s", err, out)
-	}
+	bin, model := weightcacheBin(t), tinyModel(t)
 	var ctr *corev1.Container
 	for _, o := range decodeAll(t, helmTemplate(t, loadChart(t), "")) {
 		if ds, ok := o.(*appsv1.DaemonSet); ok {
