@@ -88,6 +88,15 @@ field() {
 }
 calc() { awk "BEGIN { printf \"%.${2:-2}f\", $1 }"; }
 ge() { awk "BEGIN { exit !($1 >= $2) }" && echo 1 || echo 0; }
+# await_line OUT PID: wait up to 120 s for a first line in OUT while PID
+# runs; the caller checks what came.
+await_line() {
+	for _ in $(seq 6000); do
+		[[ -s $1 ]] && break
+		kill -0 "$2" 2>/dev/null || break
+		sleep 0.02
+	done
+}
 
 say "gpu-check: work directory $WORK"
 
@@ -350,11 +359,7 @@ RESTART_LINE="$(field "$RESTART" seconds) s, reloaded ${RELOADED:-false}; VMM al
 "$BIN" preload --model "$MODEL" --socket-dir "$SOCK" --devices "$UUID" --takeover >"$WORK/takeover.out" 2>"$WORK/takeover.err" &
 SUCC=$!
 PIDS+=("$SUCC")
-for _ in $(seq 6000); do
-	[[ -s $WORK/takeover.out ]] && break
-	kill -0 "$SUCC" 2>/dev/null || break
-	sleep 0.02
-done
+await_line "$WORK/takeover.out" "$SUCC"
 TREADY=$(head -n1 "$WORK/takeover.out")
 check "--takeover on the GPU (source takeover, 0 bytes read)" \
 	"$([[ $(field "$TREADY" source) == takeover && $(field "$TREADY" read_bytes) == 0 ]] && echo 1 || echo 0)" "${TREADY:-$(tail -n 3 "$WORK/takeover.err")}"
@@ -436,11 +441,7 @@ TP_DEVICES=${GPU_CHECK_TP_DEVICES:-cuda:0,cuda:1}
 "$BIN" preload --model "$MODEL" --socket-dir "$TSOCK" --devices "$TP_DEVICES" --tensor-parallel-size 2 >"$WORK/tp.out" 2>"$WORK/tp.err" &
 TPD=$!
 PIDS+=("$TPD")
-for _ in $(seq 6000); do
-	[[ -s $WORK/tp.out ]] && break
-	kill -0 "$TPD" 2>/dev/null || break
-	sleep 0.02
-done
+await_line "$WORK/tp.out" "$TPD"
 if [[ -s $WORK/tp.out ]]; then
 	TPR=$(head -n1 "$WORK/tp.out")
 	TP_OK=1
