@@ -602,7 +602,7 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 		Adopt   bool   `json:"adopt"`
 		Reason  string `json:"reason"`
 	}
-	if fr.Type != "handover_offer" || fr.Decode(&o) != nil || o.Adopt || o.Version != 0 || !strings.Contains(o.Reason, "handover versions [99] unknown") || !strings.Contains(o.Reason, "speaks [1]") {
+	if fr.Type != "handover_offer" || fr.Decode(&o) != nil || o.Adopt || o.Version != 0 || !strings.Contains(o.Reason, "handover versions [99] unknown") || !strings.Contains(o.Reason, "speaks [1 2]") {
 		t.Fatalf("offer to a successor of an unknown version: %s %s", fr.Type, fr.Body)
 	}
 	conn.Close()

@@ -30,9 +30,12 @@ const (
 	// handover, answered by leases frames, the last with Last set.
 	TypeRankLeases   = "rank_leases"
 	TypeRankHandover = "rank_handover"
-	// Sent before a launcher hands the rank's socket to a successor: the
-	// rank leaves it in place when it stops, even if its launcher died.
-	TypeRankKeep = "rank_keep"
+	// A rank about to exit without having seen the launcher go says bye;
+	// a launcher that lives answers ack. A SIGTERM may be the launcher's
+	// death (Pdeathsig) arriving before its end of the channel closes:
+	// without an ack the rank waits for that end and lets go of its socket.
+	TypeRankBye = "rank_bye"
+	TypeRankAck = "rank_ack"
 )
 
 // RankHandover asks a rank to stop for a successor: with Leases it hands

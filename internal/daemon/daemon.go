@@ -164,10 +164,6 @@ func Start(cfg Config) (*Daemon, error) {
 // Socket is the path clients connect to.
 func (d *Daemon) Socket() string { return d.ln.path }
 
-// KeepSocket makes Shutdown leave the socket and its lock file in place:
-// the launcher that holds them removes them, or a successor serves them.
-func (d *Daemon) KeepSocket() { d.ln.keep.Store(true) }
-
 // Progress reports checkpoint bytes read so far and in all.
 func (d *Daemon) Progress() (done, total int64) { return d.loaded.Load(), d.total.Load() }
 

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend"
@@ -54,21 +52,43 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		return fmt.Errorf("rank %s: tell the launcher: %w", spec.Device, err)
 	}
 	frames := make(chan *protocol.Frame)
-	gone := make(chan error, 1)
-	// keep: the launcher asked this rank to leave its socket in place
-	// (it stops its ranks itself, or hands the socket to a successor).
-	var keep atomic.Bool
+	// gone closes when the launcher's end of the control channel does: it
+	// died, whatever this rank is doing then (loading, serving, draining,
+	// handing over), and the socket is let go at once.
+	gone := make(chan struct{})
+	released := make(chan struct{})
+	go func() {
+		<-gone
+		d.launcherGone(spec)
+		close(released)
+	}()
+	acked := make(chan struct{})
+	defer func() {
+		select {
+		case <-gone:
+		default:
+			if ctl.Send(protocol.NewHead(TypeRankBye)) == nil {
+				select {
+				case <-acked:
+					return
+				case <-gone:
+				case <-time.After(2 * time.Second):
+					return
+				}
+			}
+			<-gone
+		}
+		<-released
+	}()
 	go func() {
 		for {
 			fr, err := ctl.Recv()
 			if err != nil {
-				// The launcher is exiting: nobody else will remove the socket.
-				keep.Store(false)
-				gone <- err
+				close(gone)
 				return
 			}
-			if fr.Type == TypeRankKeep {
-				keep.Store(true)
+			if fr.Type == TypeRankAck {
+				close(acked)
 				continue
 			}
 			if fr.Type == TypeRankProgress {
@@ -105,19 +125,17 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 			}
 		case <-ctx.Done():
 			err = fmt.Errorf("rank %s interrupted while loading%s", spec.Device, launcherDied(launcher))
-		case e := <-gone:
-			err = fmt.Errorf("rank %s: launcher went away while loading%s: %w", spec.Device, launcherDied(launcher), e)
+		case <-gone:
+			err = fmt.Errorf("rank %s: the launcher went away while loading%s", spec.Device, launcherDied(launcher))
 		}
 	}
 	if err != nil {
-		keepIfAsked(d, &keep, spec)
 		d.Shutdown(context.Background())
 		return err
 	}
 	if handed, err := serveReady(ctx, d, ctl, frames, gone, log); handed || err != nil {
 		return err
 	}
-	keepIfAsked(d, &keep, spec)
 	if n := d.Leases(); n > 0 {
 		log.Info("draining: waiting for zero_copy leases to end", "leases", n, "timeout", spec.DrainTimeout)
 	}
@@ -172,7 +190,7 @@ func awaitSocket(ctl *protocol.Conn, spec RankSpec) (*Socket, error) {
 // leases a successor's launcher sends, or handing this rank's over when a
 // predecessor's launcher asks. handed reports the latter: then the rank
 // has stopped, leaving its socket to the successor.
-func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-chan *protocol.Frame, gone <-chan error, log *slog.Logger) (handed bool, err error) {
+func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-chan *protocol.Frame, gone <-chan struct{}, log *slog.Logger) (handed bool, err error) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -196,7 +214,6 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 				var m RankHandover
 				err := fr.Decode(&m)
 				fr.CloseFiles()
-				d.KeepSocket()
 				if err == nil && !m.Leases {
 					d.ln.stopAccepting()
 					if n := d.Leases(); n > 0 {
@@ -302,41 +319,20 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 	return nil
 }
 
-// keepIfAsked leaves the socket in place when the launcher asked (it
-// removes it once every rank has stopped, or a successor serves it);
-// otherwise the rank was stopped by someone else or its launcher died,
-// and it removes the socket itself: a launcher that lives takes a fresh
-// one for the rank's replacement. The launcher's first rank also removes
-// the launcher's control socket, unless a live process holds it.
-func keepIfAsked(d *Daemon, keep *atomic.Bool, spec RankSpec) {
-	if keep.Load() {
-		d.KeepSocket()
-		return
+// launcherGone lets go of the socket at once, before any drain: a
+// successor that took it over, or the next preload, serves it while the
+// leases here drain. It goes from the directory only if no process holds
+// it any more; the first rank clears the dead launcher's control socket
+// and owner file the same way.
+func (d *Daemon) launcherGone(spec RankSpec) {
+	d.log.Info("launcher went away: letting go of the socket")
+	d.ln.stopAccepting()
+	if d.ln.shared != nil {
+		d.ln.shared.Release()
 	}
 	if spec.ControlSocket != "" {
 		RemoveUnheld(spec.ControlSocket)
-	}
-}
-
-// RemoveUnheld removes a socket and its lock file left by a process that
-// is gone: only if nobody holds the lock. A dying launcher's threads can
-// deliver Pdeathsig before its descriptors close, so a held lock is
-// tried again for up to a second; a successor holds it for good.
-func RemoveUnheld(path string) {
-	f, err := openNoFollow(path+".lock", os.O_RDWR)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	for try := 0; syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil; try++ {
-		if try == 50 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if sameFile(f, path+".lock") {
-		_ = os.Remove(path)
-		_ = os.Remove(path + ".lock")
+		removeUnheldLock(protocol.OwnerPath(spec.ControlSocket))
 	}
 }
 

@@ -74,12 +74,13 @@ func listen(path string) (*listener, error) {
 func (l *listener) close() {
 	l.closeOnce.Do(func() {
 		switch {
-		case l.shared != nil && l.keep.Load():
+		case l.shared != nil:
+			// The launcher that holds the socket decides whether it goes:
+			// a rank never removes a socket because it stops.
 			_ = l.UnixListener.Close()
 			l.shared.Close()
-		case l.shared != nil:
+		case l.keep.Load():
 			_ = l.UnixListener.Close()
-			l.shared.Remove()
 		default:
 			_ = l.UnixListener.Close()
 			unlock(l.lock)
@@ -98,6 +99,11 @@ func (l *listener) stopAccepting() {
 // only plain files: following one would let whoever planted it choose what
 // the daemon truncates and writes.
 var ErrSymlink = errors.New("is a symlink")
+
+// LockFile opens path (never through a symlink) and flocks it without
+// waiting, writing this pid into it; a file replaced at path meanwhile is
+// tried again. A held lock is syscall.EWOULDBLOCK.
+func LockFile(path string) (*os.File, error) { return lockFile(path) }
 
 func lockFile(path string) (*os.File, error) {
 	for {
@@ -204,6 +210,20 @@ type Socket struct {
 	Path     string
 	Listener *os.File // a listening unix stream socket bound to Path
 	Lock     *os.File // Path + ".lock", flock'd
+	// file is the socket file's identity when this process took or
+	// received it: only that file is ever removed.
+	file fileID
+}
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
+
+func idOf(path string) fileID {
+	var st syscall.Stat_t
+	if syscall.Lstat(path, &st) != nil {
+		return fileID{}
+	}
+	return fileID{uint64(st.Dev), uint64(st.Ino)}
 }
 
 // TakeSocket takes the socket at path, as a daemon does (see listen).
@@ -220,7 +240,7 @@ func TakeSocket(path string) (*Socket, error) {
 		_ = os.Remove(path)
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
-	return &Socket{Path: path, Listener: f, Lock: ln.lock}, nil
+	return &Socket{Path: path, Listener: f, Lock: ln.lock, file: idOf(path)}, nil
 }
 
 // dupListener copies l's descriptor without (*net.UnixListener).File,
@@ -250,7 +270,7 @@ func dupListener(l *net.UnixListener) (*os.File, error) {
 // the file now at path + ".lock". It takes ownership of both files, and
 // closes them when it refuses them.
 func SocketFromFiles(path string, ln, lock *os.File) (*Socket, error) {
-	s := &Socket{Path: path, Listener: ln, Lock: lock}
+	s := &Socket{Path: path, Listener: ln, Lock: lock, file: idOf(path)}
 	if err := s.Check(); err != nil {
 		s.Close()
 		return nil, err
@@ -275,6 +295,9 @@ func (s *Socket) Check() error {
 	if st, err := os.Lstat(s.Path); err != nil || st.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("socket %s: no longer in the socket directory (%v)", s.Path, err)
 	}
+	if idOf(s.Path) != s.file {
+		return fmt.Errorf("socket %s: the file there was replaced since this process took it", s.Path)
+	}
 	if !sameFile(s.Lock, s.Path+".lock") {
 		return fmt.Errorf("socket %s: the lock handed over is not the file at %s.lock", s.Path, s.Path)
 	}
@@ -297,15 +320,21 @@ func (s *Socket) Close() {
 	_ = s.Lock.Close()
 }
 
-// Remove takes the socket and its lock file out of the directory, if they
-// are still this one's, and closes it: the last holder does so on a clean
-// stop.
+// Remove closes this process's copies and takes the socket and its lock
+// file out of the directory if nobody else holds them and they are still
+// the files this process took: a successor that serves a copy keeps the
+// path, whatever this process believes about who owns it.
 func (s *Socket) Remove() {
-	if sameFile(s.Lock, s.Path+".lock") {
-		_ = os.Remove(s.Path)
-		_ = os.Remove(s.Path + ".lock")
-	}
 	s.Close()
+	removeUnheld(s.Path, s.file, 0)
+}
+
+// Release is Remove from a rank whose launcher went away: a dying
+// process's descriptors can close a moment after its children hear of
+// its death, so a held lock is tried again for up to a second.
+func (s *Socket) Release() {
+	s.Close()
+	removeUnheld(s.Path, s.file, time.Second)
 }
 
 // socketListener serves on a copy of s.
@@ -326,4 +355,46 @@ func socketListener(s *Socket) (*listener, error) {
 		_, _ = s.Lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &listener{UnixListener: ul, path: s.Path, lock: s.Lock, shared: s}, nil
+}
+
+// RemoveUnheld removes a socket and its lock file left by a process that
+// is gone, trying a held lock again for up to a second (see Release).
+func RemoveUnheld(path string) { removeUnheld(path, fileID{}, time.Second) }
+
+// removeUnheld removes path and its lock file only if no process holds
+// the lock (every copy of the socket is closed) and, when want is known,
+// path is still that file. A flock belongs to the open file, which every
+// copy handed over shares, so a fresh open locks only once all are gone.
+func removeUnheld(path string, want fileID, patience time.Duration) {
+	f, err := openNoFollow(path+".lock", os.O_RDWR)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	deadline := time.Now().Add(patience)
+	for syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !sameFile(f, path+".lock") || (want != fileID{} && idOf(path) != want) {
+		return
+	}
+	_ = os.Remove(path)
+	_ = os.Remove(path + ".lock")
+}
+
+// removeUnheldLock removes a lock file nobody holds, as unlock does for
+// its holder: locked first, so that a process that opened it meanwhile
+// finds it gone and makes a new one.
+func removeUnheldLock(path string) {
+	f, err := openNoFollow(path, os.O_RDWR)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
+		_ = os.Remove(path)
+	}
 }

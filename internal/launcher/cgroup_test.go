@@ -100,7 +100,9 @@ func TestRankKilledBySIGKILLIsExplained(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := &proc{cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), 0), done: make(chan struct{})}
-		go p.wait()
+		read := make(chan struct{})
+		close(read)
+		go p.wait(read)
 		if tc.ours {
 			p.kill()
 		}

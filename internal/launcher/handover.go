@@ -7,12 +7,13 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -41,7 +42,7 @@ import (
 // refused, naming both lists (version 0): the successor loads afresh, and
 // takes the sockets with the steps that every version keeps.
 const (
-	handoverVersion = 1
+	handoverVersion = 2
 
 	typeHandoverHello    = "handover_hello"
 	typeHandoverOffer    = "handover_offer"
@@ -55,7 +56,13 @@ const (
 )
 
 // handoverVersions are the versions this binary speaks, oldest first.
-var handoverVersions = []int{handoverVersion}
+// Version 2 adds ownership (internal/handover): the sockets frame names
+// the predecessor's generation, a successor claims the next before its
+// ranks serve, and leases go only to a successor that holds it. A rank
+// without a live daemon (given up) hands over no segments and no socket.
+// As the predecessor of a version-1 successor, which claims nothing, this
+// binary takes ownership back only once that successor has died.
+var handoverVersions = []int{1, handoverVersion}
 
 type handoverHello struct {
 	protocol.Head
@@ -65,6 +72,9 @@ type handoverHello struct {
 	Ranks    []handoverRank `json:"ranks"`
 	// Identity is each group's checkpoint files' stat identity now.
 	Identity map[string]checkpoint.Identity `json:"identity"`
+	// Ready: the successor has its segments (it loaded afresh) and asks
+	// for the sockets only; no segments frames follow the offer.
+	Ready bool `json:"ready,omitempty"`
 }
 
 // handoverRank is one rank as both sides must agree on it.
@@ -84,15 +94,29 @@ type handoverOffer struct {
 	Binary  string `json:"binary"`
 	// Adopt is false when the checkpoint changed since the predecessor
 	// loaded it: then only the sockets (and no lease) are handed over.
-	Adopt    bool                  `json:"adopt"`
-	Reason   string                `json:"reason,omitempty"`
-	Segments []daemon.RankSegments `json:"segments,omitempty"`
+	Adopt  bool   `json:"adopt"`
+	Reason string `json:"reason,omitempty"`
+	// Segments, with Adopt, is every rank's, null for a rank that kept
+	// none (a rank given up): the successor loads that one afresh. A
+	// segments frame follows for each that is not null.
+	Segments []*daemon.RankSegments `json:"segments,omitempty"`
+}
+
+// handoverSockets carries every rank's listener and lock (those of ranks
+// in Missing left out: the successor takes them afresh), then the control
+// socket's.
+type handoverSockets struct {
+	protocol.Head
+	Generation uint64 `json:"generation"`
+	Missing    []int  `json:"missing,omitempty"`
 }
 
 type handoverRefused struct {
 	protocol.Head
 	Reason   string `json:"reason"`
 	Versions []int  `json:"versions,omitempty"`
+	// Retry: another handover is under way; ask again.
+	Retry bool `json:"retry,omitempty"`
 }
 
 type handoverLeases struct {
@@ -106,8 +130,7 @@ type handoverLeases struct {
 // rank's device. It does not end in .sock: clients that list the
 // directory's rank sockets (status, finding a rank) skip it.
 func (l *launcher) controlPath() (string, error) {
-	p, err := protocol.SocketPath(l.cfg.SocketDir, "handover", l.ranks[0].Device)
-	return strings.TrimSuffix(p, ".sock") + ".ctl", err
+	return protocol.ControlPath(l.cfg.SocketDir, l.ranks[0].Device)
 }
 
 // socketPath is the socket of the rank spec describes.
@@ -115,14 +138,32 @@ func socketPath(spec daemon.RankSpec) (string, error) {
 	return protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
 }
 
-// handoverTimeout bounds each step of a handover, on both sides.
-var handoverTimeout = 30 * time.Second
+// Every step of a handover has a deadline on both sides, and every frame a
+// cap: a client that stalls or floods the control socket delays a real
+// successor by one step at most. The hello comes at once from a real
+// successor; the other steps may wait on a verification or on ranks
+// starting. handoverTimeout bounds a successor's wait for its turn.
+var (
+	helloTimeout    = 2 * time.Second
+	stepTimeout     = 10 * time.Second
+	handoverTimeout = 30 * time.Second
+)
+
+// Frame caps of the control socket: what the predecessor reads (a hello
+// and step frames: a few hundred bytes a rank), and what a successor reads
+// (an offer names every segment of every rank).
+const (
+	maxSuccessorFrame   = 1 << 20
+	maxPredecessorFrame = 16 << 20
+)
 
 // ---- predecessor ----
 
 // serveHandovers answers successors on the launcher's control socket
-// until ctx ends; one handover at a time. A successful one ends the
-// launcher: done is closed.
+// until ctx ends: one handover at a time, the others waiting their turn
+// in the order they came, each for handoverTimeout at most. A handover
+// that ends with the successor owning everything ends the launcher: done
+// is closed.
 func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 	fl, err := net.FileListener(l.ctlSock.Listener)
 	if err != nil {
@@ -133,7 +174,8 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 	ln.SetUnlinkOnClose(false)
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
-	var busy sync.Mutex
+	turn := make(chan struct{}, 1)
+	var ended sync.Once
 	// The launcher lets go of what handovers read (caches, sockets) only
 	// once none runs: each ends when ctx does.
 	var running sync.WaitGroup
@@ -152,114 +194,204 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 			defer running.Done()
 			defer context.AfterFunc(ctx, func() { _ = uc.Close() })()
 			defer uc.Close()
-			conn := protocol.NewConn(uc, protocol.MaxReplyFrame)
-			if uid, _, err := peerUID(uc); err != nil || uid != os.Geteuid() {
-				_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf("preload pid %d hands over to its own uid %d only", os.Getpid(), os.Geteuid())})
+			conn := protocol.NewConn(uc, maxSuccessorFrame)
+			uid, pid, err := peerUID(uc)
+			if err != nil || uid != os.Geteuid() {
+				refuse(conn, false, "preload pid %d hands over to its own uid %d only (the peer is uid %d: %v)", os.Getpid(), os.Geteuid(), uid, err)
 				return
 			}
-			if !busy.TryLock() {
-				_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf("preload pid %d is handing over to another successor already", os.Getpid())})
+			t := time.NewTimer(handoverTimeout)
+			defer t.Stop()
+			select {
+			case turn <- struct{}{}:
+			case <-t.C:
+				refuse(conn, true, "preload pid %d is handing over to another successor already", os.Getpid())
+				return
+			case <-ctx.Done():
+				refuse(conn, true, "preload pid %d has stopped answering (it handed over, or stops)", os.Getpid())
 				return
 			}
-			defer busy.Unlock()
-			if l.handOver(conn) {
-				close(done)
+			defer func() { <-turn }()
+			if l.handOver(conn, pid) {
+				ended.Do(func() { close(done) })
 				_ = ln.Close()
 			}
 		}()
 	}
 }
 
+// refuse answers a successor with a refusal; retry says it may ask again
+// (another handover is under way), else it should give up.
+func refuse(conn *protocol.Conn, retry bool, format string, args ...any) {
+	_ = conn.Unix().SetWriteDeadline(time.Now().Add(helloTimeout))
+	_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf(format, args...), Versions: handoverVersions, Retry: retry})
+}
+
+// exchange is one handover as the predecessor runs it, step by step.
+type exchange struct {
+	l     *launcher
+	conn  *protocol.Conn
+	peer  int // the successor's pid, from SO_PEERCRED
+	hello handoverHello
+	offer handoverOffer
+	gen   uint64 // the generation ceded to the successor
+	ceded bool   // the sockets were sent: no restart, answer or removal from here
+}
+
+// errRefused ends an exchange the predecessor refused: it was said to the
+// successor already, and nothing changed.
+var errRefused = errors.New("refused")
+
+// predecessorSteps is the exchange from the predecessor's side, each step
+// under its own deadline.
+var predecessorSteps = []struct {
+	name    string
+	timeout func() time.Duration
+	run     func(*exchange) error
+}{
+	{"hello", func() time.Duration { return helloTimeout }, (*exchange).readHello},
+	{"offer", func() time.Duration { return stepTimeout }, (*exchange).sendOffer},
+	{"take", func() time.Duration { return stepTimeout }, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
+	{"sockets", func() time.Duration { return stepTimeout }, (*exchange).sendSockets},
+	{"leases", func() time.Duration { return stepTimeout }, (*exchange).awaitLeases},
+	{"sent", func() time.Duration { return stepTimeout }, (*exchange).sendLeases},
+	{"done", func() time.Duration { return stepTimeout }, func(x *exchange) error { return expectStep(x.conn, typeHandoverDone) }},
+}
+
 // handOver runs one handover as the predecessor. It reports whether the
-// successor took everything, so that this launcher should exit.
-func (l *launcher) handOver(conn *protocol.Conn) bool {
-	deadline := func() { _ = conn.Unix().SetDeadline(time.Now().Add(handoverTimeout)) }
-	deadline()
-	fr, err := conn.Recv()
+// successor owns everything now, so that this launcher should stop.
+func (l *launcher) handOver(conn *protocol.Conn, peer int) bool {
+	x := &exchange{l: l, conn: conn, peer: peer}
+	for _, st := range predecessorSteps {
+		_ = conn.Unix().SetDeadline(time.Now().Add(st.timeout()))
+		if err := st.run(x); err != nil {
+			return l.handoverFailed(x, fmt.Errorf("handover step %s: %w", st.name, err))
+		}
+	}
+	l.event(handedOver{Event: "handed_over", SuccessorPID: x.hello.PID, Successor: x.hello.Binary, Adopted: x.offer.Adopt, Reason: x.offer.Reason, Generation: x.gen + 1})
+	return true
+}
+
+func (x *exchange) readHello() error {
+	fr, err := x.conn.Recv()
 	if err != nil {
-		return false
+		return err
 	}
 	fr.CloseFiles()
-	var h handoverHello
-	if fr.Type != typeHandoverHello || fr.Decode(&h) != nil {
-		_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf("expected %s, got %q", typeHandoverHello, fr.Type)})
-		return false
+	if fr.Type != typeHandoverHello || fr.Version != protocol.Version || fr.Decode(&x.hello) != nil {
+		refuse(x.conn, false, "expected a %s frame of protocol version %d, got %q version %d", typeHandoverHello, protocol.Version, fr.Type, fr.Version)
+		return errRefused
 	}
-	procs := l.procsSnapshot()
-	offer, refusal := l.offer(h, procs)
+	if x.hello.PID != x.peer {
+		refuse(x.conn, false, "the hello names pid %d; the connection is pid %d's", x.hello.PID, x.peer)
+		return errRefused
+	}
+	return nil
+}
+
+func (x *exchange) sendOffer() error {
+	l := x.l
+	var refusal string
+	var retry bool
+	x.offer, refusal, retry = l.offer(x.hello, l.procsSnapshot())
 	if refusal != "" {
-		l.log.Warn("takeover refused", "successor_pid", h.PID, "reason", refusal)
-		_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: refusal, Versions: handoverVersions})
-		return false
+		l.log.Warn("takeover refused", "successor_pid", x.hello.PID, "reason", refusal)
+		refuse(x.conn, retry, "%s", refusal)
+		return errRefused
 	}
-	l.log.Info("handing over to a successor", "successor_pid", h.PID, "successor", h.Binary, "adopt", offer.Adopt, "reason", offer.Reason)
-	if err := conn.Send(offer); err != nil {
-		return false
+	l.log.Info("handing over to a successor", "successor_pid", x.hello.PID, "successor", x.hello.Binary, "adopt", x.offer.Adopt, "reason", x.offer.Reason)
+	if err := x.conn.Send(x.offer); err != nil {
+		return err
 	}
-	if offer.Adopt {
-		for i, p := range procs {
-			if err := conn.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: i}, p.cache.files...); err != nil {
-				return false
+	for i, p := range l.procsSnapshot() {
+		if x.offer.Adopt && !x.hello.Ready && x.offer.Segments[i] != nil {
+			if err := x.conn.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: i}, p.cache.files...); err != nil {
+				return err
 			}
 		}
 	}
-	// The successor verifies, or loads afresh: that may take as long as a
-	// load, so this wait is not bounded by the step timeout.
-	_ = conn.Unix().SetDeadline(time.Time{})
-	if !expectStep(conn, typeHandoverTake) {
-		return false
-	}
-	// From here the ranks must not remove their sockets, even if this
-	// launcher dies: the successor serves them too.
-	for _, p := range procs {
-		p.keepSocket()
-	}
-	deadline()
+	return nil
+}
+
+// sendSockets cedes ownership, then hands every socket over. From here
+// this launcher restarts, answers and removes nothing unless it takes
+// ownership back.
+func (x *exchange) sendSockets() error {
+	l := x.l
+	x.gen, x.ceded = l.own.cede(), true
+	procs := l.procsSnapshot()
+	m := handoverSockets{Head: headOf(typeHandoverSockets), Generation: x.gen}
 	files := make([]*os.File, 0, 2*len(procs)+2)
-	for _, p := range procs {
-		files = append(files, p.sock.Files()...)
+	for i, p := range procs {
+		if s := p.socketKept(); s != nil {
+			files = append(files, s.Files()...)
+		} else {
+			m.Missing = append(m.Missing, i)
+		}
 	}
 	files = append(files, l.ctlSock.Files()...)
-	if err := conn.Send(protocol.NewHead(typeHandoverSockets), files...); err != nil {
-		return false
+	return x.conn.Send(m, files...)
+}
+
+// awaitLeases waits for the successor's ask for the leases, which go to
+// it only once it owns: live engine connections are not for a client that
+// merely walked the protocol.
+func (x *exchange) awaitLeases() error {
+	if err := expectStep(x.conn, typeHandoverLeases); err != nil {
+		return err
 	}
-	_ = conn.Unix().SetDeadline(time.Time{})
-	if !expectStep(conn, typeHandoverLeases) {
-		// The successor went away: this launcher still holds every socket
-		// and its ranks still serve.
-		return false
+	if x.offer.Version < 2 {
+		return nil // a version-1 successor claims nothing (handoverVersions)
 	}
+	return handover.TookOver(x.l.own.path, x.gen, x.peer)
+}
+
+// sendLeases stops every rank, forwarding its leased connections (or,
+// when the successor loaded afresh, leaving them to drain here).
+func (x *exchange) sendLeases() error {
+	procs := x.l.procsSnapshot()
 	for _, p := range procs {
 		p.mu.Lock()
 		p.handed = true
 		p.mu.Unlock()
 	}
-	deadline()
-	err = l.collectLeases(conn, procs, offer.Adopt)
-	if err == nil {
-		err = conn.Send(protocol.NewHead(typeHandoverSent))
+	if err := x.l.collectLeases(x.conn, procs, x.offer.Adopt); err != nil {
+		return err
 	}
-	if err == nil && !expectStep(conn, typeHandoverDone) {
-		err = errors.New("the successor did not confirm")
-	}
-	if err != nil {
-		// The ranks have stopped (or are stopping): serve again from what
-		// this launcher still holds.
-		l.log.Error("handover failed after the ranks stopped; restarting them", "err", err)
-		for _, p := range procs {
-			p.mu.Lock()
-			p.handed = false
-			p.mu.Unlock()
-			select {
-			case <-p.done:
-				l.exited <- p
-			default:
-			}
+	return x.conn.Send(protocol.NewHead(typeHandoverSent))
+}
+
+// handoverFailed decides who owns after a handover that did not finish,
+// and reports whether the successor does. Before the sockets moved nothing
+// changed. After, this launcher takes ownership back only if it can: the
+// successor never claimed it (it died, or was no successor), or, of
+// version 1, has died. Otherwise the successor owns everything, and this
+// launcher only stops.
+func (l *launcher) handoverFailed(x *exchange, err error) bool {
+	if !x.ceded {
+		if !errors.Is(err, errRefused) {
+			l.log.Info("handover abandoned before the sockets moved; serving on", "successor_pid", x.peer, "err", err)
 		}
 		return false
 	}
-	l.event(handedOver{Event: "handed_over", SuccessorPID: h.PID, Successor: h.Binary, Adopted: offer.Adopt, Reason: offer.Reason})
-	return true
+	legacyAlive := x.offer.Version < 2 && syscall.Kill(x.peer, 0) == nil
+	if legacyAlive || !l.own.takeBack() {
+		gen, pid, _ := handover.Recorded(l.own.path)
+		l.log.Warn("handover did not finish, but the successor owns the sockets: stopping", "err", err, "generation", gen, "owner_pid", pid)
+		return true
+	}
+	l.log.Error("handover did not finish and the successor does not own the sockets: took ownership back", "err", err, "generation", l.own.generation())
+	for _, p := range l.procsSnapshot() {
+		p.mu.Lock()
+		p.handed = false
+		p.mu.Unlock()
+		select {
+		case <-p.done:
+			l.exited <- p // stopped for the successor: restarted
+		default:
+		}
+	}
+	return false
 }
 
 type handedOver struct {
@@ -268,25 +400,25 @@ type handedOver struct {
 	Successor    string `json:"successor"`
 	Adopted      bool   `json:"adopted"`
 	Reason       string `json:"reason,omitempty"`
+	Generation   uint64 `json:"generation"` // the successor's
 }
 
 // offer decides what a successor gets: everything, only the sockets (the
 // checkpoint changed on disk), or a refusal (another model, layout or
-// fingerprint, or no common version).
-func (l *launcher) offer(h handoverHello, procs []*proc) (handoverOffer, string) {
+// fingerprint; retry: not the owner now, starting or stopping).
+func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refusal string, retry bool) {
 	version := 0
 	for _, v := range handoverVersions {
 		if slices.Contains(h.Versions, v) {
 			version = max(version, v)
 		}
 	}
-
-	if !l.started.Load() || l.stopping.Load() {
-		return handoverOffer{}, fmt.Sprintf("preload pid %d is not serving (starting or stopping)", os.Getpid())
+	if !l.started.Load() || l.stopping.Load() || !l.own.holds() {
+		return o, fmt.Sprintf("preload pid %d is not serving (starting, stopping, or handing over)", os.Getpid()), true
 	}
 	mine := l.handoverRanks()
-	if len(mine) != len(h.Ranks) {
-		return handoverOffer{}, fmt.Sprintf("preload pid %d serves %s; the successor asks for %s", os.Getpid(), describeRanks(mine), describeRanks(h.Ranks))
+	if len(mine) != len(h.Ranks) || len(procs) != len(mine) {
+		return o, fmt.Sprintf("preload pid %d serves %s; the successor asks for %s", os.Getpid(), describeRanks(mine), describeRanks(h.Ranks)), false
 	}
 	adopt, reason := true, ""
 	if version == 0 {
@@ -296,21 +428,29 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (handoverOffer, string)
 		adopt, reason = false, fmt.Sprintf("handover versions %v unknown: the predecessor (%s, pid %d) speaks %v", h.Versions, l.cfg.Version, os.Getpid(), handoverVersions)
 	}
 	for i, m := range mine {
-		refuse, stale := fits(m, procs[i].cache, h.Ranks[i], h.Identity[m.Group])
+		c := procs[i].cacheKept()
+		if c == nil && procs[i].socketKept() == nil {
+			continue // given up: the successor loads it afresh
+		}
+		refuse, stale := fits(m, c, h.Ranks[i], h.Identity[m.Group])
 		if refuse != "" {
-			return handoverOffer{}, fmt.Sprintf("preload pid %d: %s", os.Getpid(), refuse)
+			return o, fmt.Sprintf("preload pid %d: %s", os.Getpid(), refuse), false
 		}
 		if stale != "" && adopt {
 			adopt, reason = false, stale
 		}
 	}
-	o := handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason}
+	o = handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason}
 	if adopt {
 		for _, p := range procs {
-			o.Segments = append(o.Segments, p.cache.msg)
+			var m *daemon.RankSegments
+			if c := p.cacheKept(); c != nil {
+				m = &c.msg
+			}
+			o.Segments = append(o.Segments, m)
 		}
 	}
-	return o, ""
+	return o, "", false
 }
 
 // fits compares a rank held (had, with its kept segments c) with one
@@ -343,9 +483,15 @@ func fits(had handoverRank, c *cache, want handoverRank, now checkpoint.Identity
 }
 
 // collectLeases stops every rank and forwards its leased connections (or,
-// when the successor loaded afresh, leaves them to drain here).
+// when the successor loaded afresh, leaves them to drain here). A rank
+// that is not running has none.
 func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool) error {
 	for i, p := range procs {
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
 		if err := p.ctl.Send(daemon.RankHandover{Head: headOf(daemon.TypeRankHandover), Leases: adopt}); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
@@ -353,7 +499,7 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			continue
 		}
 		for {
-			fr, err := p.next(handoverTimeout)
+			fr, err := p.next(stepTimeout)
 			if err != nil {
 				return err
 			}
@@ -374,13 +520,17 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 	return nil
 }
 
-func expectStep(conn *protocol.Conn, want string) bool {
+// expectStep reads the next frame, which must be of type want.
+func expectStep(conn *protocol.Conn, want string) error {
 	fr, err := conn.Recv()
 	if err != nil {
-		return false
+		return err
 	}
 	fr.CloseFiles()
-	return fr.Type == want
+	if fr.Type != want {
+		return fmt.Errorf("got %q, want %s", fr.Type, want)
+	}
+	return nil
 }
 
 func describeRanks(rs []handoverRank) string {

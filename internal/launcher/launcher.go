@@ -73,7 +73,7 @@ type launcher struct {
 	exe     string // started as `exe daemon` per rank
 
 	stopping atomic.Bool    // stop began: exits are not restarted
-	restarts sync.WaitGroup // restarts in flight
+	own      ownership      // of the sockets: restarts, handovers, removal
 	outMu    sync.Mutex     // event lines on stdout
 	pred     *predecessor   // --takeover: the preload taken over (takeover.go)
 	ctlSock  *daemon.Socket // where successors ask for the cache (handover.go)
@@ -145,17 +145,23 @@ func (l *launcher) prepare() error {
 			}
 		}
 	}
-	if l.pred != nil || l.ctlSock != nil {
-		return nil // the control socket comes with the others
+	if l.pred != nil {
+		return nil // the control socket and ownership come with the others
 	}
 	path, err := l.controlPath()
 	if err != nil {
 		return err
 	}
-	if l.ctlSock, err = daemon.TakeSocket(path); err != nil {
-		return fmt.Errorf("control socket: %w", err)
+	if l.ctlSock == nil {
+		if l.ctlSock, err = daemon.TakeSocket(path); err != nil {
+			return fmt.Errorf("control socket: %w", err)
+		}
 	}
-	return nil
+	// Whoever holds the control socket's lock may own: a dead owner's lock
+	// went with it. One still held is a launcher that handed over and has
+	// not let go: it never acts again, but it is not this launch's to
+	// override either.
+	return l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
 }
 
 // handoverRanks is every rank this launch serves, as a handover and the
@@ -215,27 +221,45 @@ func (l *launcher) start(parent context.Context) error {
 }
 
 // adoptCaches serves segments kept by another process (a predecessor, or
-// systemd's fd store): no checkpoint byte is read.
+// systemd's fd store): no checkpoint byte is read, except for ranks that
+// kept none there (given up), which load afresh first: the read comes
+// before the sockets are taken.
 func (l *launcher) adoptCaches(ctx context.Context, caches []*cache) error {
 	procs := l.procsSnapshot()
 	if len(caches) != len(procs) {
 		return fmt.Errorf("%d ranks' segments handed over for %d ranks", len(caches), len(procs))
 	}
-	for i, p := range procs {
-		p.cache = caches[i]
+	var kept []*proc
+	for gi, g := range l.cfg.Groups {
+		var fresh []*proc
+		for i, p := range procs {
+			switch {
+			case p.group != g.Name:
+			case caches[i] == nil:
+				fresh = append(fresh, p)
+			default:
+				p.cache = caches[i]
+				kept = append(kept, p)
+			}
+		}
+		if len(fresh) > 0 {
+			l.log.Info("takeover: loading afresh the ranks the predecessor kept no segments for", "group", g.Name, "ranks", len(fresh))
+			if err := l.loadGroup(ctx, gi, fresh); err != nil {
+				return err
+			}
+		} else {
+			l.report.addServed(g)
+		}
 	}
-	if err := l.awaitListening(ctx, procs); err != nil {
+	if err := l.awaitListening(ctx, kept); err != nil {
 		return err
 	}
-	for _, p := range procs {
+	for _, p := range kept {
 		if err := p.sendCache(); err != nil {
 			return err
 		}
 	}
-	for _, g := range l.cfg.Groups {
-		l.report.addServed(g)
-	}
-	return l.awaitReady(ctx, procs)
+	return l.awaitReady(ctx, kept)
 }
 
 // cause prefers the reason start-up was cancelled (an interrupt, a rank's
@@ -364,23 +388,21 @@ func (l *launcher) abort(err error) {
 	for _, m := range l.nodes {
 		m.fail(err)
 	}
-	l.stop(false)
+	l.stop()
 }
 
 // stop sends SIGTERM to every rank at once and waits for all; a rank
 // still draining after its drain timeout and a grace period is killed.
 // Then the sockets go (left to the successor, when handed over), and with
 // them the launcher's copy of every segment.
-func (l *launcher) stop(handed bool) {
+func (l *launcher) stop() {
 	l.stopping.Store(true)
-	l.restarts.Wait()
+	l.own.restarts.Wait()
 	var wg sync.WaitGroup
 	for _, p := range l.procsSnapshot() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The launcher removes the sockets once every rank has stopped.
-			p.keepSocket()
 			p.terminate(l.cfg.DrainTimeout + 10*time.Second)
 		}()
 	}
@@ -388,30 +410,35 @@ func (l *launcher) stop(handed bool) {
 	for _, m := range l.nodes {
 		m.close()
 	}
-	l.release(handed)
+	l.release()
 }
 
 // release lets go of what the launcher holds for its ranks: their sockets
-// (removed, unless handed to a successor, which serves them now) and its
-// copy of their segments.
-func (l *launcher) release(handed bool) {
+// and its copy of their segments. Only an owner removes sockets, and then
+// only those nobody else holds (daemon.Socket.Remove): a launcher that
+// handed over, even halfway, leaves every path to its successor.
+func (l *launcher) release() {
+	owner := l.own.holds()
 	let := func(s *daemon.Socket) {
 		switch {
 		case s == nil:
-		case handed:
-			s.Close()
-		default:
+		case owner:
 			s.Remove()
+		default:
+			s.Close()
 		}
 	}
 	for _, p := range l.procsSnapshot() {
-		let(p.sock)
-		if p.cache != nil {
-			p.cache.close()
+		let(p.socketKept())
+		if c := p.cacheKept(); c != nil {
+			c.close()
 		}
 	}
 	let(l.ctlSock)
-	l.closeStore(handed)
+	l.closeStore(!owner)
+	if owner {
+		l.own.release()
+	}
 }
 
 // serve waits for a signal. A rank that exits meanwhile is logged and
@@ -436,9 +463,9 @@ func (l *launcher) serve(ctx context.Context) error {
 		select {
 		case <-handed:
 			stopHandovers()
-			// The successor serves every socket and lease; the ranks have
-			// stopped. Leave the sockets to it.
-			l.stop(true)
+			// The successor owns every socket and lease; the ranks have
+			// stopped, or stop now. The sockets stay its own.
+			l.stop()
 			if l.cfg.WaitAfterHandover {
 				l.log.Info("handed over to the successor: holding nothing, waiting to be stopped")
 				<-ctx.Done()
@@ -448,26 +475,30 @@ func (l *launcher) serve(ctx context.Context) error {
 			return nil
 		case <-ctx.Done():
 			stopHandovers()
-			l.stop(false)
+			l.stop()
 			return nil
 		case p := <-l.exited:
-			if l.stopping.Load() || p.wasHanded() {
+			if l.stopping.Load() || p.wasHanded() || !p.claimExit() {
 				continue
 			}
-			if l.restartable(p) {
+			if l.restartable(p) && l.own.beginRestart() {
 				p.mu.Lock()
 				p.state = StateRestarting // until its replacement takes the slot
 				p.mu.Unlock()
-				l.restarts.Add(1)
 				go l.restart(ctx, p)
+				continue
+			}
+			if !l.own.holds() {
+				// Ceded to a successor: its ranks serve this device now.
 				continue
 			}
 			alive--
 			err := p.exitError()
-			l.log.Error("rank exited; the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)
+			l.log.Error("rank exited; its socket is let go, the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)
+			p.giveUp(true)
 			if alive == 0 {
 				stopHandovers()
-				l.stop(false)
+				l.stop()
 				return fmt.Errorf("every rank has exited, the last: %w", err)
 			}
 		}

@@ -33,8 +33,8 @@ type proc struct {
 	group  string
 	cmd    *exec.Cmd
 	ctl    *protocol.Conn
-	frames chan *protocol.Frame // from the rank; closed at end of file
-	done   chan struct{}        // closed once the process has exited
+	frames frameQueue    // from the rank, read to its end of file
+	done   chan struct{} // closed once the process has exited and its frames are all read
 	spec   daemon.RankSpec
 	// Kept by the launcher across the rank's restarts: its socket, and
 	// its segments once filled (nil for ranks that load themselves or
@@ -45,18 +45,19 @@ type proc struct {
 	// restarts that died before serving (restart.go).
 	restarts, failures int
 
-	mu       sync.Mutex
-	state    string
-	socket   string
-	pid      int
-	bytes    int64 // resident, once ready
-	exitCode int
-	exitErr  error
-	signal   syscall.Signal // what ended it, when a signal did
-	killed   bool           // by the launcher itself
-	handed   bool           // stopped for a successor (handover.go)
-	pinging  bool           // liveness.go
-	lastPong time.Time      // liveness.go
+	mu          sync.Mutex
+	state       string
+	socket      string
+	pid         int
+	bytes       int64 // resident, once ready
+	exitCode    int
+	exitErr     error
+	signal      syscall.Signal // what ended it, when a signal did
+	killed      bool           // by the launcher itself
+	handed      bool           // stopped for a successor (handover.go)
+	exitClaimed bool           // claimExit
+	pinging     bool           // liveness.go
+	lastPong    time.Time      // liveness.go
 }
 
 func (p *proc) String() string {
@@ -84,14 +85,15 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer, sock *dae
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = rankProcAttr()
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
-		frames: make(chan *protocol.Frame, 1), done: make(chan struct{}), state: StateStarting, spec: spec}
+		frames: newFrameQueue(), done: make(chan struct{}), state: StateStarting, spec: spec}
 	if err := cmd.Start(); err != nil {
 		_ = fc.Close()
 		return nil, fmt.Errorf("start %s: %w", p, err)
 	}
 	p.pid = cmd.Process.Pid
-	go p.wait()
-	go p.read()
+	read := make(chan struct{})
+	go func() { p.read(); close(read) }()
+	go p.wait(read)
 	if err := p.ctl.Send(spec); err != nil {
 		p.kill()
 		return nil, fmt.Errorf("send spec to %s: %w", p, err)
@@ -114,7 +116,11 @@ func (p *proc) giveSocket(sock *daemon.Socket) error {
 	return nil
 }
 
-func (p *proc) wait() {
+// wait reaps the rank. The rank's end of the control channel closes when
+// it exits, so the reader reaches end of file by itself: only then is the
+// rank done, and the channel closed, so that a frame sent just before the
+// exit (a handover's last leases) is never lost to it.
+func (p *proc) wait(read <-chan struct{}) {
 	err := p.cmd.Wait()
 	code := 0
 	var sig syscall.Signal
@@ -126,15 +132,16 @@ func (p *proc) wait() {
 			code = 128 + int(sig) // as a shell reports it
 		}
 	}
+	<-read
+	_ = p.ctl.Close()
 	p.mu.Lock()
 	p.state, p.exitCode, p.exitErr, p.signal = StateExited, code, err, sig
 	p.mu.Unlock()
-	_ = p.ctl.Close()
 	close(p.done)
 }
 
 func (p *proc) read() {
-	defer close(p.frames)
+	defer p.frames.end()
 	for {
 		fr, err := p.ctl.Recv()
 		if err != nil {
@@ -147,26 +154,36 @@ func (p *proc) read() {
 			p.pong()
 			continue
 		}
-		p.frames <- fr
+		if fr.Type == daemon.TypeRankBye {
+			_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankAck))
+			continue
+		}
+		p.frames.put(fr)
 	}
 }
 
 // expect waits for a frame of type want from the rank, or for the
 // rank's exit, or for stop.
 func (p *proc) expect(want string, v any, stop <-chan struct{}) error {
-	select {
-	case fr, ok := <-p.frames:
-		if !ok {
-			<-p.done
-			return p.exitError()
-		}
-		if fr.Type != want {
-			return fmt.Errorf("%s sent %q, want %q", p, fr.Type, want)
-		}
-		return fr.Decode(v)
-	case <-stop:
-		return errors.New("stopped")
+	fr, err := p.frames.get(stop, nil)
+	if err != nil {
+		return p.ended(err)
 	}
+	if fr.Type != want {
+		fr.CloseFiles()
+		return fmt.Errorf("%s sent %q, want %q", p, fr.Type, want)
+	}
+	return fr.Decode(v)
+}
+
+// ended is the error of a wait for a frame that none answered: the
+// rank's exit, once it is reaped, or the wait's own.
+func (p *proc) ended(err error) error {
+	if errors.Is(err, errFramesEnded) {
+		<-p.done
+		return p.exitError()
+	}
+	return err
 }
 
 func (p *proc) setState(s string) {
@@ -229,22 +246,136 @@ func (p *proc) rankState() metrics.RankState {
 	return rs
 }
 
-// keepSocket tells the rank to leave its socket in place when it stops,
-// whatever becomes of this launcher: a successor serves it too.
-func (p *proc) keepSocket() {
-	_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankKeep))
+// socketKept is the rank's socket as the launcher keeps it; nil once the
+// rank was given up.
+func (p *proc) socketKept() *daemon.Socket {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sock
+}
+
+// cacheKept is the rank's segments as the launcher keeps them; nil for a
+// rank that keeps none (publish-only, loading itself, given up).
+func (p *proc) cacheKept() *cache {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cache
+}
+
+// giveUp lets go of what the launcher keeps for a rank that will not be
+// restarted: its socket goes (engines are refused at once instead of
+// waiting in a backlog nobody accepts, and another preload may serve the
+// device), and its segments with it.
+func (p *proc) giveUp(owner bool) {
+	p.mu.Lock()
+	s, c := p.sock, p.cache
+	p.sock, p.cache = nil, nil
+	p.mu.Unlock()
+	if s != nil {
+		if owner {
+			s.Remove()
+		} else {
+			s.Close()
+		}
+	}
+	if c != nil {
+		c.close()
+	}
+}
+
+// claimExit reports, once per process, that its exit is handled: a rank's
+// exit can reach the serve loop twice (a handover given up puts it back),
+// and must be restarted once.
+func (p *proc) claimExit() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exitClaimed {
+		return false
+	}
+	p.exitClaimed = true
+	return true
 }
 
 // next is the rank's next frame, within timeout.
 func (p *proc) next(timeout time.Duration) (*protocol.Frame, error) {
-	select {
-	case fr, ok := <-p.frames:
-		if !ok {
-			<-p.done
-			return nil, p.exitError()
-		}
-		return fr, nil
-	case <-time.After(timeout):
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	fr, err := p.frames.get(nil, t.C)
+	if errors.Is(err, errFrameTimeout) {
 		return nil, fmt.Errorf("%s sent nothing for %s", p, timeout)
+	}
+	if err != nil {
+		return nil, p.ended(err)
+	}
+	return fr, nil
+}
+
+// frameQueue holds a rank's frames until they are asked for, however
+// many come before: the reader never waits on a consumer, so it always
+// reads to the end of file.
+type frameQueue struct {
+	mu    sync.Mutex
+	q     []*protocol.Frame
+	eof   bool
+	ready chan struct{} // signalled on every put and at the end
+}
+
+var (
+	errFramesEnded  = errors.New("the rank's control channel ended")
+	errFrameTimeout = errors.New("no frame in time")
+	errStopped      = errors.New("stopped")
+)
+
+func newFrameQueue() frameQueue { return frameQueue{ready: make(chan struct{}, 1)} }
+
+func (q *frameQueue) put(fr *protocol.Frame) {
+	q.mu.Lock()
+	q.q = append(q.q, fr)
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *frameQueue) end() {
+	q.mu.Lock()
+	q.eof = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+func (q *frameQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// get returns the next frame, errFramesEnded once every frame was read
+// and the channel ended, or an error when stop closes or timeout fires.
+func (q *frameQueue) get(stop <-chan struct{}, timeout <-chan time.Time) (*protocol.Frame, error) {
+	for {
+		q.mu.Lock()
+		if len(q.q) > 0 {
+			fr := q.q[0]
+			q.q = q.q[1:]
+			more := len(q.q) > 0 || q.eof
+			q.mu.Unlock()
+			if more {
+				q.signal() // for the next get
+			}
+			return fr, nil
+		}
+		eof := q.eof
+		q.mu.Unlock()
+		if eof {
+			q.signal()
+			return nil, errFramesEnded
+		}
+		select {
+		case <-q.ready:
+		case <-stop:
+			return nil, errStopped
+		case <-timeout:
+			return nil, errFrameTimeout
+		}
 	}
 }

@@ -47,7 +47,7 @@ func (l *launcher) restartable(p *proc) bool {
 // restart replaces the dead rank p. It runs on its own goroutine; the
 // replacement's exit comes back to the serve loop like any other.
 func (l *launcher) restart(ctx context.Context, old *proc) {
-	defer l.restarts.Done()
+	defer l.own.endRestart()
 	begin := time.Now()
 	reason := old.exitError().Error()
 	old.mu.Lock()
@@ -76,6 +76,7 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 			// one more failure, so that the loop tries again or gives up.
 			old.mu.Lock()
 			old.failures = failures + 1
+			old.exitClaimed = false
 			old.mu.Unlock()
 			l.exited <- old
 		}

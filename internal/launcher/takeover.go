@@ -5,22 +5,27 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // predecessor is the preload a --takeover launch takes over (handover.go
 // has the protocol), as the successor sees it.
 type predecessor struct {
-	conn   *protocol.Conn
+	conn   *protocol.Conn // nil: to be asked again once loaded (sockets only)
+	path   string         // its control socket
+	ranks  []handoverRank
 	offer  handoverOffer
-	caches []*cache // verified, one per rank in procs order; nil: load afresh
+	caches []*cache // verified, one per rank in procs order, nil where one loads afresh; nil: all load afresh
 	reason string   // why this launch loads afresh, for the ready line
 	gone   error    // the predecessor went away before handing its sockets
 	took   bool     // the sockets have been asked for
@@ -39,20 +44,28 @@ const (
 // that one, within the handover timeout.
 func (l *launcher) findPredecessor() (*predecessor, string, error) {
 	deadline := time.Now().Add(handoverTimeout)
-	ranks := l.handoverRanks()
 	path, err := l.controlPath()
 	if err != nil {
 		return nil, "", err
 	}
+	pr := &predecessor{path: path, ranks: l.handoverRanks()}
 	for {
-		pr, none, err := l.contact(path, ranks)
-		if err != nil || pr != nil {
-			return pr, none, err
+		none, retry, err := pr.contact(l, false)
+		switch {
+		case retry != "" && time.Now().Before(deadline):
+			time.Sleep(50 * time.Millisecond)
+			continue
+		case retry != "":
+			return nil, "", fmt.Errorf("--takeover: the preload at %s is busy: %s", path, retry)
+		case err != nil:
+			return nil, "", err
+		case none == "":
+			return pr, "", nil
 		}
 		s, err := daemon.TakeSocket(path)
 		if err == nil {
 			l.ctlSock = s
-			return nil, none, nil
+			return nil, none, l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
 		}
 		if !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
 			return nil, "", fmt.Errorf("--takeover: control socket: %w", err)
@@ -61,37 +74,46 @@ func (l *launcher) findPredecessor() (*predecessor, string, error) {
 	}
 }
 
-// contact finds the preload to take over and asks for its cache. With no
-// preload there, it returns nil and says so; a refusal (another model,
-// other devices, a takeover in flight) is an error, leaving that preload
-// serving.
-func (l *launcher) contact(path string, procs []handoverRank) (*predecessor, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), handoverTimeout)
+// contact asks the preload at pr.path for its cache, or, with ready (this
+// launch has its segments), for its sockets only. With no preload there,
+// none says so. retry is a refusal worth asking again (another handover
+// under way); any other refusal (another model, other devices) is an
+// error, leaving that preload serving.
+func (pr *predecessor) contact(l *launcher, ready bool) (none, retry string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), stepTimeout)
 	defer cancel()
-	conn, err := protocol.Dial(ctx, path)
+	conn, err := protocol.Dial(ctx, pr.path)
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, fmt.Sprintf("no preload to take over at %s", path), nil
+		return fmt.Sprintf("no preload to take over at %s", pr.path), "", nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("--takeover: control socket %s: %w", path, err)
+		return "", "", fmt.Errorf("--takeover: control socket %s: %w", pr.path, err)
 	}
-	pr := &predecessor{conn: conn}
-	_ = conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
+	conn = protocol.NewConn(conn.Unix(), maxPredecessorFrame)
+	// The predecessor reads the hello only once it is this one's turn.
+	_ = conn.Unix().SetDeadline(time.Now().Add(handoverTimeout + stepTimeout))
 	h := handoverHello{Head: headOf(typeHandoverHello), Versions: handoverVersions, PID: os.Getpid(), Binary: l.cfg.Version,
-		Ranks: procs, Identity: map[string]checkpoint.Identity{}}
+		Ranks: pr.ranks, Identity: map[string]checkpoint.Identity{}, Ready: ready}
 	for _, g := range l.cfg.Groups {
 		h.Identity[g.Name] = g.Checkpoint.Identity
 	}
-	// A predecessor that refuses at once (another takeover in flight) may
-	// close before the hello is written: its reason is still queued.
+	// A predecessor that refuses at once (another uid) may close before
+	// the hello is written: its reason is still queued.
 	serr := conn.Send(h)
 	fr, err := conn.Recv()
 	if err != nil && serr != nil {
 		err = serr
 	}
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		// Closed unanswered: a predecessor exiting after a handover to
+		// another, or dying. Asked again, its successor answers, or
+		// nobody, and this launch loads afresh.
+		_ = conn.Close()
+		return "", fmt.Sprintf("%s closed the connection before an offer: %v", pr.path, err), nil
+	}
 	if err != nil {
 		_ = conn.Close()
-		return nil, "", fmt.Errorf("--takeover: %s: no offer: %w", path, err)
+		return "", "", fmt.Errorf("--takeover: %s: no offer: %w", pr.path, err)
 	}
 	fr.CloseFiles()
 	switch fr.Type {
@@ -99,47 +121,69 @@ func (l *launcher) contact(path string, procs []handoverRank) (*predecessor, str
 		var r handoverRefused
 		_ = fr.Decode(&r)
 		_ = conn.Close()
-		return nil, "", fmt.Errorf("--takeover: the preload at %s refused: %s", path, r.Reason)
+		if r.Retry {
+			return "", r.Reason, nil
+		}
+		return "", "", fmt.Errorf("--takeover: the preload at %s refused: %s", pr.path, r.Reason)
 	case typeHandoverOffer:
 	default:
 		_ = conn.Close()
-		return nil, "", fmt.Errorf("--takeover: %s answered %q, not an offer", path, fr.Type)
+		return "", "", fmt.Errorf("--takeover: %s answered %q, not an offer", pr.path, fr.Type)
 	}
-	if err := fr.Decode(&pr.offer); err != nil {
+	var o handoverOffer
+	if err := fr.Decode(&o); err != nil {
 		_ = conn.Close()
-		return nil, "", fmt.Errorf("--takeover: %s: offer: %w", path, err)
+		return "", "", fmt.Errorf("--takeover: %s: offer: %w", pr.path, err)
 	}
-	pr.reason = pr.offer.Reason
-	if pr.offer.Adopt {
-		if len(pr.offer.Segments) != len(procs) {
-			pr.reason = fmt.Sprintf("the predecessor offered %d ranks' segments for %d ranks", len(pr.offer.Segments), len(procs))
-		} else if err := pr.receive(procs); err != nil {
+	_ = conn.Unix().SetDeadline(time.Now().Add(stepTimeout))
+	pr.conn = conn
+	if ready {
+		pr.offer.Adopt = pr.offer.Adopt && o.Adopt // leases move only if both offers adopt
+		return "", "", nil
+	}
+	pr.offer, pr.reason = o, o.Reason
+	if o.Adopt {
+		if len(o.Segments) != len(pr.ranks) {
+			pr.reason = fmt.Sprintf("the predecessor offered %d ranks' segments for %d ranks", len(o.Segments), len(pr.ranks))
+		} else if err := pr.receive(); err != nil {
 			pr.reason = err.Error()
 		}
 	}
 	if pr.caches == nil && pr.reason == "" {
 		pr.reason = "the predecessor offered no segments"
 	}
-	return pr, "", nil
+	if pr.caches == nil || slices.Contains(pr.caches, nil) {
+		// A load comes first, which may take longer than the predecessor
+		// waits for the next step: it is asked again, for the sockets
+		// only, once this launch has its segments.
+		_ = conn.Close()
+		pr.conn = nil
+	}
+	return "", "", nil
 }
 
 // receive takes and verifies every rank's segments. On error it keeps
 // none: this launch loads afresh.
-func (pr *predecessor) receive(ranks []handoverRank) error {
-	caches := make([]*cache, 0, len(ranks))
+func (pr *predecessor) receive() error {
+	caches := make([]*cache, len(pr.ranks))
 	fail := func(err error) error {
 		for _, c := range caches {
-			c.close()
+			if c != nil {
+				c.close()
+			}
 		}
 		return err
 	}
-	for i, r := range ranks {
+	for i, r := range pr.ranks {
+		if pr.offer.Segments[i] == nil {
+			continue // given up there: loaded afresh here
+		}
 		fr, err := pr.conn.Recv()
 		if err != nil {
 			return fail(fmt.Errorf("the predecessor (pid %d) went away while sending segments: %w", pr.offer.PID, err))
 		}
-		c := &cache{msg: pr.offer.Segments[i], files: fr.Files}
-		caches = append(caches, c)
+		c := &cache{msg: *pr.offer.Segments[i], files: fr.Files}
+		caches[i] = c
 		if fr.Type != typeHandoverSegments {
 			return fail(fmt.Errorf("the predecessor sent %q, want segments", fr.Type))
 		}
@@ -246,10 +290,10 @@ func statSize(st os.FileInfo) int64 {
 }
 
 // takeSockets gets every rank's socket from the predecessor, once its
-// segments are verified or a fresh load is done, and gives them to the
-// ranks. A predecessor gone by then has left them (or its ranks still
-// hold them, briefly, while they drain): they are taken as a first launch
-// takes them.
+// segments are verified or a fresh load is done, claims ownership after
+// it, and gives them to the ranks. A predecessor gone by then has left
+// them (or its ranks still hold them, for a moment): they are taken as a
+// first launch takes them.
 func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
 	pr := l.pred
 	if pr == nil || pr.took {
@@ -257,6 +301,9 @@ func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
 	}
 	pr.took = true
 	socks, err := pr.sockets(l, procs)
+	if errors.Is(err, handover.ErrOwned) {
+		return fmt.Errorf("--takeover: %w", err)
+	}
 	if err != nil {
 		pr.gone = err
 		l.log.Warn("takeover: the predecessor went away before handing over its sockets; taking them afresh", "err", err)
@@ -274,9 +321,26 @@ func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
 	return nil
 }
 
-// sockets asks for and checks every rank's socket and the control socket.
+// sockets asks for and checks every rank's socket and the control socket,
+// then claims ownership after the predecessor's generation: until it holds
+// it, none of them is served here.
 func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, error) {
-	_ = pr.conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
+	if pr.conn == nil {
+		for deadline := time.Now().Add(handoverTimeout); ; {
+			none, retry, err := pr.contact(l, true)
+			if err != nil || none != "" {
+				return nil, fmt.Errorf("asking again for the sockets: %v%s", err, none)
+			}
+			if retry == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("asking again for the sockets: %s", retry)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	_ = pr.conn.Unix().SetDeadline(time.Now().Add(stepTimeout))
 	if err := pr.conn.Send(protocol.NewHead(typeHandoverTake)); err != nil {
 		return nil, err
 	}
@@ -284,70 +348,100 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 	if err != nil {
 		return nil, err
 	}
-	if fr.Type != typeHandoverSockets || len(fr.Files) != 2*len(procs)+2 {
+	var m handoverSockets
+	if fr.Type != typeHandoverSockets || fr.Decode(&m) != nil {
 		fr.CloseFiles()
-		return nil, fmt.Errorf("the predecessor sent %q with %d descriptors, want its sockets (%d)", fr.Type, len(fr.Files), 2*len(procs)+2)
+		return nil, fmt.Errorf("the predecessor sent %q, want its sockets", fr.Type)
 	}
-	out := make([]*daemon.Socket, 0, len(procs))
+	missing := map[int]bool{}
+	for _, i := range m.Missing {
+		missing[i] = true
+	}
+	if want := 2*(len(procs)-len(missing)) + 2; len(fr.Files) != want || len(missing) != len(m.Missing) {
+		fr.CloseFiles()
+		return nil, fmt.Errorf("the predecessor sent %d descriptors for %d ranks (%d missing), want %d", len(fr.Files), len(procs), len(m.Missing), want)
+	}
+	files := fr.Files
+	take := func(path string) (*daemon.Socket, error) {
+		s, err := daemon.SocketFromFiles(path, files[0], files[1])
+		files = files[2:]
+		return s, err
+	}
+	out := make([]*daemon.Socket, len(procs))
 	fail := func(err error) ([]*daemon.Socket, error) {
 		for _, s := range out {
-			s.Close()
+			if s != nil {
+				s.Close()
+			}
 		}
-		for _, f := range fr.Files[2*len(out):] {
+		for _, f := range files {
 			_ = f.Close()
 		}
 		return nil, err
 	}
-	for _, p := range procs {
+	for i, p := range procs {
+		if missing[i] {
+			continue
+		}
 		path, err := socketPath(p.spec)
 		if err != nil {
 			return fail(err)
 		}
-		i := 2 * len(out)
-		s, err := daemon.SocketFromFiles(path, fr.Files[i], fr.Files[i+1])
-		if err != nil {
-			for _, f := range fr.Files[i+2:] {
-				_ = f.Close()
-			}
-			fr.Files = fr.Files[:i]
+		if out[i], err = take(path); err != nil {
 			return fail(err)
 		}
-		out = append(out, s)
 	}
-	path, _ := l.controlPath()
-	n := len(fr.Files)
-	ctl, err := daemon.SocketFromFiles(path, fr.Files[n-2], fr.Files[n-1])
+	ctl, err := take(pr.path)
 	if err != nil {
-		fr.Files = fr.Files[:n-2]
+		return fail(err)
+	}
+	if err := l.own.claim(protocol.OwnerPath(pr.path), m.Generation, stepTimeout); err != nil {
+		ctl.Close()
 		return fail(err)
 	}
 	l.ctlSock = ctl
-	return out, nil
-}
-
-// takeSocketsAfresh takes every socket as a first launch does, waiting
-// (within the handover timeout) for a predecessor's ranks to let go.
-func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
-	deadline := time.Now().Add(handoverTimeout)
-	take := func(path string) (*daemon.Socket, error) {
-		for {
-			s, err := daemon.TakeSocket(path)
-			if err == nil || !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
-				return s, err
+	// A rank the predecessor gave up left its socket: taken afresh.
+	for i, p := range procs {
+		if missing[i] {
+			path, err := socketPath(p.spec)
+			if err != nil {
+				return fail(err)
 			}
-			select {
-			case <-time.After(20 * time.Millisecond):
-			case <-ctx.Done():
-				return nil, ctx.Err()
+			if out[i], err = takeFresh(context.Background(), path, time.Now().Add(stepTimeout)); err != nil {
+				return fail(err)
 			}
 		}
 	}
+	return out, nil
+}
+
+// takeFresh takes the socket at path as a first launch does, waiting
+// until deadline for a dying process to let go of it.
+func takeFresh(ctx context.Context, path string, deadline time.Time) (*daemon.Socket, error) {
+	for {
+		s, err := daemon.TakeSocket(path)
+		if err == nil || !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+			return s, err
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// takeSocketsAfresh takes every socket as a first launch does, waiting
+// (within the handover timeout) for a predecessor's ranks to let go, and
+// ownership once the predecessor's lock is gone.
+func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
+	deadline := time.Now().Add(handoverTimeout)
 	for _, p := range procs {
 		path, err := socketPath(p.spec)
 		if err != nil {
 			return err
 		}
-		s, err := take(path)
+		s, err := takeFresh(ctx, path, deadline)
 		if err != nil {
 			return err
 		}
@@ -355,16 +449,16 @@ func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
 			return err
 		}
 	}
+	path, err := l.controlPath()
+	if err != nil {
+		return err
+	}
 	if l.ctlSock == nil {
-		path, err := l.controlPath()
-		if err != nil {
-			return err
-		}
-		if l.ctlSock, err = take(path); err != nil {
+		if l.ctlSock, err = takeFresh(ctx, path, deadline); err != nil {
 			return err
 		}
 	}
-	return nil
+	return l.own.claim(protocol.OwnerPath(path), 0, time.Until(deadline))
 }
 
 // finishTakeover, once every rank serves, moves the predecessor's leases
@@ -374,6 +468,7 @@ func (l *launcher) finishTakeover() {
 	if pr == nil || pr.gone != nil || pr.conn == nil {
 		return
 	}
+
 	defer pr.conn.Close()
 	_ = pr.conn.Unix().SetDeadline(time.Now().Add(handoverTimeout))
 	if err := pr.conn.Send(protocol.NewHead(typeHandoverLeases)); err != nil {

@@ -103,6 +103,19 @@ func SocketPath(dir, group, device string) (string, error) {
 	return p, nil
 }
 
+// ControlPath is the control socket of the launch whose first rank serves
+// device: where a successor asks for the cache. It does not end in .sock,
+// so that clients listing the directory's rank sockets skip it.
+func ControlPath(dir, device string) (string, error) {
+	p, err := SocketPath(dir, "handover", device)
+	return strings.TrimSuffix(p, ".sock") + ".ctl", err
+}
+
+// OwnerPath is the owner file of the launch whose control socket is ctl
+// (internal/handover): the one launcher that may restart, hand over or
+// remove that launch's sockets holds its lock.
+func OwnerPath(ctl string) string { return ctl + ".owner" }
+
 func sanitize(s string) string {
 	return strings.Map(func(r rune) rune {
 		switch {
