@@ -134,6 +134,29 @@ type RankSegments struct {
 	Identity  checkpoint.Identity `json:"identity,omitempty"`
 	LoadMS    int64               `json:"load_ms"`
 	ReadBytes int64               `json:"read_bytes"`
+	// Bound ties the descriptors to what they were made as, set by the
+	// launcher that filled them (internal/handover): a successor or a
+	// restart from systemd's fd store refuses any descriptor not exactly
+	// the one described. Absent from a version-1 predecessor's.
+	Bound *Binding `json:"bound,omitempty"`
+}
+
+// Binding is one rank's segments as their maker saw them.
+type Binding struct {
+	Rank        string     `json:"rank"`         // group/device/tp_rank/dp_rank
+	Fingerprint string     `json:"fingerprint"`  // the rank's fingerprint sum
+	Files       []FileBind `json:"files"`        // the segments in order, then the index
+	IndexSHA256 string     `json:"index_sha256"` // of the whole manifest index
+}
+
+// FileBind is one descriptor's identity: its inode (a memfd's is its own
+// for as long as it lives; a copy is another), size and seals.
+type FileBind struct {
+	Role  string `json:"role"` // "segment N" or "index"
+	Dev   uint64 `json:"dev"`
+	Ino   uint64 `json:"ino"`
+	Size  int64  `json:"size"`
+	Seals int    `json:"seals"`
 }
 
 // RankReady tells the launcher that the rank serves.

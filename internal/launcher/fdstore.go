@@ -10,6 +10,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 )
 
 // Under systemd (NOTIFY_SOCKET set), preload stores every descriptor it
@@ -26,7 +27,7 @@ type fdStore struct {
 	notify  string            // NOTIFY_SOCKET
 	names   map[string]string // stored descriptor name -> socket path, for sockets
 	sockets map[string]*daemon.Socket
-	adopted []*cache // verified segments for every rank, in procs order
+	adopted []*handover.Cache // verified segments for every rank, in procs order
 	reason  string   // why none were adopted
 }
 
@@ -36,7 +37,7 @@ const fdMetaName = "wc-meta"
 type fdMeta struct {
 	Version int                   `json:"version"` // handoverVersion
 	Binary  string                `json:"binary"`
-	Ranks   []handoverRank        `json:"ranks"`
+	Ranks   []handover.Rank        `json:"ranks"`
 	Caches  []daemon.RankSegments `json:"caches"` // per rank; zero Segments and Tensors: none kept
 	Control string                `json:"control"`
 }
@@ -110,8 +111,8 @@ func (l *launcher) adoptStore() error {
 
 // storeCaches adopts the stored segments if they are this launch's and
 // intact, returning why not otherwise.
-func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(string) *os.File) string {
-	var caches []*cache
+func (l *launcher) storeCaches(meta fdMeta, want []handover.Rank, take func(string) *os.File) string {
+	var caches []*handover.Cache
 	files := func(i int, m daemon.RankSegments) []*os.File {
 		var out []*os.File
 		for k := range m.Segments {
@@ -126,12 +127,12 @@ func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(strin
 		reason = fmt.Sprintf("stored for %s; this launch serves %s", describeRanks(meta.Ranks), describeRanks(want))
 	}
 	for i := range meta.Caches {
-		c := &cache{msg: meta.Caches[i], files: files(i, meta.Caches[i])}
+		c := &handover.Cache{Msg: meta.Caches[i], Files: files(i, meta.Caches[i])}
 		caches = append(caches, c)
 		if reason != "" {
 			continue
 		}
-		for _, f := range c.files {
+		for _, f := range c.Files {
 			if f == nil {
 				reason = fmt.Sprintf("rank %s: the store lacks some of its segments", want[i].Device)
 			}
@@ -139,12 +140,12 @@ func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(strin
 		if reason != "" {
 			continue
 		}
-		refuse, stale := fits(meta.Ranks[i], c, want[i], l.cfg.Groups[l.groupIndex(want[i].Group)].Checkpoint.Identity)
+		refuse, stale := handover.Fits(meta.Ranks[i], c, want[i], l.cfg.Groups[l.groupIndex(want[i].Group)].Checkpoint.Identity)
 		if reason = refuse + stale; reason != "" {
 			continue
 		}
 		if reason == "" {
-			if err := verifyCache(want[i].Device, c); err != nil {
+			if err := handover.Verify(want[i], c); err != nil {
 				reason = fmt.Sprintf("rank %s: %v", want[i].Device, err)
 			}
 		}
@@ -152,7 +153,7 @@ func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(strin
 	if reason != "" {
 		for i, c := range caches {
 			l.store.remove(i, c)
-			c.close()
+			c.Close()
 		}
 		return reason
 	}
@@ -221,8 +222,8 @@ func (s *fdStore) forget(files map[string]*os.File) {
 	}
 }
 
-func (s *fdStore) remove(rank int, c *cache) {
-	for k := range c.msg.Segments {
+func (s *fdStore) remove(rank int, c *handover.Cache) {
+	for k := range c.Msg.Segments {
 		s.drop(fdName(rank, "seg-"+strconv.Itoa(k)))
 	}
 	s.drop(fdName(rank, "index"))
@@ -287,10 +288,10 @@ func (l *launcher) storeFDs() {
 		}
 		var m daemon.RankSegments
 		if p.cache != nil {
-			m = p.cache.msg
-			for k, f := range p.cache.files {
+			m = p.cache.Msg
+			for k, f := range p.cache.Files {
 				name := fdName(i, "index")
-				if k < len(p.cache.msg.Segments) {
+				if k < len(p.cache.Msg.Segments) {
 					name = fdName(i, "seg-"+strconv.Itoa(k))
 				}
 				if !put(name, f) {

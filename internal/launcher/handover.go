@@ -69,22 +69,12 @@ type handoverHello struct {
 	Versions []int          `json:"versions"`
 	PID      int            `json:"pid"`
 	Binary   string         `json:"binary"`
-	Ranks    []handoverRank `json:"ranks"`
+	Ranks    []handover.Rank `json:"ranks"`
 	// Identity is each group's checkpoint files' stat identity now.
 	Identity map[string]checkpoint.Identity `json:"identity"`
 	// Ready: the successor has its segments (it loaded afresh) and asks
 	// for the sockets only; no segments frames follow the offer.
 	Ready bool `json:"ready,omitempty"`
-}
-
-// handoverRank is one rank as both sides must agree on it.
-type handoverRank struct {
-	Group       string                 `json:"group"`
-	Device      string                 `json:"device"`
-	Model       string                 `json:"model"`
-	Dir         string                 `json:"dir"`
-	Socket      string                 `json:"socket"`
-	Fingerprint checkpoint.Fingerprint `json:"fingerprint"`
 }
 
 type handoverOffer struct {
@@ -305,7 +295,7 @@ func (x *exchange) sendOffer() error {
 	}
 	for i, p := range l.procsSnapshot() {
 		if x.offer.Adopt && !x.hello.Ready && x.offer.Segments[i] != nil {
-			if err := x.conn.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: i}, p.cache.files...); err != nil {
+			if err := x.conn.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: i}, p.cache.Files...); err != nil {
 				return err
 			}
 		}
@@ -432,7 +422,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refus
 		if c == nil && procs[i].socketKept() == nil {
 			continue // given up: the successor loads it afresh
 		}
-		refuse, stale := fits(m, c, h.Ranks[i], h.Identity[m.Group])
+		refuse, stale := handover.Fits(m, c, h.Ranks[i], h.Identity[m.Group])
 		if refuse != "" {
 			return o, fmt.Sprintf("preload pid %d: %s", os.Getpid(), refuse), false
 		}
@@ -445,41 +435,12 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refus
 		for _, p := range procs {
 			var m *daemon.RankSegments
 			if c := p.cacheKept(); c != nil {
-				m = &c.msg
+				m = &c.Msg
 			}
 			o.Segments = append(o.Segments, m)
 		}
 	}
 	return o, "", false
-}
-
-// fits compares a rank held (had, with its kept segments c) with one
-// wanted, whose checkpoint files have identity now. refuse says why the
-// two are not the same rank of the same model at all; stale, why the
-// segments cannot serve it (the checkpoint changed on disk since they
-// were loaded, or none were kept).
-func fits(had handoverRank, c *cache, want handoverRank, now checkpoint.Identity) (refuse, stale string) {
-	if had.Group != want.Group || had.Device != want.Device || had.Socket != want.Socket || had.Dir != want.Dir {
-		return fmt.Sprintf("serves group %s on %s from %s; asked for group %s on %s from %s", had.Group, had.Device, had.Dir, want.Group, want.Device, want.Dir), ""
-	}
-	for _, d := range checkpoint.Diff(had.Fingerprint, want.Fingerprint) {
-		if d.Field != "checkpoint_hash" {
-			return fmt.Sprintf("rank %s (group %s): fingerprint field %s is %s here, %s for the successor", had.Device, had.Group, d.Field, d.Want, d.Got), ""
-		}
-		stale = fmt.Sprintf("checkpoint_changed: the safetensors headers in %s changed since it was loaded", had.Dir)
-	}
-	switch {
-	case stale != "":
-	case c == nil || len(c.files) == 0:
-		stale = fmt.Sprintf("rank %s kept no segments (publish-only or loading itself)", had.Device)
-	case c.msg.Identity == nil:
-		stale = fmt.Sprintf("checkpoint_changed: %s changed while it was loaded", had.Dir)
-	default:
-		if d := c.msg.Identity.Diff(now); d != "" {
-			stale = "checkpoint_changed: " + d + " since it was loaded"
-		}
-	}
-	return "", stale
 }
 
 // collectLeases stops every rank and forwards its leased connections (or,
@@ -533,7 +494,7 @@ func expectStep(conn *protocol.Conn, want string) error {
 	return nil
 }
 
-func describeRanks(rs []handoverRank) string {
+func describeRanks(rs []handover.Rank) string {
 	if len(rs) == 0 {
 		return "no ranks"
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/plan"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -62,6 +63,7 @@ type launcher struct {
 	cfg     Config
 	log     *slog.Logger
 	ranks   []Rank
+	held    []handover.Rank // every rank, as handed over (identities)
 	pmu     sync.Mutex // guards procs against /health readers
 	procs   []*proc
 	read    atomic.Int64 // checkpoint bytes read, all groups
@@ -95,6 +97,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	l := &launcher{cfg: cfg, log: cfg.Logger, ranks: ranks, exited: make(chan *proc, len(ranks)*len(cfg.Groups))}
+	if l.held, err = l.identities(); err != nil {
+		return err
+	}
 	if err := l.checkCgroupMemory(); err != nil {
 		return err
 	}
@@ -164,19 +169,30 @@ func (l *launcher) prepare() error {
 	return l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
 }
 
-// handoverRanks is every rank this launch serves, as a handover and the
-// fd store name them, in the order spawnAll starts them.
-func (l *launcher) handoverRanks() []handoverRank {
-	var out []handoverRank
+// identities is every rank this launch serves, as a handover and the fd
+// store name them, in the order spawnAll starts them: group by group, in
+// rank order. Each fingerprint is made here, once per rank.
+func (l *launcher) identities() ([]handover.Rank, error) {
+	var out []handover.Rank
 	for _, g := range l.cfg.Groups {
 		for _, r := range l.ranks {
-			fp, _ := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
-			path, _ := protocol.SocketPath(l.cfg.SocketDir, g.Name, r.Device)
-			out = append(out, handoverRank{Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path, Fingerprint: fp})
+			fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
+			if err != nil {
+				return nil, fmt.Errorf("group %s, rank %s: %w", g.Name, r.Device, err)
+			}
+			path, err := protocol.SocketPath(l.cfg.SocketDir, g.Name, r.Device)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, handover.Rank{Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Socket: path,
+				Fingerprint: fp, TPRank: r.TPRank, DPRank: r.DPRank})
 		}
 	}
-	return out
+	return out, nil
 }
+
+// handoverRanks is identities, made once in Run.
+func (l *launcher) handoverRanks() []handover.Rank { return l.held }
 
 // start runs the whole start-up under one context that any rank's death
 // cancels with that rank's exit error.
@@ -224,7 +240,7 @@ func (l *launcher) start(parent context.Context) error {
 // systemd's fd store): no checkpoint byte is read, except for ranks that
 // kept none there (given up), which load afresh first: the read comes
 // before the sockets are taken.
-func (l *launcher) adoptCaches(ctx context.Context, caches []*cache) error {
+func (l *launcher) adoptCaches(ctx context.Context, caches []*handover.Cache) error {
 	procs := l.procsSnapshot()
 	if len(caches) != len(procs) {
 		return fmt.Errorf("%d ranks' segments handed over for %d ranks", len(caches), len(procs))
@@ -345,17 +361,17 @@ func (l *launcher) awaitListening(ctx context.Context, procs []*proc) error {
 
 func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	g := l.cfg.Groups[gi]
-	fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
-	if err != nil {
-		return daemon.RankSpec{}, fmt.Errorf("group %s: %w", g.Name, err)
-	}
+	id := l.held[gi*len(l.ranks)+r.Local]
 	spec := daemon.RankSpec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
-		Fingerprint: fp, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
+		Fingerprint: id.Fingerprint, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
 		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
 	}
 	if gi == 0 && r.Local == 0 {
-		spec.ControlSocket, _ = l.controlPath()
+		var err error
+		if spec.ControlSocket, err = l.controlPath(); err != nil {
+			return spec, err
+		}
 	}
 	return spec, nil
 }
@@ -431,7 +447,7 @@ func (l *launcher) release() {
 	for _, p := range l.procsSnapshot() {
 		let(p.socketKept())
 		if c := p.cacheKept(); c != nil {
-			c.close()
+			c.Close()
 		}
 	}
 	let(l.ctlSock)

@@ -3,13 +3,13 @@ package launcher
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime/debug"
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
@@ -103,7 +103,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		return err
 	}
 	for i, p := range procs {
-		c, err := newCache(p, res.Ranks[i], res, identity)
+		c, err := newCache(p, l.identity(p), res.Ranks[i], res, identity)
 		// The cache holds its own descriptors now (or failed): the
 		// loader's references go, so that only the ranks and the cache
 		// keep the memory.
@@ -155,18 +155,10 @@ func (l *launcher) groupProcs(group string) []*proc {
 	return out
 }
 
-// cache is what the launcher keeps of a rank's segments after handing
-// them over: one descriptor of each and of the manifest index (no memory
-// of its own: the same pages), and the frame that describes them. A rank
-// that dies is given them again; a successor preload takes them over.
-type cache struct {
-	msg   daemon.RankSegments
-	files []*os.File // the segments in order, then the index
-}
-
-// newCache writes a rank's manifest index once and exports a descriptor
-// of each of its sealed segments and of the index.
-func newCache(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) (*cache, error) {
+// newCache writes a rank's manifest index once, exports a descriptor of
+// each of its sealed segments and of the index, and binds them to the
+// rank id: whoever is handed them later checks they are these.
+func newCache(p *proc, id handover.Rank, rk scatter.Rank, res *scatter.Result, identity checkpoint.Identity) (*handover.Cache, error) {
 	if len(rk.Segments)+1 > protocol.MaxFDs {
 		return nil, fmt.Errorf("%s: %d segments and an index exceed the %d descriptors one message carries", p, len(rk.Segments), protocol.MaxFDs)
 	}
@@ -175,35 +167,37 @@ func newCache(p *proc, rk scatter.Rank, res *scatter.Result, identity checkpoint
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	defer index.Free()
-	c := &cache{msg: daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+	c := &handover.Cache{Msg: daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
 		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}}
 	for _, t := range rk.Tensors {
-		c.msg.DataBytes += t.NBytes
+		c.Msg.DataBytes += t.NBytes
 	}
 	for i, s := range append(rk.Segments[:len(rk.Segments):len(rk.Segments)], index) {
 		f, err := s.Export()
 		if err != nil {
-			c.close()
+			c.Close()
 			return nil, fmt.Errorf("%s: export segment %d: %w", p, i, err)
 		}
-		c.files = append(c.files, f)
+		c.Files = append(c.Files, f)
 		if i < len(rk.Segments) {
-			c.msg.Segments = append(c.msg.Segments, protocol.Segment{Index: i, Size: s.Size()})
+			c.Msg.Segments = append(c.Msg.Segments, protocol.Segment{Index: i, Size: s.Size()})
 		}
+	}
+	if err := handover.Bind(c, id); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	return c, nil
 }
 
-func (c *cache) close() {
-	for _, f := range c.files {
-		_ = f.Close()
-	}
-	c.files = nil
+// identity is p's rank as identities made it.
+func (l *launcher) identity(p *proc) handover.Rank {
+	return l.held[l.groupIndex(p.group)*len(l.ranks)+p.Local]
 }
 
 // sendCache hands the rank its cached segments; the cache keeps its own.
 func (p *proc) sendCache() error {
-	if err := p.ctl.Send(p.cache.msg, p.cache.files...); err != nil {
+	if err := p.ctl.Send(p.cache.Msg, p.cache.Files...); err != nil {
 		return fmt.Errorf("%s: send segments: %w", p, err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
@@ -40,7 +41,7 @@ type proc struct {
 	// its segments once filled (nil for ranks that load themselves or
 	// start empty: those start over).
 	sock  *daemon.Socket
-	cache *cache
+	cache *handover.Cache
 	// restarts counts the slot's restarts; failures, the consecutive
 	// restarts that died before serving (restart.go).
 	restarts, failures int
@@ -256,7 +257,7 @@ func (p *proc) socketKept() *daemon.Socket {
 
 // cacheKept is the rank's segments as the launcher keeps them; nil for a
 // rank that keeps none (publish-only, loading itself, given up).
-func (p *proc) cacheKept() *cache {
+func (p *proc) cacheKept() *handover.Cache {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cache
@@ -279,7 +280,7 @@ func (p *proc) giveUp(owner bool) {
 		}
 	}
 	if c != nil {
-		c.close()
+		c.Close()
 	}
 }
 

@@ -185,7 +185,7 @@ func notifySystemd(addr string) error {
 func (l *launcher) tensors() int {
 	for _, p := range l.procsSnapshot() {
 		if p.group == l.cfg.Groups[0].Name && p.cache != nil {
-			return p.cache.msg.Tensors
+			return p.cache.Msg.Tensors
 		}
 	}
 	return l.cfg.Groups[0].Checkpoint.NumTensors()

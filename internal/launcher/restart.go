@@ -57,7 +57,7 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 		// The replacement could not import what the launcher kept: a
 		// GPU allocation does not outlive its last importer on every
 		// driver (scripts/gpu-check.sh reports it). Read it again.
-		old.cache.close()
+		old.cache.Close()
 		old.cache = nil
 	}
 	if failures > 0 {

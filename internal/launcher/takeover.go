@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"slices"
 	"syscall"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
@@ -23,9 +21,9 @@ import (
 type predecessor struct {
 	conn   *protocol.Conn // nil: to be asked again once loaded (sockets only)
 	path   string         // its control socket
-	ranks  []handoverRank
+	ranks  []handover.Rank
 	offer  handoverOffer
-	caches []*cache // verified, one per rank in procs order, nil where one loads afresh; nil: all load afresh
+	caches []*handover.Cache // verified, one per rank in procs order, nil where one loads afresh; nil: all load afresh
 	reason string   // why this launch loads afresh, for the ready line
 	gone   error    // the predecessor went away before handing its sockets
 	took   bool     // the sockets have been asked for
@@ -165,11 +163,11 @@ func (pr *predecessor) contact(l *launcher, ready bool) (none, retry string, err
 // receive takes and verifies every rank's segments. On error it keeps
 // none: this launch loads afresh.
 func (pr *predecessor) receive() error {
-	caches := make([]*cache, len(pr.ranks))
+	caches := make([]*handover.Cache, len(pr.ranks))
 	fail := func(err error) error {
 		for _, c := range caches {
 			if c != nil {
-				c.close()
+				c.Close()
 			}
 		}
 		return err
@@ -182,111 +180,17 @@ func (pr *predecessor) receive() error {
 		if err != nil {
 			return fail(fmt.Errorf("the predecessor (pid %d) went away while sending segments: %w", pr.offer.PID, err))
 		}
-		c := &cache{msg: *pr.offer.Segments[i], files: fr.Files}
+		c := &handover.Cache{Msg: *pr.offer.Segments[i], Files: fr.Files}
 		caches[i] = c
 		if fr.Type != typeHandoverSegments {
 			return fail(fmt.Errorf("the predecessor sent %q, want segments", fr.Type))
 		}
-		if err := verifyCache(r.Device, c); err != nil {
+		if err := handover.Verify(r, c); err != nil {
 			return fail(fmt.Errorf("segments of rank %s (group %s) from pid %d: %w", r.Device, r.Group, pr.offer.PID, err))
 		}
 	}
 	pr.caches = caches
 	return nil
-}
-
-// crcSample is how many tensors, spread over the index, a successor
-// checksums before it serves segments handed over, and crcSampleBytes
-// the most it reads for them.
-const (
-	crcSample      = 16
-	crcSampleBytes = 64 << 20
-)
-
-// verifyCache checks segments handed over before serving them: each
-// sealed and of its size, the manifest index whole and placing every
-// tensor inside them, data bytes as stated, and the CRC-32C of a sample
-// of tensors. GPU segments are checked by their import in the rank.
-func verifyCache(device string, c *cache) error {
-	m := c.msg
-	if len(c.files) != len(m.Segments)+1 {
-		return fmt.Errorf("%d segments and an index named, %d descriptors sent", len(m.Segments), len(c.files))
-	}
-	sizes := make([]int64, len(m.Segments))
-	for i, s := range m.Segments {
-		sizes[i] = s.Size
-	}
-	gpu := isGPU(device)
-	maps := make([][]byte, len(m.Segments))
-	defer func() {
-		for _, b := range maps {
-			if b != nil {
-				_ = host.Unmap(b)
-			}
-		}
-	}()
-	mapSealed := func(f *os.File, size int64, what string) ([]byte, error) {
-		if err := host.CheckSealed(f); err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		st, err := f.Stat()
-		if err != nil || st.Size() != size {
-			return nil, fmt.Errorf("%s: %d bytes, want %d (%v)", what, statSize(st), size, err)
-		}
-		return host.Map(f, size)
-	}
-	if !gpu {
-		for i := range m.Segments {
-			b, err := mapSealed(c.files[i], sizes[i], fmt.Sprintf("segment %d", i))
-			if err != nil {
-				return err
-			}
-			maps[i] = b
-		}
-	}
-	ib, err := mapSealed(c.files[len(m.Segments)], m.IndexSize, "manifest index")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = host.Unmap(ib) }()
-	x, err := protocol.OpenIndex(ib)
-	if err != nil {
-		return err
-	}
-	if x.Len() != m.Tensors {
-		return fmt.Errorf("manifest index holds %d tensors, %d named", x.Len(), m.Tensors)
-	}
-	var data int64
-	step := max(1, x.Len()/crcSample)
-	budget := int64(crcSampleBytes)
-	for i := 0; i < x.Len(); i++ {
-		t, err := x.Entry(i)
-		if err != nil {
-			return err
-		}
-		if t.Segment < 0 || t.Segment >= len(sizes) || t.Offset < 0 || t.NBytes < 0 || t.Offset > sizes[t.Segment]-t.NBytes {
-			return fmt.Errorf("manifest index: tensor %q at segment %d offset %d (%d bytes) is outside the segments", t.Name, t.Segment, t.Offset, t.NBytes)
-		}
-		data += t.NBytes
-		if gpu || (i%step != 0 && i != x.Len()-1) || t.NBytes > budget {
-			continue
-		}
-		budget -= t.NBytes
-		if got := crc32.Checksum(maps[t.Segment][t.Offset:t.Offset+t.NBytes], checkpoint.Castagnoli); got != t.CRC32C {
-			return fmt.Errorf("tensor %q: CRC-32C %08x, the index says %08x", t.Name, got, t.CRC32C)
-		}
-	}
-	if data != m.DataBytes {
-		return fmt.Errorf("manifest index places %d data bytes, %d named", data, m.DataBytes)
-	}
-	return nil
-}
-
-func statSize(st os.FileInfo) int64 {
-	if st == nil {
-		return -1
-	}
-	return st.Size()
 }
 
 // takeSockets gets every rank's socket from the predecessor, once its

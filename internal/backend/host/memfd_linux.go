@@ -89,6 +89,15 @@ func CheckSealed(f *os.File) error {
 	return nil
 }
 
+// SealsOf is the set of seals f carries; an error if it is no memfd.
+func SealsOf(f *os.File) (int, error) {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return 0, fmt.Errorf("%s is not a sealable memfd: %w", f.Name(), err)
+	}
+	return seals, nil
+}
+
 // Export reopens the memfd read-only through /proc, so that a client gets a
 // descriptor it can only map PROT_READ. Without /proc it falls back to a dup
 // of the sealed descriptor, which is read-only by its seals.

@@ -29,3 +29,6 @@ func Unmap(b []byte) error { return ErrUnsupported }
 func CheckSealed(f *os.File) error { return ErrUnsupported }
 
 func SealedFile(string, []byte) (*os.File, error) { return nil, ErrUnsupported }
+
+// SealsOf is not supported on this platform.
+func SealsOf(f *os.File) (int, error) { return 0, ErrUnsupported }
