@@ -28,7 +28,7 @@ type fdStore struct {
 	names   map[string]string // stored descriptor name -> socket path, for sockets
 	sockets map[string]*daemon.Socket
 	adopted []*handover.Cache // verified segments for every rank, in procs order
-	reason  string   // why none were adopted
+	reason  string            // why none were adopted
 }
 
 const fdMetaName = "wc-meta"
@@ -37,7 +37,7 @@ const fdMetaName = "wc-meta"
 type fdMeta struct {
 	Version int                   `json:"version"` // handoverVersion
 	Binary  string                `json:"binary"`
-	Ranks   []handover.Rank        `json:"ranks"`
+	Ranks   []handover.Rank       `json:"ranks"`
 	Caches  []daemon.RankSegments `json:"caches"` // per rank; zero Segments and Tensors: none kept
 	Control string                `json:"control"`
 }

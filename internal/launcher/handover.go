@@ -66,9 +66,9 @@ var handoverVersions = []int{1, handoverVersion}
 
 type handoverHello struct {
 	protocol.Head
-	Versions []int          `json:"versions"`
-	PID      int            `json:"pid"`
-	Binary   string         `json:"binary"`
+	Versions []int           `json:"versions"`
+	PID      int             `json:"pid"`
+	Binary   string          `json:"binary"`
 	Ranks    []handover.Rank `json:"ranks"`
 	// Identity is each group's checkpoint files' stat identity now.
 	Identity map[string]checkpoint.Identity `json:"identity"`

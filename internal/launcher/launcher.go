@@ -64,7 +64,7 @@ type launcher struct {
 	log     *slog.Logger
 	ranks   []Rank
 	held    []handover.Rank // every rank, as handed over (identities)
-	pmu     sync.Mutex // guards procs against /health readers
+	pmu     sync.Mutex      // guards procs against /health readers
 	procs   []*proc
 	read    atomic.Int64 // checkpoint bytes read, all groups
 	started atomic.Bool  // start-up finished: a rank exit is no longer fatal

@@ -24,9 +24,9 @@ type predecessor struct {
 	ranks  []handover.Rank
 	offer  handoverOffer
 	caches []*handover.Cache // verified, one per rank in procs order, nil where one loads afresh; nil: all load afresh
-	reason string   // why this launch loads afresh, for the ready line
-	gone   error    // the predecessor went away before handing its sockets
-	took   bool     // the sockets have been asked for
+	reason string            // why this launch loads afresh, for the ready line
+	gone   error             // the predecessor went away before handing its sockets
+	took   bool              // the sockets have been asked for
 }
 
 // Where a launch's segments came from, as the ready line says.
