@@ -12,7 +12,8 @@ import (
 )
 
 // A SIGKILLed launcher leaves no socket or lock file behind: its ranks
-// drain and remove theirs.
+// let go of theirs and remove them, nobody else holding them. Its owner
+// file stays, recording the generation the next launcher continues.
 func TestKilledLauncherLeavesNoSocket(t *testing.T) {
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
@@ -28,6 +29,9 @@ func TestKilledLauncherLeavesNoSocket(t *testing.T) {
 			_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 			return err != nil || isZombie(pid)
 		})
+	}
+	if err := os.Remove(ownerFile(t, dir)); err != nil {
+		t.Fatalf("owner file: %v", err)
 	}
 	noSockets(t, dir)
 }

@@ -79,7 +79,7 @@ func sockDir(t testing.TB) string {
 type preloadProc struct {
 	cmd    *exec.Cmd
 	ready  map[string]any
-	stderr *bytes.Buffer
+	stderr *logBuffer
 	lines  chan string
 }
 
@@ -108,7 +108,7 @@ func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string)
 // wrapper that execs it), as startPreloadProc does.
 func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 	t.Helper()
-	p := &preloadProc{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 16)}
+	p := &preloadProc{cmd: cmd, stderr: &logBuffer{}, lines: make(chan string, 16)}
 	cmd.Stderr = p.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {

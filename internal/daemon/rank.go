@@ -323,7 +323,8 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 // successor that took it over, or the next preload, serves it while the
 // leases here drain. It goes from the directory only if no process holds
 // it any more; the first rank clears the dead launcher's control socket
-// and owner file the same way.
+// the same way. The owner file stays: it records the generation, which the
+// next launcher continues.
 func (d *Daemon) launcherGone(spec RankSpec) {
 	d.log.Info("launcher went away: letting go of the socket")
 	d.ln.stopAccepting()
@@ -332,7 +333,6 @@ func (d *Daemon) launcherGone(spec RankSpec) {
 	}
 	if spec.ControlSocket != "" {
 		RemoveUnheld(spec.ControlSocket)
-		removeUnheldLock(protocol.OwnerPath(spec.ControlSocket))
 	}
 }
 

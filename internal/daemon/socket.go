@@ -384,17 +384,3 @@ func removeUnheld(path string, want fileID, patience time.Duration) {
 	_ = os.Remove(path)
 	_ = os.Remove(path + ".lock")
 }
-
-// removeUnheldLock removes a lock file nobody holds, as unlock does for
-// its holder: locked first, so that a process that opened it meanwhile
-// finds it gone and makes a new one.
-func removeUnheldLock(path string) {
-	f, err := openNoFollow(path, os.O_RDWR)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil && sameFile(f, path) {
-		_ = os.Remove(path)
-	}
-}

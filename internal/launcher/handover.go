@@ -217,6 +217,19 @@ func refuse(conn *protocol.Conn, retry bool, format string, args ...any) {
 	_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf(format, args...), Versions: handoverVersions, Retry: retry})
 }
 
+// faultAt names a point of a handover at which this process kills itself,
+// as kill -9 would (WEIGHTCACHE_FAULT=pred:take, succ:sockets, ...), or,
+// as pred-rank:STEP, kills its first rank: the tests' way to die exactly
+// there. Unset, nothing happens.
+var faultAt = os.Getenv("WEIGHTCACHE_FAULT")
+
+func fault(point string) {
+	if faultAt == point {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
+
 // exchange is one handover as the predecessor runs it, step by step.
 type exchange struct {
 	l     *launcher
@@ -241,6 +254,7 @@ var predecessorSteps = []struct {
 }{
 	{"hello", func() time.Duration { return helloTimeout }, (*exchange).readHello},
 	{"offer", func() time.Duration { return stepTimeout }, (*exchange).sendOffer},
+	{"segments", func() time.Duration { return stepTimeout }, (*exchange).sendSegments},
 	{"take", func() time.Duration { return stepTimeout }, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
 	{"sockets", func() time.Duration { return stepTimeout }, (*exchange).sendSockets},
 	{"leases", func() time.Duration { return stepTimeout }, (*exchange).awaitLeases},
@@ -256,6 +270,10 @@ func (l *launcher) handOver(conn *protocol.Conn, peer int) bool {
 		_ = conn.Unix().SetDeadline(time.Now().Add(st.timeout()))
 		if err := st.run(x); err != nil {
 			return l.handoverFailed(x, fmt.Errorf("handover step %s: %w", st.name, err))
+		}
+		fault("pred:" + st.name)
+		if faultAt == "pred-rank:"+st.name {
+			_ = l.procsSnapshot()[0].cmd.Process.Kill()
 		}
 	}
 	l.event(handedOver{Event: "handed_over", SuccessorPID: x.hello.PID, Successor: x.hello.Binary, Adopted: x.offer.Adopt, Reason: x.offer.Reason, Generation: x.gen + 1})
@@ -290,10 +308,11 @@ func (x *exchange) sendOffer() error {
 		return errRefused
 	}
 	l.log.Info("handing over to a successor", "successor_pid", x.hello.PID, "successor", x.hello.Binary, "adopt", x.offer.Adopt, "reason", x.offer.Reason)
-	if err := x.conn.Send(x.offer); err != nil {
-		return err
-	}
-	for i, p := range l.procsSnapshot() {
+	return x.conn.Send(x.offer)
+}
+
+func (x *exchange) sendSegments() error {
+	for i, p := range x.l.procsSnapshot() {
 		if x.offer.Adopt && !x.hello.Ready && x.offer.Segments[i] != nil {
 			if err := x.conn.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: i}, p.cache.Files...); err != nil {
 				return err

@@ -150,8 +150,8 @@ func (l *launcher) prepare() error {
 			}
 		}
 	}
-	if l.pred != nil {
-		return nil // the control socket and ownership come with the others
+	if l.pred != nil || l.own.holds() {
+		return nil // the control socket and ownership come with the others, or came
 	}
 	path, err := l.controlPath()
 	if err != nil {
@@ -318,7 +318,7 @@ func (l *launcher) spawnAll(ctx context.Context, cancel context.CancelCauseFunc)
 			// a restart under systemd, from the fd store.
 			sock := l.store.socket(spec)
 			if sock == nil && l.pred == nil {
-				if sock, err = takeSocket(spec); err != nil {
+				if sock, err = l.takeSocket(ctx, spec); err != nil {
 					return err
 				}
 			}
@@ -376,13 +376,19 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 	return spec, nil
 }
 
-// takeSocket takes a rank's socket for the launcher's lifetime.
-func takeSocket(spec daemon.RankSpec) (*daemon.Socket, error) {
+// takeSocket takes a rank's socket for the launcher's lifetime. Asked to
+// take over, it waits a while for a predecessor that just died: its ranks
+// let go of their sockets as soon as they hear.
+func (l *launcher) takeSocket(ctx context.Context, spec daemon.RankSpec) (*daemon.Socket, error) {
 	path, err := socketPath(spec)
 	if err != nil {
 		return nil, err
 	}
-	s, err := daemon.TakeSocket(path)
+	deadline := time.Now()
+	if l.cfg.Takeover {
+		deadline = deadline.Add(handoverTimeout)
+	}
+	s, err := takeFresh(ctx, path, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("rank %s (group %s): %w", spec.Device, spec.Group, err)
 	}

@@ -138,7 +138,9 @@ func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 		p.mu.Unlock()
 		// Ranks that load themselves time their own load: the launcher's
 		// clock would add process and driver start-up to it.
+		l.report.mu.Lock()
 		l.report.rankLoadSeconds = max(l.report.rankLoadSeconds, r.LoadSeconds)
+		l.report.mu.Unlock()
 		p.setState(StateReady)
 		l.log.Info("rank ready", "rank", p.String(), "socket", p.socket, "bytes", r.Bytes)
 	}

@@ -73,8 +73,10 @@ func (o *ownership) cede() uint64 {
 // takeBack claims ownership again after a handover that did not finish.
 // It fails while the successor lives and holds it: then the successor
 // owns everything, and this launcher must only stop.
+// The wait covers a process that holds the lock for a moment without
+// owning (the successor's, as it dies).
 func (o *ownership) takeBack() bool {
-	return o.claim(o.path, o.last, 0) == nil
+	return o.claim(o.path, o.last, stepTimeout) == nil
 }
 
 // release gives ownership up at a clean stop, the owner file with it.

@@ -101,7 +101,7 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 		// The rank removed it (stopped by someone else's SIGTERM): the
 		// replacement serves a fresh one at the same path.
 		l.log.Info("rank's socket is gone; taking it afresh", "rank", old.String(), "err", err)
-		fresh, err := takeSocket(old.spec)
+		fresh, err := l.takeSocket(ctx, old.spec)
 		if err != nil {
 			return nil, false, err
 		}

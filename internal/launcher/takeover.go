@@ -98,6 +98,7 @@ func (pr *predecessor) contact(l *launcher, ready bool) (none, retry string, err
 	// A predecessor that refuses at once (another uid) may close before
 	// the hello is written: its reason is still queued.
 	serr := conn.Send(h)
+	fault("succ:hello")
 	fr, err := conn.Recv()
 	if err != nil && serr != nil {
 		err = serr
@@ -133,6 +134,7 @@ func (pr *predecessor) contact(l *launcher, ready bool) (none, retry string, err
 		_ = conn.Close()
 		return "", "", fmt.Errorf("--takeover: %s: offer: %w", pr.path, err)
 	}
+	fault("succ:offer")
 	_ = conn.Unix().SetDeadline(time.Now().Add(stepTimeout))
 	pr.conn = conn
 	if ready {
@@ -146,6 +148,7 @@ func (pr *predecessor) contact(l *launcher, ready bool) (none, retry string, err
 		} else if err := pr.receive(); err != nil {
 			pr.reason = err.Error()
 		}
+		fault("succ:segments")
 	}
 	if pr.caches == nil && pr.reason == "" {
 		pr.reason = "the predecessor offered no segments"
@@ -248,6 +251,7 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 	if err := pr.conn.Send(protocol.NewHead(typeHandoverTake)); err != nil {
 		return nil, err
 	}
+	fault("succ:take")
 	fr, err := pr.conn.Recv()
 	if err != nil {
 		return nil, err
@@ -304,6 +308,7 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 		return fail(err)
 	}
 	l.ctlSock = ctl
+	fault("succ:sockets")
 	// A rank the predecessor gave up left its socket: taken afresh.
 	for i, p := range procs {
 		if missing[i] {
@@ -379,6 +384,7 @@ func (l *launcher) finishTakeover() {
 		l.log.Warn("takeover: ask for the leases", "err", err)
 		return
 	}
+	fault("succ:leases")
 	procs := l.procsSnapshot()
 	moved := 0
 	for {
@@ -404,5 +410,6 @@ func (l *launcher) finishTakeover() {
 		moved += len(m.Leases)
 	}
 	l.report.leases = moved
+	fault("succ:done")
 	_ = pr.conn.Send(protocol.NewHead(typeHandoverDone))
 }
