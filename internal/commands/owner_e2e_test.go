@@ -119,11 +119,19 @@ func ownerFile(t testing.TB, dir string) string {
 
 // ownedBy checks that pid, alive, owns the preload in dir: it holds the
 // owner file, and every rank's socket and the control socket are there.
+// Ownership may be moving still (a predecessor taking it back from a dead
+// successor): it must settle within 5 s.
 func ownedBy(t testing.TB, dir string, tp, pid int) {
 	t.Helper()
-	gen, owner, held := handover.Recorded(ownerFile(t, dir))
-	if owner != pid || !held {
-		t.Fatalf("owner file: generation %d, pid %d, held %v; want pid %d holding it", gen, owner, held, pid)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		gen, owner, held := handover.Recorded(ownerFile(t, dir))
+		if owner == pid && held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("owner file: generation %d, pid %d, held %v; want pid %d holding it", gen, owner, held, pid)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	for r := range tp {
 		path, _ := protocol.SocketPath(dir, "main", fmt.Sprintf("host:%d", r))

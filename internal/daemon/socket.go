@@ -100,11 +100,6 @@ func (l *listener) stopAccepting() {
 // the daemon truncates and writes.
 var ErrSymlink = errors.New("is a symlink")
 
-// LockFile opens path (never through a symlink) and flocks it without
-// waiting, writing this pid into it; a file replaced at path meanwhile is
-// tried again. A held lock is syscall.EWOULDBLOCK.
-func LockFile(path string) (*os.File, error) { return lockFile(path) }
-
 func lockFile(path string) (*os.File, error) {
 	for {
 		f, err := openNoFollow(path, os.O_CREATE|os.O_RDWR)
