@@ -21,7 +21,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
 )
 
 // ErrOwned means another live process owns the device's sockets.
