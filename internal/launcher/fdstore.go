@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -190,25 +191,47 @@ func listenFiles() map[string]*os.File {
 	return out
 }
 
+// maxMetaSize caps what is read of a stored wc-meta. The description
+// names each stored descriptor (at most FileDescriptorStoreMax, 4096 in
+// our unit, with a segment's size and role) and each rank's checkpoint
+// identity (one entry per shard file): under 1 MiB for any launch. 16 MiB,
+// a request frame's cap (protocol.MaxRequestFrame), leaves room to grow
+// while a forged or corrupt meta costs at most that much memory.
+const maxMetaSize = 16 << 20
+
+// readMeta reads the stored description, refusing one that is not a
+// sealed memfd of a size a description can have, or not whole.
 func readMeta(f *os.File) (fdMeta, error) {
 	var m fdMeta
 	if f == nil {
 		return m, fmt.Errorf("no %s among the stored descriptors", fdMetaName)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return m, err
-	}
+	// Sealed first: then its size cannot change between Stat and ReadAt.
 	if err := host.CheckSealed(f); err != nil {
 		return m, fmt.Errorf("%s: %w", fdMetaName, err)
 	}
-	b := make([]byte, st.Size())
-	if _, err := f.ReadAt(b, 0); err != nil {
+	st, err := f.Stat()
+	if err != nil {
 		return m, fmt.Errorf("%s: %w", fdMetaName, err)
 	}
+	size := st.Size()
+	if size == 0 {
+		return m, fmt.Errorf("%s: empty", fdMetaName)
+	}
+	if size > maxMetaSize {
+		return m, fmt.Errorf("%s: %d bytes, more than a description can be (%d)", fdMetaName, size, maxMetaSize)
+	}
+	b := make([]byte, size)
+	if n, err := f.ReadAt(b, 0); n < len(b) {
+		return m, fmt.Errorf("%s: short: read %d of its %d bytes (%v)", fdMetaName, n, size, err)
+	}
 	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%s: %w", fdMetaName, err)
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) && syn.Offset >= size {
+			return m, fmt.Errorf("%s: truncated: its %d bytes end inside the description (%w)", fdMetaName, size, err)
+		}
+		return m, fmt.Errorf("%s: not a description: %w", fdMetaName, err)
 	}
 	return m, nil
 }
