@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -59,7 +60,7 @@ func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
 // fits this launch.
 func (l *launcher) adoptStore() error {
 	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*daemon.Socket{}}
-	files := listenFiles()
+	files := listenFiles(l.log)
 	if len(files) == 0 {
 		return nil
 	}
@@ -162,24 +163,58 @@ func (l *launcher) storeCaches(meta fdMeta, want []handoverRank, take func(strin
 }
 
 // listenFiles are the descriptors systemd passed, by name, close-on-exec
-// so that the ranks do not inherit them; the variables are unset.
-func listenFiles() map[string]*os.File {
-	n, err := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+// so that the ranks do not inherit them; the variables are unset. Only a
+// descriptor that was passed (passedFD) and is what its name says
+// (checkRole) is taken; any other is left as it is, and log says why.
+// It must run before anything in this process clears a close-on-exec
+// flag, and runs once: the variables are gone after it.
+func listenFiles(log *slog.Logger) map[string]*os.File {
+	count, counted := os.LookupEnv("LISTEN_FDS")
 	pid := os.Getenv("LISTEN_PID")
-	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	list, named := os.LookupEnv("LISTEN_FDNAMES")
 	for _, v := range []string{"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"} {
 		_ = os.Unsetenv(v)
 	}
-	if err != nil || n <= 0 || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+	if !counted || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+		return nil
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 0 {
+		log.Warn("fd store: ignoring the passed descriptors", "reason", fmt.Sprintf("LISTEN_FDS=%q is not a count", count))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	names := strings.Split(list, ":")
+	if !named || len(names) != n {
+		// systemd sets both, one name per descriptor: without that, no
+		// descriptor can be told from another, nor from this process's
+		// own beyond those passed.
+		if !named {
+			names = nil
+		}
+		log.Warn("fd store: ignoring the passed descriptors", "reason",
+			fmt.Sprintf("LISTEN_FDS is %d but LISTEN_FDNAMES names %d descriptors", n, len(names)))
+		markPassed(n)
 		return nil
 	}
 	out := map[string]*os.File{}
-	for i := 0; i < n; i++ {
-		fd := 3 + i
+	for i, name := range names {
+		fd := listenFDsStart + i
+		if err := passedFD(fd); err != nil {
+			// The run systemd passes is contiguous: it ends here, and
+			// whatever follows is this process's own.
+			log.Warn("fd store: ignoring the descriptors beyond those passed", "LISTEN_FDS", n, "passed", i, "name", name, "reason", err)
+			break
+		}
 		syscall.CloseOnExec(fd)
-		name := "unknown"
-		if i < len(names) && names[i] != "" {
-			name = names[i]
+		if name == "" {
+			name = "unknown"
+		}
+		if err := checkRole(fd, name); err != nil {
+			log.Warn("fd store: descriptor refused and left alone", "name", name, "reason", err)
+			continue
 		}
 		if _, dup := out[name]; dup {
 			// Stored twice: keep the first, let the other go.
