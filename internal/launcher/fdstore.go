@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/weightcache/weightcache/internal/backend/host"
@@ -25,6 +26,9 @@ import (
 // What it cannot use it takes out of the store (FDSTOREREMOVE=1), so
 // that the memory goes.
 type fdStore struct {
+	// stalled: the last datagram timed out on the receiver's full queue.
+	stalled atomic.Bool
+
 	notify  string            // NOTIFY_SOCKET
 	names   map[string]string // stored descriptor name -> socket path, for sockets
 	sockets map[string]*daemon.Socket
@@ -308,17 +312,27 @@ func (s *fdStore) send(msg string, f *os.File) error {
 	}
 	syscall.ForkLock.RUnlock()
 	if err != nil {
-		return err
+		return fmt.Errorf("NOTIFY_SOCKET %s: socket: %w", s.notify, err)
 	}
 	defer syscall.Close(fd)
 	var oob []byte
 	if f != nil {
 		oob = syscall.UnixRights(int(f.Fd()))
 	}
-	// Never wait on a receiver that does not read: a full queue is a
-	// failed store, said so, not a preload that stops serving.
-	if err := syscall.Sendmsg(fd, []byte(msg), oob, &syscall.SockaddrUnix{Name: addr}, syscall.MSG_DONTWAIT); err != nil {
-		return fmt.Errorf("NOTIFY_SOCKET %s: %w", s.notify, err)
+	// A burst outruns the receiver's queue (net.unix.max_dgram_qlen), so
+	// a full queue is waited for, but only so long: a receiver that does
+	// not read fails the datagram, said so, rather than stop a preload
+	// that serves. Once one has timed out, later ones are tried once
+	// until one goes through, so that a stop which drops every
+	// descriptor is not a timeout per descriptor.
+	timeout := storeSendTimeout
+	if s.stalled.Load() {
+		timeout = 0
+	}
+	err = sendDgram(fd, []byte(msg), oob, &syscall.SockaddrUnix{Name: addr}, timeout)
+	s.stalled.Store(err != nil && queueFull(err))
+	if err != nil {
+		return fmt.Errorf("NOTIFY_SOCKET %s: %s: %w", s.notify, strings.ReplaceAll(msg, "\n", " "), err)
 	}
 	return nil
 }

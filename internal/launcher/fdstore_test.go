@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -351,5 +352,151 @@ func TestListenFilesChild(t *testing.T) {
 	}
 	if !t.Failed() {
 		fmt.Println(childOK)
+	}
+}
+
+// storeSocket is a NOTIFY_SOCKET that reads nothing until told to.
+func storeSocket(t *testing.T) (*fdStore, *net.UnixConn) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &fdStore{notify: path}, c
+}
+
+// queueLen is how many datagrams a unix socket queues unread.
+func queueLen(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/net/unix/max_dgram_qlen")
+	if err != nil {
+		t.Skipf("max_dgram_qlen: %v", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n > 4096 {
+		t.Skipf("max_dgram_qlen %q: too long a queue to fill here", b)
+	}
+	return n
+}
+
+// readStore reads every datagram c receives into names, with the count of
+// descriptors it brought, pausing after each.
+func readStore(c *net.UnixConn, pause time.Duration, names chan<- string) {
+	buf, oob := make([]byte, 4096), make([]byte, syscall.CmsgSpace(4*4))
+	for {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil {
+			close(names)
+			return
+		}
+		var fds []int
+		if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				if got, err := syscall.ParseUnixRights(&m); err == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+		for _, fd := range fds {
+			_ = syscall.Close(fd)
+		}
+		names <- fmt.Sprintf("%s (%d descriptors)", buf[:n], len(fds))
+		time.Sleep(pause)
+	}
+}
+
+// fillQueue sends datagrams to path until its queue is full, and returns
+// how many it took.
+func fillQueue(t *testing.T, path string) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	for n := 0; n < 1<<16; n++ {
+		err := syscall.Sendmsg(fd, []byte("FDSTORE=1\nFDNAME=filler"), nil, &syscall.SockaddrUnix{Name: path}, syscall.MSG_DONTWAIT)
+		if err == syscall.EAGAIN {
+			return n
+		}
+		if err != nil {
+			t.Fatalf("fill the queue of %s: %v", path, err)
+		}
+	}
+	t.Skipf("the queue of %s takes more than %d datagrams", path, 1<<16)
+	return 0
+}
+
+// A burst far longer than the store's queue, to a store that reads
+// slowly: every datagram is stored, in order.
+func TestSendWaitsForASlowStore(t *testing.T) {
+	s, c := storeSocket(t)
+	n := queueLen(t) + 30
+	f := testMemfd(t, []byte("x"), 0, true)
+	names := make(chan string, n)
+	go func() {
+		time.Sleep(200 * time.Millisecond) // the queue fills meanwhile
+		readStore(c, 3*time.Millisecond, names)
+	}()
+	for i := 0; i < n; i++ {
+		if err := s.send(fmt.Sprintf("FDSTORE=1\nFDNAME=wc-0-seg-%d", i), f); err != nil {
+			t.Fatalf("datagram %d of %d: %v", i, n, err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case got := <-names:
+			if want := fmt.Sprintf("FDSTORE=1\nFDNAME=wc-0-seg-%d (1 descriptors)", i); got != want {
+				t.Fatalf("datagram %d: %q, want %q", i, got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d datagrams stored", i, n)
+		}
+	}
+}
+
+// A store that does not read: a datagram waits for it at most
+// storeSendTimeout, and fails naming the descriptor; later ones fail at
+// once until the store reads again, then go through.
+func TestSendGivesUpOnAStoreThatDoesNotRead(t *testing.T) {
+	s, c := storeSocket(t)
+	qlen := fillQueue(t, s.notify)
+	f := testMemfd(t, []byte("x"), 0, true)
+	timed := func(name string, limit time.Duration) (time.Duration, error) {
+		t.Helper()
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { done <- s.send("FDSTORE=1\nFDNAME="+name, f) }()
+		select {
+		case err := <-done:
+			return time.Since(start), err
+		case <-time.After(limit):
+			t.Fatalf("send of %s to a store that does not read still waiting after %v", name, limit)
+		}
+		return 0, nil
+	}
+	took, err := timed("wc-meta", storeSendTimeout+3*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "FDNAME=wc-meta") || !strings.Contains(err.Error(), fmt.Sprintf("stayed full for %v", storeSendTimeout)) {
+		t.Fatalf("send to a full queue: %v", err)
+	}
+	if took < storeSendTimeout {
+		t.Fatalf("gave up after %v, before the %v a busy store is given", took, storeSendTimeout)
+	}
+	took, err = timed("wc-0-listen", storeSendTimeout+3*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "FDNAME=wc-0-listen") || took > storeSendTimeout/2 {
+		t.Fatalf("second send to a store known not to read: %v after %v; want a failure at once", err, took)
+	}
+	names := make(chan string, qlen+1)
+	go readStore(c, 0, names)
+	for i := 0; i < qlen; i++ {
+		<-names
+	}
+	if _, err := timed("wc-0-lock", storeSendTimeout+3*time.Second); err != nil {
+		t.Fatalf("send once the store reads again: %v", err)
+	}
+	if s.stalled.Load() {
+		t.Fatal("still taken for a store that does not read")
 	}
 }

@@ -1,11 +1,13 @@
 package launcher
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -155,4 +157,47 @@ func markPassed(n int) {
 		}
 		syscall.CloseOnExec(fd)
 	}
+}
+
+// storeSendTimeout bounds how long one datagram to the fd store waits for
+// room in the receiver's queue. systemd reads its notify socket from its
+// event loop, so a burst longer than net.unix.max_dgram_qlen (10 on some
+// machines) only has to wait a few milliseconds; a queue still full after
+// this long is a manager that is not reading, and the launcher must go on
+// serving rather than wait for it.
+const storeSendTimeout = 2 * time.Second
+
+// storeBackoffMax caps the pause between two tries of one datagram.
+const storeBackoffMax = 50 * time.Millisecond
+
+// sendDgram sends one datagram to to without blocking, trying again with
+// a growing pause while the receiver's queue is full, for at most
+// timeout (at least one try is made).
+func sendDgram(fd int, msg, oob []byte, to syscall.Sockaddr, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	pause := time.Millisecond
+	for {
+		err := syscall.Sendmsg(fd, msg, oob, to, syscall.MSG_DONTWAIT)
+		if err == nil || !queueFull(err) {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 && timeout <= 0 {
+			return fmt.Errorf("the receiver's queue is still full: %w", err)
+		}
+		if left <= 0 {
+			return fmt.Errorf("the receiver's queue stayed full for %v: %w", timeout, err)
+		}
+		time.Sleep(min(pause, left))
+		pause = min(2*pause, storeBackoffMax)
+	}
+}
+
+// queueFull is an error that a receiver which reads again clears:
+// EAGAIN, its queue is full; ENOBUFS, no buffer for the datagram now;
+// ETOOMANYREFS, too many descriptors of this user in flight, unread;
+// EINTR.
+func queueFull(err error) bool {
+	return errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ENOBUFS) ||
+		errors.Is(err, syscall.ETOOMANYREFS) || errors.Is(err, syscall.EINTR)
 }
