@@ -2,10 +2,13 @@ package launcher
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/weightcache/weightcache/internal/backend/host"
@@ -24,6 +27,9 @@ import (
 // What it cannot use it takes out of the store (FDSTOREREMOVE=1), so
 // that the memory goes.
 type fdStore struct {
+	// stalled: the last datagram timed out on the receiver's full queue.
+	stalled atomic.Bool
+
 	notify  string            // NOTIFY_SOCKET
 	names   map[string]string // stored descriptor name -> socket path, for sockets
 	sockets map[string]*daemon.Socket
@@ -59,7 +65,7 @@ func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
 // fits this launch.
 func (l *launcher) adoptStore() error {
 	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*daemon.Socket{}}
-	files := listenFiles()
+	files := listenFiles(l.log)
 	if len(files) == 0 {
 		return nil
 	}
@@ -162,24 +168,58 @@ func (l *launcher) storeCaches(meta fdMeta, want []handover.Rank, take func(stri
 }
 
 // listenFiles are the descriptors systemd passed, by name, close-on-exec
-// so that the ranks do not inherit them; the variables are unset.
-func listenFiles() map[string]*os.File {
-	n, err := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+// so that the ranks do not inherit them; the variables are unset. Only a
+// descriptor that was passed (passedFD) and is what its name says
+// (checkRole) is taken; any other is left as it is, and log says why.
+// It must run before anything in this process clears a close-on-exec
+// flag, and runs once: the variables are gone after it.
+func listenFiles(log *slog.Logger) map[string]*os.File {
+	count, counted := os.LookupEnv("LISTEN_FDS")
 	pid := os.Getenv("LISTEN_PID")
-	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	list, named := os.LookupEnv("LISTEN_FDNAMES")
 	for _, v := range []string{"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"} {
 		_ = os.Unsetenv(v)
 	}
-	if err != nil || n <= 0 || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+	if !counted || (pid != "" && pid != strconv.Itoa(os.Getpid())) {
+		return nil
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 0 {
+		log.Warn("fd store: ignoring the passed descriptors", "reason", fmt.Sprintf("LISTEN_FDS=%q is not a count", count))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	names := strings.Split(list, ":")
+	if !named || len(names) != n {
+		// systemd sets both, one name per descriptor: without that, no
+		// descriptor can be told from another, nor from this process's
+		// own beyond those passed.
+		if !named {
+			names = nil
+		}
+		log.Warn("fd store: ignoring the passed descriptors", "reason",
+			fmt.Sprintf("LISTEN_FDS is %d but LISTEN_FDNAMES names %d descriptors", n, len(names)))
+		markPassed(n)
 		return nil
 	}
 	out := map[string]*os.File{}
-	for i := 0; i < n; i++ {
-		fd := 3 + i
+	for i, name := range names {
+		fd := listenFDsStart + i
+		if err := passedFD(fd); err != nil {
+			// The run systemd passes is contiguous: it ends here, and
+			// whatever follows is this process's own.
+			log.Warn("fd store: ignoring the descriptors beyond those passed", "LISTEN_FDS", n, "passed", i, "name", name, "reason", err)
+			break
+		}
 		syscall.CloseOnExec(fd)
-		name := "unknown"
-		if i < len(names) && names[i] != "" {
-			name = names[i]
+		if name == "" {
+			name = "unknown"
+		}
+		if err := checkRole(fd, name); err != nil {
+			log.Warn("fd store: descriptor refused and left alone", "name", name, "reason", err)
+			continue
 		}
 		if _, dup := out[name]; dup {
 			// Stored twice: keep the first, let the other go.
@@ -191,25 +231,47 @@ func listenFiles() map[string]*os.File {
 	return out
 }
 
+// maxMetaSize caps what is read of a stored wc-meta. The description
+// names each stored descriptor (at most FileDescriptorStoreMax, 4096 in
+// our unit, with a segment's size and role) and each rank's checkpoint
+// identity (one entry per shard file): under 1 MiB for any launch. 16 MiB,
+// a request frame's cap (protocol.MaxRequestFrame), leaves room to grow
+// while a forged or corrupt meta costs at most that much memory.
+const maxMetaSize = 16 << 20
+
+// readMeta reads the stored description, refusing one that is not a
+// sealed memfd of a size a description can have, or not whole.
 func readMeta(f *os.File) (fdMeta, error) {
 	var m fdMeta
 	if f == nil {
 		return m, fmt.Errorf("no %s among the stored descriptors", fdMetaName)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return m, err
-	}
+	// Sealed first: then its size cannot change between Stat and ReadAt.
 	if err := host.CheckSealed(f); err != nil {
 		return m, fmt.Errorf("%s: %w", fdMetaName, err)
 	}
-	b := make([]byte, st.Size())
-	if _, err := f.ReadAt(b, 0); err != nil {
+	st, err := f.Stat()
+	if err != nil {
 		return m, fmt.Errorf("%s: %w", fdMetaName, err)
 	}
+	size := st.Size()
+	if size == 0 {
+		return m, fmt.Errorf("%s: empty", fdMetaName)
+	}
+	if size > maxMetaSize {
+		return m, fmt.Errorf("%s: %d bytes, more than a description can be (%d)", fdMetaName, size, maxMetaSize)
+	}
+	b := make([]byte, size)
+	if n, err := f.ReadAt(b, 0); n < len(b) {
+		return m, fmt.Errorf("%s: short: read %d of its %d bytes (%v)", fdMetaName, n, size, err)
+	}
 	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%s: %w", fdMetaName, err)
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) && syn.Offset >= size {
+			return m, fmt.Errorf("%s: truncated: its %d bytes end inside the description (%w)", fdMetaName, size, err)
+		}
+		return m, fmt.Errorf("%s: not a description: %w", fdMetaName, err)
 	}
 	return m, nil
 }
@@ -251,17 +313,27 @@ func (s *fdStore) send(msg string, f *os.File) error {
 	}
 	syscall.ForkLock.RUnlock()
 	if err != nil {
-		return err
+		return fmt.Errorf("NOTIFY_SOCKET %s: socket: %w", s.notify, err)
 	}
 	defer syscall.Close(fd)
 	var oob []byte
 	if f != nil {
 		oob = syscall.UnixRights(int(f.Fd()))
 	}
-	// Never wait on a receiver that does not read: a full queue is a
-	// failed store, said so, not a preload that stops serving.
-	if err := syscall.Sendmsg(fd, []byte(msg), oob, &syscall.SockaddrUnix{Name: addr}, syscall.MSG_DONTWAIT); err != nil {
-		return fmt.Errorf("NOTIFY_SOCKET %s: %w", s.notify, err)
+	// A burst outruns the receiver's queue (net.unix.max_dgram_qlen), so
+	// a full queue is waited for, but only so long: a receiver that does
+	// not read fails the datagram, said so, rather than stop a preload
+	// that serves. Once one has timed out, later ones are tried once
+	// until one goes through, so that a stop which drops every
+	// descriptor is not a timeout per descriptor.
+	timeout := storeSendTimeout
+	if s.stalled.Load() {
+		timeout = 0
+	}
+	err = sendDgram(fd, []byte(msg), oob, &syscall.SockaddrUnix{Name: addr}, timeout)
+	s.stalled.Store(err != nil && queueFull(err))
+	if err != nil {
+		return fmt.Errorf("NOTIFY_SOCKET %s: %s: %w", s.notify, strings.ReplaceAll(msg, "\n", " "), err)
 	}
 	return nil
 }
