@@ -339,3 +339,66 @@ func fillQueue(path string) error {
 	}
 	return fmt.Errorf("%s queues more than %d datagrams", path, 1<<16)
 }
+
+// A store whose descriptors were swapped between two ranks, or whose
+// segment was replaced by a resealed copy with one byte changed, is
+// refused exactly (each descriptor is bound to its rank, role and inode),
+// not by the luck of a CRC sample: the restart loads from the checkpoint
+// and serves the file's bytes on both ranks.
+func TestFDStoreForgeries(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		forge  func(t *testing.T, s *fakeStore)
+		reason string
+	}{
+		{"two ranks' segments and indexes swapped", func(t *testing.T, s *fakeStore) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			f := s.files
+			f["wc-0-seg-0"], f["wc-1-seg-0"] = f["wc-1-seg-0"], f["wc-0-seg-0"]
+			f["wc-0-index"], f["wc-1-index"] = f["wc-1-index"], f["wc-0-index"]
+		}, "is not the descriptor bound to it"},
+		{"a resealed copy with one byte changed", func(t *testing.T, s *fakeStore) {
+			b := s.stored("wc-1-seg-0")
+			if b == nil {
+				t.Fatal("no segment of rank 1 in the store")
+			}
+			b[len(b)/2] ^= 1
+			s.put(t, "wc-1-seg-0", sealedBytes(t, b))
+		}, "segment 0 is not the descriptor bound to it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := storedRun{model: synthModel(t, "tiny"), dir: sockDir(t), store: newFakeStore(t)}
+			t.Setenv("NOTIFY_SOCKET", r.store.path)
+			r.args = tpArgs(r.model, r.dir)
+			p := startPreloadProc(t, true, r.args...)
+			waitFor(t, "the description stored", func() bool { return r.store.has("wc-meta") && r.store.has("wc-1-index") })
+			_ = p.cmd.Process.Kill()
+			_ = p.cmd.Wait()
+			for _, dev := range []string{"host_0", "host_1"} {
+				waitFor(t, "the crashed preload's ranks gone", func() bool {
+					_, err := client.StatsOf(context.Background(), filepath.Join(r.dir, "main-"+dev+".sock"))
+					return err != nil
+				})
+			}
+			c.forge(t, r.store)
+			next := r.restart(t, nil, asPassed, namesAsPassed)
+			if next.ready["source"] != "checkpoint" || !strings.Contains(fmt.Sprint(next.ready["reason"]), c.reason) {
+				t.Fatalf("ready line %v, want a load from the checkpoint because %q\n%s", next.ready, c.reason, next.stderr)
+			}
+			serves(t, r.dir, r.model, 2, 5*time.Second)
+			for rank := range 2 {
+				w, err := client.Attach(context.Background(), r.model, client.WithSocketDir(r.dir), client.WithParallel(2, rank, 1, 0),
+					client.WithDevice(fmt.Sprintf("host:%d", rank)), client.WithFallback(false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				intact(t, w)
+				_ = w.Close()
+			}
+			if code := next.stop(t, syscall.SIGTERM); code != 0 {
+				t.Fatalf("preload exit %d: %s", code, next.stderr)
+			}
+		})
+	}
+}
