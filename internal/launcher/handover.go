@@ -185,7 +185,7 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 			defer context.AfterFunc(ctx, func() { _ = uc.Close() })()
 			defer uc.Close()
 			conn := protocol.NewConn(uc, maxSuccessorFrame)
-			uid, pid, err := peerUID(uc)
+			uid, pid, err := controlPeer(uc)
 			if err != nil || uid != os.Geteuid() {
 				refuse(conn, false, "preload pid %d hands over to its own uid %d only (the peer is uid %d: %v)", os.Getpid(), os.Geteuid(), uid, err)
 				return
@@ -209,6 +209,11 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 		}()
 	}
 }
+
+// controlPeer is the uid and pid of a control connection's peer
+// (SO_PEERCRED); a variable so that a test can be another uid, which only
+// root could make for real.
+var controlPeer = peerUID
 
 // refuse answers a successor with a refusal; retry says it may ask again
 // (another handover is under way), else it should give up.
