@@ -88,7 +88,7 @@ bench: build
 # Rank restart and --takeover to ready against a cold preload, medium preset
 # and 100,000 tensors.
 bench-outlive:
-	$(GO) test -run '^$$' -bench Outlive -benchtime 1x ./internal/commands/
+	$(GO) test -run '^$$' -bench Outlive -benchtime 1x -timeout 30m ./internal/commands/
 
 bench-scale: build python-deps
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/

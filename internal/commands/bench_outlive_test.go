@@ -86,3 +86,51 @@ func met(d time.Duration) string {
 	}
 	return "missed"
 }
+
+// BenchmarkOutliveTakeovers runs 100 takeovers in a row at TP 2 on the
+// medium preset while 4 engines attach in a loop (fallback off, every
+// attach's bytes checked), and reports what they saw: misses, wrong
+// bytes, the longest gap between two hits, and the launchers alive at the
+// end. Target: 0, 0, <= 50 ms, 1.
+func BenchmarkOutliveTakeovers(b *testing.B) {
+	const n = 100
+	model := benchModel(b)
+	for range b.N {
+		dir := sockDir(b)
+		args := append(tpArgs(model, dir), "--takeover")
+		cur := startPreloadProc(b, true, args...)
+		launchers := []*preloadProc{cur}
+		eng := startEngines(dir, model, 2, 4)
+		start := time.Now()
+		for range n {
+			next := startPreloadProc(b, true, args...)
+			if next.ready["source"] != "takeover" || next.ready["read_bytes"].(float64) != 0 {
+				b.Fatalf("takeover: %v", next.ready)
+			}
+			if code := exits(b, cur, time.Minute); code != 0 {
+				b.Fatalf("predecessor exit %d: %s", code, cur.stderr)
+			}
+			launchers = append(launchers, next)
+			cur = next
+		}
+		elapsed := time.Since(start)
+		close(eng.stop)
+		eng.wg.Wait()
+		alive := 0
+		for _, p := range launchers {
+			if syscall.Kill(p.cmd.Process.Pid, 0) == nil && p.cmd.ProcessState == nil {
+				alive++
+			}
+		}
+		gap := time.Duration(eng.maxGap.Load())
+		b.ReportMetric(float64(eng.misses.Load()), "misses")
+		b.ReportMetric(float64(eng.wrong.Load()), "wrong")
+		b.ReportMetric(float64(gap.Microseconds())/1e3, "max_gap_ms")
+		b.ReportMetric(float64(alive), "launchers_alive")
+		b.ReportMetric(float64(eng.hits.Load()), "hits")
+		fmt.Printf("outlive takeovers: %d takeovers in %v under 4 engines: %d hits, %d misses, %d wrong, longest gap %v, %d launchers alive; target 0, 0, <= 50ms (%s), 1\n",
+			n, elapsed.Round(time.Millisecond), eng.hits.Load(), eng.misses.Load(), eng.wrong.Load(), gap.Round(100*time.Microsecond), alive, met(gap))
+		_ = cur.cmd.Process.Signal(syscall.SIGTERM)
+		_ = cur.cmd.Wait()
+	}
+}

@@ -187,11 +187,9 @@ func (r storedRun) servesTheFile(t *testing.T, p *preloadProc, source, reason st
 
 // A stored description that is huge or cut short is refused, named, and
 // taken out of the store (or every restart would meet it again); the
-// restarted preload loads from the checkpoint and serves its bytes. (After
-// a crash the store still holds the sockets too; refusing the description
-// refuses them, and their locks, which the store's copies hold, keep a
-// fresh socket from being taken until the store has let go of them: that
-// is adoptStore's, and left out here.)
+// restarted preload loads from the checkpoint and serves its bytes, after
+// a clean stop and after a crash, when the store holds the sockets too:
+// they are adopted by this launch's own paths whatever the description.
 func TestFDStoreRefusesABadMeta(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -203,20 +201,22 @@ func TestFDStoreRefusesABadMeta(t *testing.T) {
 		{"truncated", func(t *testing.T, good []byte) *os.File { return sealedBytes(t, good[:len(good)*2/3]) }, "wc-meta: truncated"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := storeThenStop(t, syscall.SIGTERM)
-			good := r.store.stored("wc-meta")
-			if !json.Valid(good) {
-				t.Fatalf("the stored description: %q", good)
-			}
-			r.store.put(t, "wc-meta", tt.meta(t, good))
-			p := r.restart(t, nil, asPassed, namesAsPassed)
-			// Then what the restarted preload stored since is its own.
-			waitFor(t, "the refused description taken out of the store", func() bool {
-				return r.store.wasRemoved("wc-meta") && json.Valid(r.store.stored("wc-meta"))
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+			t.Run(tt.name+" after "+sig.String(), func(t *testing.T) {
+				r := storeThenStop(t, sig)
+				good := r.store.stored("wc-meta")
+				if !json.Valid(good) {
+					t.Fatalf("the stored description: %q", good)
+				}
+				r.store.put(t, "wc-meta", tt.meta(t, good))
+				p := r.restart(t, nil, asPassed, namesAsPassed)
+				// Then what the restarted preload stored since is its own.
+				waitFor(t, "the refused description taken out of the store", func() bool {
+					return r.store.wasRemoved("wc-meta") && json.Valid(r.store.stored("wc-meta"))
+				})
+				r.servesTheFile(t, p, "checkpoint", tt.reason, "fd store: ignoring the stored segments", tt.reason)
 			})
-			r.servesTheFile(t, p, "checkpoint", tt.reason, "fd store: ignoring the stored descriptors", tt.reason)
-		})
+		}
 	}
 }
 

@@ -69,23 +69,17 @@ func (l *launcher) adoptStore() error {
 	if len(files) == 0 {
 		return nil
 	}
-	meta, err := readMeta(files[fdMetaName])
-	if err != nil {
-		l.store.reason = "fd store: " + err.Error()
-		l.log.Warn("fd store: ignoring the stored descriptors", "err", err)
-		l.store.forget(files)
-		return nil
-	}
-	delete(files, fdMetaName)
 	want := l.handoverRanks()
 	take := func(name string) *os.File {
 		f := files[name]
 		delete(files, name)
 		return f
 	}
-	// Sockets first: systemd holds their locks, so a socket not adopted
-	// here could not be taken again while the store keeps it.
-	for i, r := range meta.Ranks {
+	// Sockets first, by this launch's own paths, whatever the description
+	// says or whether it is readable: systemd holds their locks, so a
+	// socket not adopted here could not be taken again while the store
+	// keeps it.
+	for i, r := range want {
 		ln, lock := take(fdName(i, "listen")), take(fdName(i, "lock"))
 		if ln == nil || lock == nil {
 			continue
@@ -93,17 +87,28 @@ func (l *launcher) adoptStore() error {
 		if s, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
 			l.store.sockets[r.Socket] = s
 		} else {
-			// Removed from the directory when its rank stopped: taken
-			// afresh, and the store's copy let go.
+			// Removed from the directory when its rank stopped, or another
+			// layout's: taken afresh, and the store's copy let go.
 			l.log.Info("fd store: socket not adopted; taking it afresh", "socket", r.Socket, "err", err)
 			l.store.drop(fdName(i, "listen"))
 			l.store.drop(fdName(i, "lock"))
 		}
 	}
 	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
-		if s, err := daemon.SocketFromFiles(meta.Control, ln, lock); err == nil {
-			l.ctlSock = s
+		path, err := l.controlPath()
+		if err == nil {
+			if s, err := daemon.SocketFromFiles(path, ln, lock); err == nil {
+				l.ctlSock = s
+			}
 		}
+	}
+	meta, err := readMeta(take(fdMetaName))
+	if err != nil {
+		l.store.reason = "fd store: " + err.Error()
+		l.log.Warn("fd store: ignoring the stored segments", "err", err)
+		l.store.drop(fdMetaName)
+		l.store.forget(files)
+		return nil
 	}
 	l.store.reason = l.storeCaches(meta, want, take)
 	if l.store.reason != "" {
