@@ -100,7 +100,7 @@ func BenchmarkOutliveTakeovers(b *testing.B) {
 		args := append(tpArgs(model, dir), "--takeover")
 		cur := startPreloadProc(b, true, args...)
 		launchers := []*preloadProc{cur}
-		eng := startEngines(dir, model, 2, 4)
+		eng := startEngines(dir, model, 2, 4, false)
 		start := time.Now()
 		for range n {
 			next := startPreloadProc(b, true, args...)
