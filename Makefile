@@ -27,12 +27,12 @@ test-go: build $(TESTREPORT)
 	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 9m -json ./...
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
-# when they are missing (root and apt).
+# when they are missing (root and apt): scripts/apt-install.sh lists every
+# package first, refuses to upgrade installed ones unless APT_UPGRADE=1,
+# and leaves no service enabled.
 python-deps:
-	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || { \
-		[ "$$(id -u)" = 0 ] || { echo "python3-torch, python3-pytest and python3-crcmod are missing: apt-get install them as root" >&2; exit 1; }; \
-		echo "python-deps: installing Debian's python3-torch, python3-pytest and python3-crcmod (apt-get, nothing upgraded)" >&2; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade python3-torch python3-pytest python3-crcmod; }
+	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || \
+		scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
 
 test-python: build python-deps
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
@@ -58,8 +58,7 @@ test-deploy: deploy-deps $(TESTREPORT)
 deploy-deps:
 	@command -v podman >/dev/null && command -v systemd-analyze >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "podman and systemd are missing: apt-get install them as root (their tests skip meanwhile)" >&2; exit 0; }; \
-		echo "deploy-deps: installing Debian's podman and systemd (apt-get, nothing upgraded)" >&2; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade podman systemd; }
+		scripts/apt-install.sh deploy-deps podman systemd; }
 
 # Rewrites deploy/kubernetes/*.yaml from the chart.
 manifests:
