@@ -381,10 +381,11 @@ func TestBadInput(t *testing.T) {
 		{"no safetensors", []string{"preload", "--model", empty}, 1, empty},
 		{"corrupt header", []string{"preload", "--model", corrupt}, 1, "model.safetensors"},
 		{"bad dtype", []string{"preload", "--model", model, "--dtype", "int3"}, 2, "int3"},
-		{"unknown flag", []string{"preload", "--model", model, "--tensor-paralel-size", "2"}, 2, "tensor-paralel-size"},
+		{"unknown flag", []string{"preload", "--model", model, "--tensor-paralel-size", "2"}, 2, "--tensor-paralel-size; did you mean --tensor-parallel-size?"},
 		{"no model flag", []string{"attach"}, 2, "--model"},
 		{"unsafe socket dir", []string{"preload", "--model", model, "--socket-dir", loose}, 1, loose},
-		{"unknown command", []string{"preloda"}, 2, "preloda"},
+		{"GPU flag on host", []string{"preload", "--model", model, "--devices", "host", "--reserve-bytes", "1GiB"}, 2, "--reserve-bytes applies to GPU devices only"},
+		{"unknown command", []string{"preloda"}, 2, `"preloda"; did you mean preload?`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

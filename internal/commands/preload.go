@@ -77,6 +77,9 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := gpuOnly(fs, cfg.Devices, e.stderr); err != nil {
+		return err
+	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
 	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, "weightcache "+buildVersion()
 	con := newConsole(e.stdout, e.stderr)
@@ -89,6 +92,9 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	err = launcher.Run(ctx, cfg)
+	if errors.Is(err, daemon.ErrDeviceServed) && !p.takeover {
+		err = servedError(ctx, p.settings.SocketDir, cfg.Devices, err)
+	}
 	var ee *launcher.ExitError
 	if errors.As(err, &ee) {
 		return &exitError{code: ee.Code, err: ee.Err}

@@ -285,7 +285,7 @@ func (d *Daemon) answer(s *session, fr *protocol.Frame) (msg any, files []*os.Fi
 	case err == nil:
 		return r.msg, r.files, true
 	case errors.As(err, &m):
-		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: m}, nil, false
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: m, Model: d.cfg.Model}, nil, false
 	case errors.As(err, &re):
 		return re.err, nil, true
 	}

@@ -71,6 +71,9 @@ type OK struct {
 type Mismatch struct {
 	Head
 	Fields []checkpoint.FieldDiff `json:"fields"`
+	// Model is what the daemon serves, as its preload named it (a
+	// directory or a hub id), so that a refused engine is told which.
+	Model string `json:"model,omitempty"`
 }
 
 // WaitReady asks the daemon to reply once it is ready, or with a not_ready
