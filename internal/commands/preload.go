@@ -87,6 +87,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		// Ranks log through the console too (a pipe instead of the
 		// terminal itself), so that no line lands on the progress bar.
 		cfg.Stderr = con
+		cfg.Stdout = &readyTee{out: e.stdout, con: con}
 		cfg.Progress = con.progress
 		defer con.flush()
 	}
@@ -109,7 +110,8 @@ func progressLine(progress func() (int64, int64), el time.Duration) string {
 	if rate > 0 {
 		eta = (time.Duration(float64(total-n)/rate*1e9) + time.Second/2).Truncate(time.Second).String()
 	}
-	return fmt.Sprintf("loading %s / %s  %.2f GB/s  ETA %s", humanBytes(n), humanBytes(total), rate/1e9, eta)
+	// One unit family: the rate in the bytes' binary units.
+	return fmt.Sprintf("loading %s / %s  %s/s  ETA %s", humanBytes(n), humanBytes(total), humanBytes(int64(rate)), eta)
 }
 
 func humanBytes(n int64) string {
