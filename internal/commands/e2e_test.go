@@ -16,6 +16,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 // The test binary doubles as the weightcache binary, so that end-to-end
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 		// As -ldflags -X sets it in a release build: a handover between
 		// two versions runs this binary twice under two names.
 		if v := os.Getenv("WEIGHTCACHE_TEST_VERSION"); v != "" {
-			version = v
+			version.Linked = v
 		}
 		os.Exit(Main(os.Args[1:]))
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 func init() {
@@ -81,7 +82,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
-	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, "weightcache "+buildVersion()
+	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, version.Name()
 	con := newConsole(e.stdout, e.stderr)
 	if con != nil {
 		// Ranks log through the console too (a pipe instead of the
