@@ -29,7 +29,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	state := d.state
 	d.mu.Unlock()
 	if state == stateDraining {
-		d.count(protocol.ResultNotReady, nil)
+		d.count(protocol.ResultDraining, nil)
 		return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
 	}
 	dev := d.cfg.Backend.Device()
