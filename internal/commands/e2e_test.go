@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -408,13 +409,17 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
-	out, stderr, code := runWC(t, "demo", "--preset", "tiny")
+	out, stderr, code := runWC(t, "demo", "--preset", "tiny", "--repeat", "3")
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"restart through the daemon (hit)", "fingerprint_mismatch", "dtype", "█", "restart/cold: 0.", "demo --model"} {
+	for _, want := range []string{"attach through the daemon (hit)", "fingerprint_mismatch", "dtype", "█", "(log scale)", "median (min-max) of 3 runs", "of a cold start (medians)", "demo --model"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	// Two hits in each of the 3 rounds and the warm-up, and the mismatch.
+	if !regexp.MustCompile(`\n(host .*) 8 +dtype=1\n`).MatchString(out) {
+		t.Errorf("status after the runs does not count 8 hits and the mismatch:\n%s", out)
 	}
 }
