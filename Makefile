@@ -4,10 +4,15 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps clean
+.PHONY: build test test-go test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
-LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
+# One version: internal/version/VERSION. A build of the release's tag
+# (v$(RELEASE)) is that number; any other build adds its commit after a "+"
+# (and .dirty for uncommitted changes), so that two builds never claim the
+# same version.
+RELEASE := $(shell cat internal/version/VERSION)
+VERSION ?= $(shell scripts/version.sh)
+LDFLAGS := -X github.com/weightcache/weightcache/internal/version.Linked=$(VERSION)
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
@@ -110,6 +115,13 @@ fuzz:
 		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
 	done
+
+# Tags v$(RELEASE) at HEAD (a clean tree, versions in agreement), then
+# builds bin/weightcache, the image localhost/weightcache:$(RELEASE) and
+# bin/release/weightcache-$(RELEASE)-py3-none-any.whl, all saying $(RELEASE).
+# Nothing is pushed.
+release:
+	scripts/release.sh
 
 clean:
 	rm -rf bin
