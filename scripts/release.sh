@@ -14,7 +14,7 @@ v=$(cat internal/version/VERSION)
 
 fail() { echo "make release: $*" >&2; exit 1; }
 py=$(sed -n 's/^version = "\(.*\)"$/\1/p' python/pyproject.toml)
-init=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' python/weightcache/__init__.py)
+init=$(sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' python/weightcache/__init__.py)
 chart=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' deploy/helm/weightcache/Chart.yaml)
 for pair in "python/pyproject.toml:$py" "python/weightcache/__init__.py:$init" "deploy/helm/weightcache/Chart.yaml appVersion:$chart"; do
 	[ "${pair##*:}" = "$v" ] || fail "${pair%:*} says ${pair##*:}, internal/version/VERSION $v: make them agree"
