@@ -3,13 +3,13 @@
 # fails, then prints a table of each stage's result, test counts and time.
 # The last line, "make test: N passed, N failed" (stages), is what CI reads
 # beside the exit code, which is 1 when any stage failed. Each stage's whole
-# output is kept in bin/test-logs/STAGE.log.
+# output is kept in bin/test-logs/STAGE.log (TEST_LOGS moves it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 MAKE=${MAKE:-make}
 stages=(build:build go:test-go python:test-python vllm:test-vllm deploy:test-deploy)
-logs=bin/test-logs
+logs=${TEST_LOGS:-bin/test-logs}
 mkdir -p "$logs"
 
 # count WORD LOG: the number before WORD on the stage's last summary line
@@ -43,6 +43,10 @@ for s in "${stages[@]}"; do
 	passed=$(count passed "$log") failed=$(count failed "$log") skipped=$(count skipped "$log")
 	errors=$(count error "$log")
 	[ -n "$errors" ] && failed=$((${failed:-0} + errors))
+	# pytest leaves out the kinds it has none of.
+	if [ -n "$passed$failed$skipped" ]; then
+		passed=${passed:-0} failed=${failed:-0} skipped=${skipped:-0}
+	fi
 	rows+=("$(printf '%-8s %-9s %7s %7s %8s %8s' "$name" "$result" "${passed:--}" "${failed:--}" "${skipped:--}" "$(clock "$took")")")
 done
 
