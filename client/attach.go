@@ -56,6 +56,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 		w.Source = src
 		return w, nil
 	}
+	src.Fix = fix(src, model, o.socketDir)
 	if !o.fallback {
 		return nil, &MissError{Source: src}
 	}
@@ -236,12 +237,15 @@ func mismatchMiss(fr *protocol.Frame) Source {
 	if err := fr.Decode(&m); err != nil {
 		return miss(ReasonProtocolError, "", err)
 	}
+	reason := ReasonFingerprintMismatch
 	for _, f := range m.Fields {
 		if f.Field == "device" {
-			return miss(ReasonDeviceMismatch, "", nil, fieldDiffs(m.Fields)...)
+			reason = ReasonDeviceMismatch
 		}
 	}
-	return miss(ReasonFingerprintMismatch, "", nil, fieldDiffs(m.Fields)...)
+	s := miss(reason, "", nil, fieldDiffs(m.Fields)...)
+	s.DaemonModel = m.Model
+	return s
 }
 
 // protocolMiss classifies an error from an exchange with the daemon.

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // Reason says why an engine did not get its weights from the daemon.
@@ -82,6 +83,11 @@ type Source struct {
 	Detail string      // the underlying error, for people
 	Fields []FieldDiff // for fingerprint and device mismatches
 	Socket string      // the socket that was tried
+	// DaemonModel is the model the daemon serves, as its preload named
+	// it, on a fingerprint or device mismatch.
+	DaemonModel string
+	// Fix is the next step, for people: what to start or change.
+	Fix string
 }
 
 // Kind is "hit" or "fallback".
@@ -107,7 +113,30 @@ func (s Source) String() string {
 	if s.Detail != "" {
 		msg += ": " + s.Detail
 	}
+	if s.Fix != "" {
+		msg += "; " + s.Fix
+	}
 	return msg
+}
+
+// fix is the next step after a miss of model, for the reasons a person
+// can act on; socketDir is where the engine looked.
+func fix(s Source, model, socketDir string) string {
+	switch s.Reason {
+	case ReasonNoDaemon:
+		start := "weightcache preload --model " + model
+		if socketDir != protocol.DefaultSocketDir() {
+			start += " --socket-dir " + socketDir
+		}
+		return fmt.Sprintf("start `%s`, or point --socket-dir (or XDG_RUNTIME_DIR) at the running daemon's (`weightcache status --socket-dir DIR` lists what a directory serves)", start)
+	case ReasonFingerprintMismatch, ReasonDeviceMismatch:
+		served := "the daemon"
+		if s.DaemonModel != "" {
+			served += " serves " + s.DaemonModel
+		}
+		return fmt.Sprintf("%s: give the engine the daemon's values above, or preload %s with the engine's (another --socket-dir keeps both)", served, model)
+	}
+	return ""
 }
 
 // MissError is returned by Attach with fallback off when the daemon cannot

@@ -6,11 +6,12 @@
 # on the host and by the Containerfile's source build.
 set -eu
 out=${1:?usage: image-rootfs.sh DIR [VERSION]}
-version=${2:-devel}
+version=${2:-}
 cd "$(dirname "$0")/.."
+[ -n "$version" ] || version=$(scripts/version.sh)
 rm -rf "$out"
 mkdir -p "$out/usr/local/bin" "$out/opt/weightcache/python" "$out/etc" "$out/tmp"
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/weightcache/weightcache/internal/commands.version=$version" \
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/weightcache/weightcache/internal/version.Linked=$version" \
 	-o "$out/usr/local/bin/weightcache" ./cmd/weightcache
 
 # glibc's loader and the libraries the binary and libcuda.so.1 need: purego

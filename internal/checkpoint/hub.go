@@ -75,9 +75,14 @@ func resolveHub(id, revision string) (dir, commit string, err error) {
 	}
 	repo := filepath.Join(cache, "models--"+strings.ReplaceAll(id, "/", "--"))
 	if st, err := os.Stat(repo); err != nil || !st.IsDir() {
+		// hf is huggingface_hub's CLI since 0.34; huggingface-cli is gone.
+		fetch := "hf download " + id
+		if revision != "" {
+			fetch += " --revision " + revision
+		}
 		return "", "", fmt.Errorf("%w: model %s: no such directory, and not in the Hugging Face cache (no %s); "+
-			"weightcache resolves hub ids offline and downloads nothing: fetch it first (huggingface-cli download %s)",
-			ErrNotFound, id, repo, id)
+			"weightcache resolves hub ids offline and downloads nothing: fetch it first with `%s`",
+			ErrNotFound, id, repo, fetch)
 	}
 	if revision == "" {
 		revision = "main"
@@ -90,8 +95,8 @@ func resolveHub(id, revision string) (dir, commit string, err error) {
 	}
 	snap := filepath.Join(repo, "snapshots", commit)
 	if st, err := os.Stat(snap); err != nil || !st.IsDir() {
-		return "", "", fmt.Errorf("%w: model %s revision %s: snapshot %s is not in the cache (nothing is downloaded)",
-			ErrNotFound, id, revision, snap)
+		return "", "", fmt.Errorf("%w: model %s revision %s: snapshot %s is not in the cache (nothing is downloaded): fetch it with `hf download %s --revision %s`",
+			ErrNotFound, id, revision, snap, id, revision)
 	}
 	return snap, commit, nil
 }
@@ -103,8 +108,8 @@ func readRef(repo, id, revision string) (string, error) {
 	ref := filepath.Join(repo, "refs", revision)
 	data, err := os.ReadFile(ref)
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("%w: model %s: revision %s is not in the Hugging Face cache (no %s; nothing is downloaded)",
-			ErrNotFound, id, revision, ref)
+		return "", fmt.Errorf("%w: model %s: revision %s is not in the Hugging Face cache (no %s; nothing is downloaded): fetch it with `hf download %s --revision %s`",
+			ErrNotFound, id, revision, ref, id, revision)
 	}
 	if err != nil {
 		return "", fmt.Errorf("model %s revision %s: %w", id, revision, err)

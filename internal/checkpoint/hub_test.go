@@ -91,8 +91,8 @@ func TestResolveHubErrors(t *testing.T) {
 		is              error
 		want            []string
 	}{
-		{"org/other", "", ErrNotFound, []string{"model org/other", "models--org--other", "downloads nothing"}},
-		{"org/name", "v9", ErrNotFound, []string{"revision v9 is not in the Hugging Face cache", filepath.Join("refs", "v9"), "nothing is downloaded"}},
+		{"org/other", "", ErrNotFound, []string{"model org/other", "models--org--other", "downloads nothing", "`hf download org/other`"}},
+		{"org/name", "v9", ErrNotFound, []string{"revision v9 is not in the Hugging Face cache", filepath.Join("refs", "v9"), "nothing is downloaded", "`hf download org/name --revision v9`"}},
 		{"org/name", "4444444444444444444444444444444444444444", ErrNotFound, []string{"snapshot", "is not in the cache"}},
 		{"org/name", "gone", ErrNotFound, []string{"revision gone", "4444444444444444444444444444444444444444"}},
 		{"org/name", "broken", ErrInvalid, []string{`holds "not-a-commit", not a commit hash`}},

@@ -31,6 +31,8 @@ type attachResult struct {
 	Detail        string             `json:"detail,omitempty"`
 	Fields        []client.FieldDiff `json:"fields,omitempty"`
 	Socket        string             `json:"socket,omitempty"`
+	DaemonModel   string             `json:"daemon_model,omitempty"`
+	Fix           string             `json:"fix,omitempty"`
 	Tensors       int                `json:"tensors"`
 	Bytes         int64              `json:"bytes"`
 	AttachSeconds float64            `json:"attach_seconds"`
@@ -140,7 +142,7 @@ func verifyErr(res attachResult) error {
 
 func resultOf(src client.Source, w *client.Weights, el time.Duration) attachResult {
 	r := attachResult{Source: src.Kind(), Reason: string(src.Reason), Detail: src.Detail, Fields: src.Fields,
-		Socket: src.Socket, AttachSeconds: el.Seconds()}
+		Socket: src.Socket, DaemonModel: src.DaemonModel, Fix: src.Fix, AttachSeconds: el.Seconds()}
 	if w != nil {
 		r.Tensors, r.Bytes = w.Len(), w.Bytes()
 	}
@@ -152,7 +154,11 @@ func printAttach(e env, r attachResult) {
 		fmt.Fprintf(e.stdout, "hit: %d tensors, %s in %.2f ms from %s\n", r.Tensors, humanBytes(r.Bytes), r.AttachSeconds*1e3, r.Socket)
 	} else {
 		src := client.Source{Reason: client.Reason(r.Reason), Detail: r.Detail, Fields: r.Fields}
-		fmt.Fprintf(e.stdout, "fallback (%s): loaded %d tensors, %s from disk in %.3f s\n", src, r.Tensors, humanBytes(r.Bytes), r.AttachSeconds)
+		fix := ""
+		if r.Fix != "" {
+			fix = "; " + r.Fix
+		}
+		fmt.Fprintf(e.stdout, "fallback (%s): loaded %d tensors, %s from disk in %.3f s%s\n", src, r.Tensors, humanBytes(r.Bytes), r.AttachSeconds, fix)
 	}
 	if r.TouchSeconds > 0 {
 		fmt.Fprintf(e.stdout, "touched every byte in %.3f s\n", r.TouchSeconds)

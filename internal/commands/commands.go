@@ -92,7 +92,7 @@ func run(ctx context.Context, e env, args []string) int {
 	}
 	c, ok := registry[args[0]]
 	if !ok {
-		fmt.Fprintf(e.stderr, "weightcache: unknown command %q (see weightcache help)\n", args[0])
+		fmt.Fprintf(e.stderr, "weightcache: unknown command %q%s (weightcache help lists the commands)\n", args[0], didYouMean(args[0], commandNames(), ""))
 		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
@@ -162,7 +162,7 @@ func parseFlags(fs *flag.FlagSet, args []string, allowArgs bool) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &exitError{code: exitUsage, err: errors.New(dashDash.Replace(err.Error()))}
+		return &exitError{code: exitUsage, err: errors.New(dashDash.Replace(unknownFlag(fs, err.Error())))}
 	}
 	if !allowArgs && fs.NArg() > 0 {
 		return usageErrorf("unexpected argument %q", fs.Arg(0))

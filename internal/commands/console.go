@@ -14,8 +14,9 @@ const clearLine = "\r\033[K"
 // console shares a terminal between preload's progress bar (on stdout) and
 // the log lines of the launcher and its ranks (on stderr): both reach the
 // same screen, and a log line written while the bar is drawn would start
-// at the bar's end. Each log line erases the bar first and draws it again
-// after, so both stay whole.
+// at the bar's end. Each log line erases the bar first; the bar comes back
+// at the next tick, so a log line that ends the load (a rank's "ready")
+// never leaves a stale bar under it.
 type console struct {
 	mu      sync.Mutex
 	out     io.Writer // the bar
@@ -55,9 +56,7 @@ func (c *console) writeLocked(lines []byte) {
 		_, _ = io.WriteString(c.out, clearLine)
 	}
 	_, _ = c.err.Write(lines)
-	if c.bar != "" {
-		_, _ = io.WriteString(c.out, c.bar)
-	}
+	c.bar = ""
 }
 
 // flush writes a last line that did not end, with its newline.

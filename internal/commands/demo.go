@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -20,20 +22,30 @@ import (
 )
 
 func init() {
-	register(command{name: "demo", summary: "cold start, restart through the daemon, and a deliberate mismatch, timed", run: runDemo,
+	register(command{name: "demo", summary: "cold start against attach through the daemon, N alternating runs, and a deliberate mismatch, timed", run: runDemo,
 		examples: []string{
 			"weightcache demo                        # a synthesized 105 MiB Llama (--preset small)",
-			"weightcache demo --model /models/Llama-3.1-8B",
+			"weightcache demo --model /models/Llama-3.1-8B --repeat 3",
 			"weightcache demo --preset medium        # 1.2 GiB",
 		}})
+}
+
+// demoRun is one measured kind of start, repeated.
+type demoRun struct {
+	label string
+	times []time.Duration
 }
 
 func runDemo(ctx context.Context, e env, args []string) error {
 	fs := newFlags("demo", e)
 	model := fs.String("model", "", "checkpoint directory or hub model id to use (default: a synthesized Llama of --preset)")
 	preset := fs.String("preset", "small", "synth preset when --model is not given: "+strings.Join(checkpoint.SynthPresets(), ", "))
+	repeat := fs.Int("repeat", 5, "runs of each kind, alternating, after one warm-up run that is not counted")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if *repeat < 1 {
+		return usageErrorf("--repeat must be at least 1, got %d", *repeat)
 	}
 	work, err := os.MkdirTemp("", "weightcache-demo-")
 	if err != nil {
@@ -59,12 +71,19 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	if served == "float32" {
 		other = "float16"
 	}
-	sockets := filepath.Join(work, "sockets")
+	// The daemon serves in sockets; nothing serves in none, so an engine
+	// looking there starts cold, from disk, exactly as without weightcache.
+	sockets, none := filepath.Join(work, "sockets"), filepath.Join(work, "none")
+	for _, d := range []string{sockets, none} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
 	// attach times client.Attach and, with touch, reading every byte after
 	// it, the way an engine's first forward pass would.
-	attach := func(touch bool, opts ...client.Opt) (client.Source, time.Duration, int, error) {
+	attach := func(dir string, touch bool, opts ...client.Opt) (client.Source, time.Duration, int, error) {
 		start := time.Now()
-		w, err := client.Attach(ctx, *model, append([]client.Opt{client.WithSocketDir(sockets), client.WithClientName("weightcache demo")}, opts...)...)
+		w, err := client.Attach(ctx, *model, append([]client.Opt{client.WithSocketDir(dir), client.WithClientName("weightcache demo")}, opts...)...)
 		if err != nil {
 			return client.Source{}, 0, 0, err
 		}
@@ -77,17 +96,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 		return w.Source, time.Since(start), w.Len(), nil
 	}
 
-	fmt.Fprintln(e.stdout, "2. cold start: the engine loads from disk (no daemon yet)")
-	if err := os.Mkdir(sockets, 0o700); err != nil {
-		return err
-	}
-	coldSrc, cold, n, err := attach(false)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "   %s, %d tensors in %s\n", coldSrc, n, cold.Round(time.Microsecond))
-
-	fmt.Fprintln(e.stdout, "3. weightcache preload, in the background")
+	fmt.Fprintln(e.stdout, "2. weightcache preload, in the background")
 	stop, ready, err := startPreload(ctx, *model, sockets)
 	if err != nil {
 		return err
@@ -95,45 +104,64 @@ func runDemo(ctx context.Context, e env, args []string) error {
 	defer stop()
 	fmt.Fprintf(e.stdout, "   ready in %.3f s: %v tensors, %s on %v\n", ready.LoadSeconds, ready.Tensors, humanBytes(ready.Bytes), ready.Socket)
 
-	fmt.Fprintln(e.stdout, "4. restart through the daemon: attach (zero_copy)")
-	hitSrc, hit, n, err := attach(false)
-	if err != nil {
-		return err
+	fmt.Fprintf(e.stdout, "3. %d runs of each, alternating (one warm-up first, not counted):\n", *repeat)
+	runs := []demoRun{{label: "cold start (load from disk)"}, {label: "attach through the daemon (hit)"}, {label: "attach, then read every byte"}}
+	for i := 0; i <= *repeat; i++ {
+		for k := range runs {
+			src, d, n, err := attach(map[bool]string{true: none, false: sockets}[k == 0], k == 2)
+			if err != nil {
+				return err
+			}
+			if hit := k > 0; src.Hit != hit {
+				return fmt.Errorf("%s: got %s", runs[k].label, src)
+			}
+			if i == 0 {
+				fmt.Fprintf(e.stdout, "   %s: %s, %d tensors\n", runs[k].label, src.Kind(), n)
+				continue
+			}
+			runs[k].times = append(runs[k].times, d)
+		}
 	}
-	if !hitSrc.Hit {
-		return fmt.Errorf("expected a hit, got %s", hitSrc)
-	}
-	fmt.Fprintf(e.stdout, "   hit, %d tensors in %s\n", n, hit.Round(time.Microsecond))
-	_, hitTouch, _, err := attach(true)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "   again, reading every byte of the mapped weights: %s\n", hitTouch.Round(time.Microsecond))
 
-	fmt.Fprintf(e.stdout, "5. deliberate mismatch: attach with --dtype %s\n", other)
-	missSrc, mis, _, err := attach(false, client.WithDType(other))
+	fmt.Fprintf(e.stdout, "4. deliberate mismatch: attach with --dtype %s\n", other)
+	missSrc, mis, _, err := attach(sockets, false, client.WithDType(other))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "   fallback: %s, loaded from disk in %s\n", missSrc, mis.Round(time.Microsecond))
+	missSrc.Fix = "" // the demo asked for the mismatch
+	fmt.Fprintf(e.stdout, "   fallback: %s; loaded from disk (and converted) in %s\n", missSrc, mis.Round(time.Microsecond))
 
-	fmt.Fprintln(e.stdout, "6. weightcache status")
+	fmt.Fprintln(e.stdout, "5. weightcache status")
 	if err := runStatus(ctx, e, []string{"--socket-dir", sockets}); err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout, "7. stop the daemon (SIGTERM)")
+	fmt.Fprintln(e.stdout, "6. stop the daemon (SIGTERM)")
 	if err := stop(); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "\n%s, %d tensors, %s (page cache warm: cold start is the best case for disk)\n", *model, ready.Tensors, humanBytes(ready.Bytes))
-	printBars(e.stdout, []bar{
-		{"cold start (load from disk)", cold, ""},
-		{"restart through the daemon (hit)", hit, fmt.Sprintf("%.0fx faster", float64(cold)/float64(hit))},
-		{"hit, then read every byte", hitTouch, fmt.Sprintf("%.1fx faster", float64(cold)/float64(hitTouch))},
-		{"mismatch (dtype): fallback", mis, "reason: " + string(missSrc.Reason)},
-	})
-	fmt.Fprintf(e.stdout, "\nrestart/cold: %.4f\nOn your own model: weightcache demo --model /path/to/checkpoint (or a hub id in the local cache)\n", float64(hit)/float64(cold))
+	fmt.Fprintf(e.stdout, "\n%s, %d tensors, %s; median (min-max) of %d runs each, page cache warm (the best case for disk)\n",
+		*model, ready.Tensors, humanBytes(ready.Bytes), *repeat)
+	bars := make([]bar, len(runs))
+	for i, r := range runs {
+		med, lo, hi := spread(r.times)
+		bars[i] = bar{r.label, med, fmt.Sprintf("(%s-%s)", lo.Round(time.Microsecond), hi.Round(time.Microsecond))}
+	}
+	printBars(e.stdout, bars)
+	fmt.Fprintf(e.stdout, "\nattach through the daemon takes 1/%.0f of a cold start (medians)\n", float64(bars[0].d)/float64(bars[1].d))
+	fmt.Fprintln(e.stdout, "This times the weights' way into the engine's process: an engine's own start (imports, graph capture, KV cache) comes on top of both.")
+	fmt.Fprintln(e.stdout, "On your own model: weightcache demo --model /path/to/checkpoint (or a hub id in the local cache)")
 	return nil
+}
+
+// spread is the median, the shortest and the longest of ds.
+func spread(ds []time.Duration) (med, lo, hi time.Duration) {
+	s := slices.Sorted(slices.Values(ds))
+	n := len(s)
+	med = s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return med, s[0], s[n-1]
 }
 
 type bar struct {
@@ -142,25 +170,31 @@ type bar struct {
 	note  string
 }
 
-// printBars draws one horizontal bar per timing, scaled to the longest, in
-// eighths of a character so that short bars still show.
+// printBars draws one horizontal bar per timing on a log scale, with a
+// decade axis under them: a hit is a hundredth of a cold start, and on a
+// linear scale it would be a sliver. The scale starts a decade below the
+// shortest bar so that it still has length.
 func printBars(w io.Writer, bars []bar) {
 	const width = 40
-	var longest time.Duration
+	shortest, longest := time.Duration(math.MaxInt64), time.Duration(1)
 	for _, b := range bars {
-		longest = max(longest, b.d)
+		shortest, longest = min(shortest, max(b.d, time.Microsecond)), max(longest, b.d)
 	}
+	lo := math.Pow(10, math.Floor(math.Log10(float64(shortest)))-1)
+	span := math.Log10(float64(longest) / lo)
+	col := func(d float64) int { return int(math.Round(math.Log10(d/lo) / span * width)) }
 	for _, b := range bars {
-		eighths := 1
-		if longest > 0 {
-			eighths = max(1, int(float64(b.d)/float64(longest)*width*8+0.5))
-		}
-		s := strings.Repeat("█", eighths/8)
-		if r := eighths % 8; r > 0 {
-			s += string([]rune("▏▎▍▌▋▊▉")[r-1])
-		}
-		fmt.Fprintf(w, "%-34s %11s  %-*s %s\n", b.label, b.d.Round(time.Microsecond), width, s, b.note)
+		n := max(1, col(float64(max(b.d, time.Microsecond))))
+		fmt.Fprintf(w, "%-34s %11s  %-*s %s\n", b.label, b.d.Round(time.Microsecond), width, strings.Repeat("█", n), b.note)
 	}
+	// The axis: a tick and a label at every decade.
+	axis, labels := []rune(strings.Repeat("─", width+1)), []rune(strings.Repeat(" ", width+12))
+	for d := lo; d <= float64(longest)*1.0001; d *= 10 {
+		c := col(d)
+		axis[c] = '┴'
+		copy(labels[c:], []rune(time.Duration(d).String()))
+	}
+	fmt.Fprintf(w, "%-34s %11s  %s\n%-34s %11s  %s\n", "", "", string(axis), "(log scale)", "", strings.TrimRight(string(labels), " "))
 }
 
 // startPreload runs `weightcache preload` as its own process, as an operator

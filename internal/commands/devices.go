@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -87,6 +88,31 @@ func (g *gpuFlags) options(fs *flag.FlagSet, workers int) (cuda.Options, error) 
 		workers = gpuLoadWorkers
 	}
 	return cuda.Options{IPC: g.ipc, StagingBytes: g.stagingBytes, ReserveBytes: g.reserveBytes, Stages: workers}, nil
+}
+
+// gpuOnly refuses the GPU flags on a preload that serves host memory,
+// where they would change nothing: a usage error when --devices named the
+// host, a warning when the host was chosen because no GPU is visible (the
+// operator meant a GPU; the preload still serves).
+func gpuOnly(fs *flag.FlagSet, devices []string, warn io.Writer) error {
+	if launcher.OnGPU(devices) {
+		return nil
+	}
+	var set []string
+	for _, name := range []string{"reserve-bytes", "staging-bytes", "ipc"} {
+		if flagSet(fs, name) {
+			set = append(set, "--"+name)
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	what := strings.Join(set, ", ")
+	if flagSet(fs, "devices") {
+		return usageErrorf("%s applies to GPU devices only, and --devices %s serves host memory: drop it, or name GPUs (cuda:N, GPU-<uuid>)", what, strings.Join(devices, ","))
+	}
+	fmt.Fprintf(warn, "weightcache preload: warning: no GPU is visible, so this preload serves host memory and %s changes nothing (name the GPUs with --devices to make this an error)\n", what)
+	return nil
 }
 
 // defaultDevices is the first n GPUs this process sees, else n host

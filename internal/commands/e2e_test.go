@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 // The test binary doubles as the weightcache binary, so that end-to-end
@@ -25,7 +27,7 @@ func TestMain(m *testing.M) {
 		// As -ldflags -X sets it in a release build: a handover between
 		// two versions runs this binary twice under two names.
 		if v := os.Getenv("WEIGHTCACHE_TEST_VERSION"); v != "" {
-			version = v
+			version.Linked = v
 		}
 		os.Exit(Main(os.Args[1:]))
 	}
@@ -381,10 +383,11 @@ func TestBadInput(t *testing.T) {
 		{"no safetensors", []string{"preload", "--model", empty}, 1, empty},
 		{"corrupt header", []string{"preload", "--model", corrupt}, 1, "model.safetensors"},
 		{"bad dtype", []string{"preload", "--model", model, "--dtype", "int3"}, 2, "int3"},
-		{"unknown flag", []string{"preload", "--model", model, "--tensor-paralel-size", "2"}, 2, "tensor-paralel-size"},
+		{"unknown flag", []string{"preload", "--model", model, "--tensor-paralel-size", "2"}, 2, "--tensor-paralel-size; did you mean --tensor-parallel-size?"},
 		{"no model flag", []string{"attach"}, 2, "--model"},
 		{"unsafe socket dir", []string{"preload", "--model", model, "--socket-dir", loose}, 1, loose},
-		{"unknown command", []string{"preloda"}, 2, "preloda"},
+		{"GPU flag on host", []string{"preload", "--model", model, "--devices", "host", "--reserve-bytes", "1GiB"}, 2, "--reserve-bytes applies to GPU devices only"},
+		{"unknown command", []string{"preloda"}, 2, `"preloda"; did you mean preload?`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -406,13 +409,17 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
-	out, stderr, code := runWC(t, "demo", "--preset", "tiny")
+	out, stderr, code := runWC(t, "demo", "--preset", "tiny", "--repeat", "3")
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s\n%s", code, out, stderr)
 	}
-	for _, want := range []string{"restart through the daemon (hit)", "fingerprint_mismatch", "dtype", "█", "restart/cold: 0.", "demo --model"} {
+	for _, want := range []string{"attach through the daemon (hit)", "fingerprint_mismatch", "dtype", "█", "(log scale)", "median (min-max) of 3 runs", "of a cold start (medians)", "demo --model"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	// Two hits in each of the 3 rounds and the warm-up, and the mismatch.
+	if !regexp.MustCompile(`\n(host .*) 8 +dtype=1\n`).MatchString(out) {
+		t.Errorf("status after the runs does not count 8 hits and the mismatch:\n%s", out)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 func runIn(args ...string) (stdout, stderr string, code int) {
@@ -93,17 +95,18 @@ func TestBadFlagIsUsageErrorWithDoubleDash(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
-	defer func(v string) { version = v }(version)
-	version = "v9.8.7"
+	defer func(v string) { version.Linked = v }(version.Linked)
+	version.Linked = "9.8.7"
 	for _, args := range [][]string{{"--version"}, {"version"}} {
 		out, _, code := runIn(args...)
-		if code != exitOK || !strings.HasPrefix(out, "weightcache v9.8.7 (go") {
+		if code != exitOK || !strings.HasPrefix(out, "weightcache 9.8.7 (go") {
 			t.Fatalf("%v: exit %d, %q", args, code, out)
 		}
 	}
-	version = ""
-	if out, _, _ := runIn("--version"); !strings.HasPrefix(out, "weightcache ") || strings.Contains(out, "v9.8.7") {
-		t.Fatalf("build-info version: %q", out)
+	// Not linked (go build, go test): the release number from VERSION.
+	version.Linked = ""
+	if out, _, _ := runIn("--version"); !strings.HasPrefix(out, "weightcache "+version.Release()) {
+		t.Fatalf("unlinked version: %q, want release %s", out, version.Release())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 func init() {
@@ -77,18 +78,25 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := gpuOnly(fs, cfg.Devices, e.stderr); err != nil {
+		return err
+	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
-	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, "weightcache "+buildVersion()
+	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, version.Name()
 	con := newConsole(e.stdout, e.stderr)
 	if con != nil {
 		// Ranks log through the console too (a pipe instead of the
 		// terminal itself), so that no line lands on the progress bar.
 		cfg.Stderr = con
+		cfg.Stdout = &readyTee{out: e.stdout, con: con}
 		cfg.Progress = con.progress
 		defer con.flush()
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	err = launcher.Run(ctx, cfg)
+	if errors.Is(err, daemon.ErrDeviceServed) && !p.takeover {
+		err = servedError(ctx, p.settings.SocketDir, cfg.Devices, err)
+	}
 	var ee *launcher.ExitError
 	if errors.As(err, &ee) {
 		return &exitError{code: ee.Code, err: ee.Err}
@@ -103,7 +111,8 @@ func progressLine(progress func() (int64, int64), el time.Duration) string {
 	if rate > 0 {
 		eta = (time.Duration(float64(total-n)/rate*1e9) + time.Second/2).Truncate(time.Second).String()
 	}
-	return fmt.Sprintf("loading %s / %s  %.2f GB/s  ETA %s", humanBytes(n), humanBytes(total), rate/1e9, eta)
+	// One unit family: the rate in the bytes' binary units.
+	return fmt.Sprintf("loading %s / %s  %s/s  ETA %s", humanBytes(n), humanBytes(total), humanBytes(int64(rate)), eta)
 }
 
 func humanBytes(n int64) string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 func TestTensorParallelHealthAndMetrics(t *testing.T) {
@@ -104,6 +105,11 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 		{"weightcache_leases", h0, 0},
 		{"weightcache_releases_total", h0, 0},
 		{"weightcache_tensors", h1, 21},
+		// Every attach above has ended, and the scrape's own stats
+		// connection is not counted.
+		{"weightcache_connections", h0, 0},
+		{"weightcache_connections", h1, 0},
+		{"weightcache_build_info", map[string]string{"version": version.Get()}, 1},
 	}
 	for _, c := range checks {
 		if got := value(t, fams, c.name, c.labels); got != c.want {
@@ -115,6 +121,11 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 	}
 	if value(t, fams, "weightcache_load_seconds", h0) <= 0 {
 		t.Error("load seconds not reported")
+	}
+	for _, name := range []string{"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "process_start_time_seconds", "go_goroutines", "go_memstats_heap_alloc_bytes"} {
+		if value(t, fams, name, nil) <= 0 {
+			t.Errorf("%s not reported", name)
+		}
 	}
 
 	// A rank that dies after start-up is replaced on its socket with its

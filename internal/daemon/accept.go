@@ -28,6 +28,8 @@ func (d *Daemon) accept() {
 		backoff.ok()
 		s := d.admit(uc)
 		if s == nil {
+			// An engine turned away here falls back with reason busy.
+			d.count(protocol.ResultBusy, nil)
 			_ = uc.SetWriteDeadline(time.Now().Add(time.Second))
 			_ = protocol.NewConn(uc, 0).Send(protocol.Errorf(protocol.CodeBusy, "daemon on %s holds %d connections, all leased (limit %d)", d.ln.path, d.limits.MaxConnections, d.limits.MaxConnections))
 			_ = uc.Close()

@@ -28,7 +28,7 @@ func (d *Daemon) Adopt(segs []backend.Segment, index backend.Segment, count int,
 	l.identity = identity
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.becomeReadyLocked(stateLoading, l, loadTime.Seconds(), "ready", "load_seconds", loadTime.Seconds()) {
+	if !d.becomeReadyLocked(stateLoading, l, loadTime.Seconds(), "ready") {
 		l.free()
 		return errors.New("daemon stopped before its segments arrived")
 	}

@@ -30,7 +30,7 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 		}
 		if state == stateEmpty {
 			// Nobody is publishing: waiting cannot help.
-			d.count(protocol.ResultNotReady, nil)
+			d.count(protocol.ResultEmpty, nil)
 			return reply{}, protocol.Errorf(protocol.CodeEmpty, "daemon on %s holds no weights: it waits for an engine to publish", d.ln.path)
 		}
 		select {
@@ -39,12 +39,12 @@ func (d *Daemon) waitReady(s *session, fr *protocol.Frame) (reply, error) {
 				return reply{msg: l.ready}, nil
 			}
 			// Freed already: Shutdown is under way.
-			d.count(protocol.ResultNotReady, nil)
+			d.count(protocol.ResultDraining, nil)
 			return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
 		case <-changed:
 			continue
 		case <-d.stopCh:
-			d.count(protocol.ResultNotReady, nil)
+			d.count(protocol.ResultDraining, nil)
 			return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s stopped while loading", d.ln.path)
 		case <-timer.C:
 			d.count(protocol.ResultNotReady, nil)
@@ -66,11 +66,11 @@ func (d *Daemon) manifest(s *session) (reply, error) {
 			s.early = false
 			return reply{}, retryable{protocol.Errorf(protocol.CodeNotReady, "daemon on %s is %s: wait_ready first", d.ln.path, state)}
 		}
-		d.count(protocol.ResultNotReady, nil)
-		code := protocol.CodeNotReady
+		result, code := protocol.ResultNotReady, protocol.CodeNotReady
 		if state == stateDraining {
-			code = protocol.CodeDraining
+			result, code = protocol.ResultDraining, protocol.CodeDraining
 		}
+		d.count(result, nil)
 		return reply{}, protocol.Errorf(code, "daemon on %s is %s", d.ln.path, state)
 	}
 	// A hello accepted while a publish-only daemon was empty named its own
@@ -80,7 +80,7 @@ func (d *Daemon) manifest(s *session) (reply, error) {
 		return reply{}, mismatch(diff)
 	}
 	if err := d.takeLease(s); err != nil {
-		d.count(protocol.ResultNotReady, nil)
+		d.count(protocol.ResultBusy, nil)
 		return reply{}, retryable{err}
 	}
 	files, err := exportFiles(l)

@@ -285,7 +285,7 @@ func (d *Daemon) answer(s *session, fr *protocol.Frame) (msg any, files []*os.Fi
 	case err == nil:
 		return r.msg, r.files, true
 	case errors.As(err, &m):
-		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: m}, nil, false
+		return protocol.Mismatch{Head: protocol.NewHead(protocol.TypeMismatch), Fields: m, Model: d.cfg.Model}, nil, false
 	case errors.As(err, &re):
 		return re.err, nil, true
 	}
@@ -296,7 +296,7 @@ func (d *Daemon) answer(s *session, fr *protocol.Frame) (msg any, files []*os.Fi
 func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply, error) {
 	if fr.Version != protocol.Version {
 		d.count(protocol.ResultError, nil)
-		return reply{}, protocol.Errorf(protocol.CodeVersion, "client speaks protocol version %d, daemon %s speaks %d", fr.Version, Version, protocol.Version)
+		return reply{}, protocol.Errorf(protocol.CodeVersion, "client speaks protocol version %d, daemon %s speaks %d", fr.Version, Version(), protocol.Version)
 	}
 	switch fr.Type {
 	case protocol.TypeHello:

@@ -19,10 +19,12 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
+	"github.com/weightcache/weightcache/internal/version"
 )
 
-// Version identifies the daemon build in hello replies.
-const Version = "weightcache/0.1"
+// Version identifies the daemon build in hello replies (the protocol's
+// daemon field): "weightcache 0.1.0", as --version prints it.
+func Version() string { return version.Name() }
 
 // Config describes one daemon.
 type Config struct {

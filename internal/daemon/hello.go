@@ -29,7 +29,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 	state := d.state
 	d.mu.Unlock()
 	if state == stateDraining {
-		d.count(protocol.ResultNotReady, nil)
+		d.count(protocol.ResultDraining, nil)
 		return reply{}, protocol.Errorf(protocol.CodeDraining, "daemon on %s is draining", d.ln.path)
 	}
 	dev := d.cfg.Backend.Device()
@@ -49,7 +49,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 		return reply{msg: l.hello}, nil
 	}
 	s.early = true
-	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version}}, nil
+	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version()}}, nil
 }
 
 // helloFieldTooLong names the first string field of h over MaxFieldBytes;

@@ -27,7 +27,7 @@ func (d *Daemon) Load(ctx context.Context) error {
 		return err
 	}
 	secs := time.Since(start).Seconds()
-	if !d.becomeReadyLocked(stateLoading, l, secs, "ready", "load_seconds", secs) {
+	if !d.becomeReadyLocked(stateLoading, l, secs, "ready") {
 		// Shutdown began while the last segments were sealed.
 		l.free()
 		return errors.New("daemon stopped while loading")

@@ -13,9 +13,6 @@ import (
 
 var rankLabels = []string{"group", "device", "tp_rank", "dp_rank"}
 
-// Handshake results, always exported so that a rate over zero exists.
-var results = []string{protocol.ResultHit, protocol.ResultMismatch, protocol.ResultDeviceMismatch, protocol.ResultNotReady, protocol.ResultError}
-
 func desc(name, help string, extra ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, append(append([]string{}, rankLabels...), extra...), nil)
 }
@@ -99,12 +96,17 @@ func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string)
 	ch <- prometheus.MustNewConstMetric(descReleases, prometheus.CounterValue, float64(st.Releases), l...)
 	ch <- prometheus.MustNewConstMetric(descLeaseLimit, prometheus.GaugeValue, float64(st.LeaseLimit), l...)
 	ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(st.LeasesRefused), l...)
-	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(st.Connections), l...)
+	ch <- prometheus.MustNewConstMetric(descConns, prometheus.GaugeValue, float64(engineConns(st)), l...)
 	ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(st.QueuedFDs), l...)
-	for _, res := range results {
+	// Every result, so that a rate over zero exists.
+	for _, res := range protocol.Results {
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(st.Handshakes[res]), with(res)...)
 	}
 	for field, n := range st.Mismatches {
 		ch <- prometheus.MustNewConstMetric(descFields, prometheus.CounterValue, float64(n), with(field)...)
 	}
 }
+
+// engineConns is the daemon's open connections less the one its stats
+// were asked on: the scrape is not a client of the cache.
+func engineConns(st *client.DaemonStatus) int { return max(st.Connections-1, 0) }

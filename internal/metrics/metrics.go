@@ -12,10 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weightcache/weightcache/internal/version"
 )
 
 // RankState is one rank as the launcher knows it.
@@ -53,7 +57,11 @@ func Serve(addr string, src Source, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("health and metrics listener on %s: %w", addr, err)
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(src))
+	// The process and Go series are the preload's own (the launcher,
+	// which holds every rank's segments too); the ranks' are per rank in
+	// the weightcache_ series.
+	reg.MustRegister(newCollector(src), buildInfo(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewGoCollector())
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { health(w, src) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Timeout: 10 * time.Second}))
@@ -72,6 +80,18 @@ func Serve(addr string, src Source, log *slog.Logger) (*Server, error) {
 		}
 	}()
 	return s, nil
+}
+
+// buildInfo is weightcache_build_info, 1, labelled with the version (as
+// --version prints it) and the Go release that built it.
+func buildInfo() prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "weightcache_build_info",
+		Help:        "1, labelled with the weightcache version and the Go version it was built with.",
+		ConstLabels: prometheus.Labels{"version": version.Get(), "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
 }
 
 // Addr is the address the server listens on.
@@ -111,7 +131,7 @@ func health(w http.ResponseWriter, src Source) {
 	for i, r := range ranks {
 		hr := healthRank{RankState: r}
 		if st := stats[i]; st != nil {
-			hr.Leases, hr.LeaseLimit, hr.LeasesRefused, hr.Connections = st.Leases, st.LeaseLimit, st.LeasesRefused, st.Connections
+			hr.Leases, hr.LeaseLimit, hr.LeasesRefused, hr.Connections = st.Leases, st.LeaseLimit, st.LeasesRefused, engineConns(st)
 			if st.LeaseLimit > 0 && st.Leases >= st.LeaseLimit {
 				hr.Pressure = fmt.Sprintf("%d leases, the limit: new engines are refused until one ends", st.Leases)
 			}

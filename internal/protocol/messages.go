@@ -71,6 +71,9 @@ type OK struct {
 type Mismatch struct {
 	Head
 	Fields []checkpoint.FieldDiff `json:"fields"`
+	// Model is what the daemon serves, as its preload named it (a
+	// directory or a hub id), so that a refused engine is told which.
+	Model string `json:"model,omitempty"`
 }
 
 // WaitReady asks the daemon to reply once it is ready, or with a not_ready
@@ -176,11 +179,21 @@ type PlanReport struct {
 	FirstUnmatched  []string `json:"first_unmatched,omitempty"`
 }
 
-// Handshake results as counted in Stats.Handshakes.
+// Handshake results as counted in Stats.Handshakes (and exported as
+// weightcache_handshakes_total{result}): hit, or the fallback reason the
+// engine reports for the refusal, spelled as the clients spell it, so that
+// the daemon's counts and the engines' logs name the same thing.
+// checkpoint_changed is decided by the client alone and never counted here.
 const (
 	ResultHit            = "hit"
 	ResultMismatch       = "fingerprint_mismatch"
 	ResultDeviceMismatch = "device_mismatch"
-	ResultNotReady       = "not_ready"
-	ResultError          = "error"
+	ResultNotReady       = "not_ready_timeout" // still loading when the engine's wait ended
+	ResultError          = "protocol_error"    // a malformed or unexpected request
+	ResultDraining       = "no_daemon"         // draining or stopped: the engine finds no daemon to serve it
+	ResultEmpty          = "empty"             // a publish-only daemon that holds nothing yet
+	ResultBusy           = "busy"              // a lease refused: the table or the process's share is full
 )
+
+// Results lists every handshake result, for exporters that show a zero.
+var Results = []string{ResultHit, ResultMismatch, ResultDeviceMismatch, ResultNotReady, ResultError, ResultDraining, ResultEmpty, ResultBusy}
