@@ -230,7 +230,8 @@ func TestSuccessiveTakeovers(t *testing.T) {
 		next := startPreloadProc(t, true, args...)
 		// The held leases move, and whatever the engines hold at the moment.
 		r := next.ready
-		if r["source"] != "takeover" || int(r["source_pid"].(float64)) != cur.cmd.Process.Pid || r["leases"].(float64) < 2 || r["read_bytes"].(float64) != 0 {
+		if r["source"] != "takeover" || int(r["source_pid"].(float64)) != cur.cmd.Process.Pid || r["leases"].(float64) < 2 || r["read_bytes"].(float64) != 0 ||
+			r["generation"].(float64) != cur.ready["generation"].(float64)+1 {
 			t.Fatalf("takeover %d: ready line %v\n%s", i+1, r, next.stderr)
 		}
 		ownedBy(t, dir, 2, next.cmd.Process.Pid)

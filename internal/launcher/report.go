@@ -79,8 +79,11 @@ type ReadyLine struct {
 	SourceVersion string `json:"source_version,omitempty"`
 	Reason        string `json:"reason,omitempty"`
 	// Leases is how many leases a predecessor handed over.
-	Leases int         `json:"leases,omitempty"`
-	Ranks  []ReadyRank `json:"ranks"`
+	Leases int `json:"leases,omitempty"`
+	// Generation is this launch's ownership of its sockets: one more than
+	// the owner it took them from (internal/handover).
+	Generation uint64      `json:"generation"`
+	Ranks      []ReadyRank `json:"ranks"`
 }
 
 // ReadyRank is one rank daemon in the ready line.
@@ -104,7 +107,7 @@ func (l *launcher) printReady() error {
 	if l.health != nil {
 		line.Health = l.health.Addr()
 	}
-	line.Source, line.Reason, line.Leases = SourceCheckpoint, r.reason, r.leases
+	line.Source, line.Reason, line.Leases, line.Generation = SourceCheckpoint, r.reason, r.leases, l.own.generation()
 	switch {
 	case l.store.adopted != nil:
 		line.Source = SourceFDStore
