@@ -543,3 +543,39 @@ func TestHostileControlClients(t *testing.T) {
 		t.Fatalf("successor exit %d: %s", code, next.stderr)
 	}
 }
+
+// A rank killed under live leases takes none with it: its launcher keeps a
+// copy of each leased connection, and the replacement counts them (status,
+// drain, /health) until their engines let go, through restart after
+// restart.
+func TestLeasesCountedAcrossRankRestarts(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	var held []*client.Weights
+	for range 3 {
+		w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		held = append(held, w)
+	}
+	rank := int(readyRanks(t, p)[0]["pid"].(float64))
+	for i, want := range []int{3, 2} {
+		if err := syscall.Kill(rank, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		ev := p.event(t, "rank_restarted")
+		rank = int(ev["new_pid"].(float64))
+		waitFor(t, fmt.Sprintf("restart %d: the replacement counting the %d leases held", i+1, want), func() bool { return leasesIn(t, dir) == want })
+		for _, w := range held {
+			intact(t, w)
+		}
+		_ = held[len(held)-1].Close()
+		held = held[:len(held)-1]
+		waitFor(t, "a lease ended on the replacement", func() bool { return leasesIn(t, dir) == want-1 })
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+}

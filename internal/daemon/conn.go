@@ -30,6 +30,8 @@ type session struct {
 	// closing the connection or counting a handshake.
 	early  bool
 	handed bool // its lease goes to a successor (handover.go)
+	// leaseID names its lease to the LeaseWatcher; 0: none told.
+	leaseID uint64
 
 	// Guarded by Daemon.mu: what eviction sees of the connection, as of
 	// its goroutine's last setIdle.
@@ -124,6 +126,12 @@ func (d *Daemon) serveConn(s *session) {
 		if err := d.send(s, conn, msg, files); err != nil {
 			d.log.Warn("closed a connection that did not take its reply", "type", fr.Type, "err", err)
 			return
+		}
+		if s.leased && s.leaseID == 0 {
+			// Told only once its reply is out: a copy of a connection
+			// whose client still waits for a reply would keep it waiting
+			// after this rank died, instead of trying again.
+			d.watchLease(s)
 		}
 		if !keep {
 			return

@@ -36,7 +36,38 @@ const (
 	// without an ack the rank waits for that end and lets go of its socket.
 	TypeRankBye = "rank_bye"
 	TypeRankAck = "rank_ack"
+	// A rank tells its launcher of every lease it grants, with a copy of
+	// the leased connection, and of every lease that ends (LeaseWatcher):
+	// a replacement is sent the leases still held, and counts them.
+	TypeRankLease    = "rank_lease"
+	TypeRankLeaseEnd = "rank_lease_end"
 )
+
+// RankLease is one lease granted, its connection's copy on the frame.
+type RankLease struct {
+	protocol.Head
+	ID    uint64      `json:"id"`
+	Lease HandedLease `json:"lease"`
+}
+
+// RankLeaseEnd is a lease ended.
+type RankLeaseEnd struct {
+	protocol.Head
+	ID uint64 `json:"id"`
+}
+
+// launcherLeases is the LeaseWatcher of a rank: its launcher, over the
+// control channel.
+type launcherLeases struct{ ctl *protocol.Conn }
+
+func (w launcherLeases) Leased(id uint64, l HandedLease, conn *os.File) {
+	defer conn.Close()
+	_ = w.ctl.Send(RankLease{Head: protocol.NewHead(TypeRankLease), ID: id, Lease: l}, conn)
+}
+
+func (w launcherLeases) Ended(id uint64) {
+	_ = w.ctl.Send(RankLeaseEnd{Head: protocol.NewHead(TypeRankLeaseEnd), ID: id})
+}
 
 // RankHandover asks a rank to stop for a successor: with Leases it hands
 // its leased connections over (answered by leases frames); without, the

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,9 +45,21 @@ type Config struct {
 	// Socket, when set, is the socket to serve, taken by the launcher;
 	// else Start takes the device's socket in SocketDir itself.
 	Socket *Socket
+	// Leases, when set, hears of every lease granted and ended.
+	Leases LeaseWatcher
 	// peerCred reads the uid and pid of a connection's peer; nil is
 	// SO_PEERCRED. Tests fake it: a peer of a second uid needs root to make.
 	peerCred func(*net.UnixConn) (uid, pid int, err error)
+}
+
+// A LeaseWatcher hears of every lease a daemon grants, with a copy of the
+// leased connection, and of its end: the rank's launcher keeps the copies,
+// so that a rank that dies takes no lease with it, and its replacement
+// counts (and drains) the leases its engines still hold.
+type LeaseWatcher interface {
+	// Leased takes ownership of conn.
+	Leased(id uint64, l HandedLease, conn *os.File)
+	Ended(id uint64)
 }
 
 // Daemon serves one device. Create it with Start, fill it with Load, stop
@@ -86,6 +99,7 @@ type Daemon struct {
 	unread  []*session
 	pub     publishState
 	handing bool       // HandOver began: sessions stop between requests
+	leaseID uint64     // the last lease's, for the LeaseWatcher
 	handed  []*session // leased sessions stopped for the successor
 
 	wg       sync.WaitGroup
@@ -333,11 +347,42 @@ func (d *Daemon) takeLease(s *session) *protocol.Error {
 	return nil
 }
 
+// watchLease tells the LeaseWatcher of s's new lease.
+func (d *Daemon) watchLease(s *session) {
+	w := d.cfg.Leases
+	if w == nil {
+		return
+	}
+	conn, err := dupConn(s.uc)
+	hello, herr := json.Marshal(s.hello)
+	if err != nil || herr != nil {
+		d.log.Warn("lease not reported to the launcher: a restart of this rank will not count it", "pid", s.pid, "err", errors.Join(err, herr))
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	d.mu.Lock()
+	d.leaseID++
+	s.leaseID = d.leaseID
+	d.mu.Unlock()
+	w.Leased(s.leaseID, HandedLease{PID: s.pid, Hello: hello}, conn)
+}
+
+// unwatchLease tells the LeaseWatcher that s's lease ended here.
+func (d *Daemon) unwatchLease(s *session) {
+	if s.leaseID != 0 && d.cfg.Leases != nil {
+		d.cfg.Leases.Ended(s.leaseID)
+	}
+	s.leaseID = 0
+}
+
 // dropLease ends s's lease, reporting whether it held one.
 func (d *Daemon) dropLease(s *session) bool {
 	if !s.leased {
 		return false
 	}
+	d.unwatchLease(s)
 	s.leased = false
 	d.mu.Lock()
 	d.leases--

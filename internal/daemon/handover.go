@@ -49,6 +49,7 @@ func (d *Daemon) HandOver() ([]HandedLease, []*os.File) {
 	var leases []HandedLease
 	var files []*os.File
 	for _, s := range handed {
+		d.unwatchLease(s) // the successor's from here
 		f, err := s.uc.File()
 		_ = s.uc.Close()
 		hello, herr := json.Marshal(s.hello)
@@ -110,6 +111,7 @@ func (d *Daemon) adopt(s *session) {
 	d.leases++
 	d.peerLeases[s.pid]++
 	d.mu.Unlock()
+	d.watchLease(s)
 	d.wg.Add(1)
 	go d.serveSession(s)
 }

@@ -42,7 +42,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		sock.Close()
 		return err
 	}
-	d, err := startRank(spec, be, sock, log)
+	d, err := startRank(spec, be, sock, launcherLeases{ctl}, log)
 	if err != nil {
 		sock.Close()
 		return errors.Join(err, be.Close())
@@ -241,7 +241,7 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 	}
 }
 
-func startRank(spec RankSpec, be backend.Backend, sock *Socket, log *slog.Logger) (*Daemon, error) {
+func startRank(spec RankSpec, be backend.Backend, sock *Socket, leases LeaseWatcher, log *slog.Logger) (*Daemon, error) {
 	// Only a rank that loads itself reads the checkpoint: the launcher
 	// parsed every header once for the others.
 	var ckpt *checkpoint.Checkpoint
@@ -253,7 +253,7 @@ func startRank(spec RankSpec, be backend.Backend, sock *Socket, log *slog.Logger
 	}
 	return Start(Config{
 		Settings: spec.Settings, Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint,
-		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan, Socket: sock,
+		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan, Socket: sock, Leases: leases,
 	})
 }
 

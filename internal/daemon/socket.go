@@ -244,8 +244,12 @@ func TakeSocket(path string) (*Socket, error) {
 // socket, shared by every copy in every process: a rank's accept would
 // then block its thread in the kernel, and its listener could not be
 // closed until a client connected.
-func dupListener(l *net.UnixListener) (*os.File, error) {
-	raw, err := l.SyscallConn()
+func dupListener(l *net.UnixListener) (*os.File, error) { return dupConn(l) }
+
+// dupConn copies a socket's descriptor, close-on-exec, without touching
+// its blocking mode (see dupListener).
+func dupConn(c syscall.Conn) (*os.File, error) {
+	raw, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +261,7 @@ func dupListener(l *net.UnixListener) (*os.File, error) {
 	if derr != nil {
 		return nil, derr
 	}
-	return os.NewFile(uintptr(fd), "listener"), nil
+	return os.NewFile(uintptr(fd), "socket"), nil
 }
 
 // SocketFromFiles is a Socket handed over by another process, checked:

@@ -455,6 +455,7 @@ func (l *launcher) release() {
 		if c := p.cacheKept(); c != nil {
 			c.Close()
 		}
+		p.dropLeases()
 	}
 	let(l.ctlSock)
 	l.closeStore(!owner)

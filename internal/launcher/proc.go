@@ -57,6 +57,9 @@ type proc struct {
 	killed      bool           // by the launcher itself
 	handed      bool           // stopped for a successor (handover.go)
 	exitClaimed bool           // claimExit
+	// held are the rank's leases, each with a copy of its connection
+	// (daemon.LeaseWatcher): they outlive the rank, for its replacement.
+	held map[uint64]heldLease
 	pinging     bool           // liveness.go
 	lastPong    time.Time      // liveness.go
 }
@@ -148,7 +151,18 @@ func (p *proc) read() {
 		if err != nil {
 			return
 		}
-		if fr.Type != daemon.TypeRankLeases {
+		switch fr.Type {
+		case daemon.TypeRankLease:
+			p.keepLease(fr)
+			continue
+		case daemon.TypeRankLeaseEnd:
+			var m daemon.RankLeaseEnd
+			if fr.Decode(&m) == nil {
+				p.endLease(m.ID)
+			}
+			continue
+		case daemon.TypeRankLeases:
+		default:
 			fr.CloseFiles() // only leases come with descriptors
 		}
 		if fr.Type == daemon.TypeRankPong {
@@ -282,6 +296,7 @@ func (p *proc) giveUp(owner bool) {
 	if c != nil {
 		c.Close()
 	}
+	p.dropLeases()
 }
 
 // claimExit reports, once per process, that its exit is handled: a rank's
@@ -378,5 +393,57 @@ func (q *frameQueue) get(stop <-chan struct{}, timeout <-chan time.Time) (*proto
 		case <-timeout:
 			return nil, errFrameTimeout
 		}
+	}
+}
+
+type heldLease struct {
+	lease daemon.HandedLease
+	conn  *os.File
+}
+
+func (p *proc) keepLease(fr *protocol.Frame) {
+	var m daemon.RankLease
+	if fr.Decode(&m) != nil || len(fr.Files) != 1 {
+		fr.CloseFiles()
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = map[uint64]heldLease{}
+	}
+	p.held[m.ID] = heldLease{lease: m.Lease, conn: fr.Files[0]}
+}
+
+func (p *proc) endLease(id uint64) {
+	p.mu.Lock()
+	h, ok := p.held[id]
+	delete(p.held, id)
+	p.mu.Unlock()
+	if ok {
+		_ = h.conn.Close()
+	}
+}
+
+// takeLeases hands over the leases the rank held; the caller owns the
+// connections.
+func (p *proc) takeLeases() ([]daemon.HandedLease, []*os.File) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var leases []daemon.HandedLease
+	var files []*os.File
+	for _, h := range p.held {
+		leases = append(leases, h.lease)
+		files = append(files, h.conn)
+	}
+	p.held = nil
+	return leases, files
+}
+
+// dropLeases lets go of the copies of the rank's leased connections.
+func (p *proc) dropLeases() {
+	_, files := p.takeLeases()
+	for _, f := range files {
+		_ = f.Close()
 	}
 }

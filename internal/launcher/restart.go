@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"time"
 )
 
@@ -143,6 +144,18 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 		}
 		if err := l.awaitReady(ctx, procs); err != nil {
 			return p, false, err
+		}
+	}
+	// The engines that leased from the rank that died still map its
+	// segments (their connections kept open by the launcher's copies):
+	// the replacement counts them, and drains them before it frees.
+	if leases, files := old.takeLeases(); len(files) > 0 {
+		err := daemon.SendLeases(p.ctl, leases, files)
+		for _, f := range files {
+			_ = f.Close()
+		}
+		if err != nil {
+			l.log.Warn("leases of the rank that died not handed to its replacement", "rank", p.String(), "leases", len(leases), "err", err)
 		}
 	}
 	go p.ping()
