@@ -59,9 +59,9 @@ type proc struct {
 	exitClaimed bool           // claimExit
 	// held are the rank's leases, each with a copy of its connection
 	// (daemon.LeaseWatcher): they outlive the rank, for its replacement.
-	held map[uint64]heldLease
-	pinging     bool           // liveness.go
-	lastPong    time.Time      // liveness.go
+	held     map[uint64]heldLease
+	pinging  bool      // liveness.go
+	lastPong time.Time // liveness.go
 }
 
 func (p *proc) String() string {
