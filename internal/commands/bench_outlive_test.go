@@ -130,6 +130,9 @@ func BenchmarkOutliveTakeovers(b *testing.B) {
 		b.ReportMetric(float64(eng.hits.Load()), "hits")
 		fmt.Printf("outlive takeovers: %d takeovers in %v under 4 engines: %d hits, %d misses, %d wrong, longest gap %v, %d launchers alive; target 0, 0, <= 50ms (%s), 1\n",
 			n, elapsed.Round(time.Millisecond), eng.hits.Load(), eng.misses.Load(), eng.wrong.Load(), gap.Round(100*time.Microsecond), alive, met(gap))
+		if first := eng.first.Load(); first != nil {
+			fmt.Printf("outlive takeovers: the first miss or wrong attach: %v\n", first)
+		}
 		_ = cur.cmd.Process.Signal(syscall.SIGTERM)
 		_ = cur.cmd.Wait()
 	}

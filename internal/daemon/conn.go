@@ -103,6 +103,12 @@ func (d *Daemon) serveConn(s *session) {
 				s.handed = s.leased
 				return
 			}
+			if errors.Is(err, os.ErrDeadlineExceeded) && d.handingOver() {
+				// Cut in the middle of a request by a handover: closed
+				// without an answer, so that its client asks again, of the
+				// successor, instead of taking a protocol error for a miss.
+				return
+			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.ECONNRESET) {
 				d.log.Warn("bad frame", "err", err)
 				d.count(protocol.ResultError, nil)
