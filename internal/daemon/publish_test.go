@@ -144,8 +144,8 @@ func TestAbandonedPublishLeavesNothing(t *testing.T) {
 		if !errors.Is(err, client.ErrEmpty) {
 			t.Fatalf("waiting reader: %v, want ErrEmpty", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiting reader not told that the writer went away")
+	case <-time.After(time.Until(waitDeadline(t))):
+		t.Fatal("waiting reader not told by the test's deadline that the writer went away")
 	}
 	waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
 	if err := publishAll(t, model, dir, specs, data); err != nil {
