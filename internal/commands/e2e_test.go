@@ -353,7 +353,9 @@ func TestSIGTERMDrainsLiveLease(t *testing.T) {
 			t.Fatalf("preload: %v: %s", err, p.stderr)
 		}
 	case <-timer.C:
-		t.Fatal("preload still draining at the test's deadline, its last lease gone")
+		_ = p.cmd.Process.Kill()
+		<-exited
+		t.Fatalf("preload still draining at the test's deadline, its last lease gone: %s", p.stderr)
 	}
 	if !strings.Contains(p.stderr.String(), "draining") {
 		t.Fatalf("preload did not say it was draining: %s", p.stderr)
