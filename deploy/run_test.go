@@ -147,8 +147,8 @@ func TestRenderedDaemonSetTakesOver(t *testing.T) {
 		if err != nil {
 			t.Fatalf("old preload after the takeover: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("old preload still running 10s after SIGTERM, though it held nothing")
+	case <-time.After(time.Until(waitDeadline(t))):
+		t.Fatal("old preload still running at the test's deadline after SIGTERM, though it held nothing")
 	}
 	next.healthy(t)
 	if out, err := exec.Command(bin, "attach", "--model", model, "--socket-dir", next.sockets, "--fallback=false").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "hit:") {
@@ -262,6 +262,16 @@ func startPreloadIn(t *testing.T, bin string, c corev1.Container, model string, 
 	return p
 }
 
+// waitDeadline is when a wait gives up: shortly before the test binary's
+// own -timeout, so that a loaded machine is never failed for being slow,
+// while what never comes fails naming itself.
+func waitDeadline(t *testing.T) time.Time {
+	if d, ok := t.Deadline(); ok {
+		return d.Add(-20 * time.Second)
+	}
+	return time.Now().Add(10 * time.Minute)
+}
+
 func (p *preload) waitReady(t *testing.T) {
 	t.Helper()
 	select {
@@ -269,15 +279,15 @@ func (p *preload) waitReady(t *testing.T) {
 		if !ok {
 			t.Fatalf("preload exited before its ready line")
 		}
-	case <-time.After(2 * time.Minute):
-		t.Fatal("preload not ready after 2 minutes")
+	case <-time.After(time.Until(waitDeadline(t))):
+		t.Fatal("preload not ready by the test's deadline")
 	}
 }
 
 // healthy checks the readiness probe's URL of a ready preload.
 func (p *preload) healthy(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithDeadline(context.Background(), waitDeadline(t))
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.health, nil)
 	resp, err := http.DefaultClient.Do(req)

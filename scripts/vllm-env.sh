@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Makes .venv/vllm: real vLLM (its CPU build) for python/tests_vllm and
-# bench-vllm. The venv lives in the user's cache, keyed by the lock file's
-# hash and the Python version, so that every clone (CI's too) reuses one
-# 6 GB install; .venv/vllm links to it. This package is installed into it
-# as a user installs it (pip install ./python), so its vllm.general_plugins
-# entry point is the real one.
+# bench-vllm. vLLM lives in a venv in the user's cache, keyed by the lock
+# file's hash and the Python version, so that every clone (CI's too) reuses
+# one 6 GB install; once made, nothing writes to it. .venv/vllm is this
+# clone's own venv over it (a .pth adds the shared site-packages after its
+# own), and this package is installed there as a user installs it (pip
+# install ./python), so that its vllm.general_plugins entry point is the
+# real one and no other clone sees it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lock=python/requirements-vllm.txt
@@ -37,6 +39,21 @@ if [ ! -e "$env/.complete" ]; then
 	touch "$env/.complete"
 	echo "vllm-env: installed in $(( $(date +%s) - start )) s" >&2
 fi
+exec 9>&-
+
+# This clone's overlay, made afresh each time (it holds only this package).
+# An older make vllm-env left a link to the shared venv here: remove the
+# link, never what it points to.
+overlay=.venv/vllm
+if [ -L "$overlay" ]; then rm "$overlay"; else rm -rf "$overlay"; fi
 mkdir -p .venv
-ln -sfn "$env" .venv/vllm
-"$env/bin/pip" install -q --disable-pip-version-check --no-index --no-deps --force-reinstall ./python
+"$py" -m venv --without-pip "$overlay"
+shared=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+own=$("$overlay/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+# addsitedir, not a bare path line, so that the shared venv's own .pth
+# files are read too.
+echo "import site; site.addsitedir('$shared')" >"$own/_weightcache_shared_vllm.pth"
+# pip (the shared venv's, through the .pth) installs into this overlay;
+# --ignore-installed, so that a copy in the shared venv (put there by an
+# older make vllm-env) is neither touched nor taken for this one.
+"$overlay/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps --ignore-installed ./python

@@ -325,3 +325,81 @@ func TestResolveLazily(t *testing.T) {
 		t.Fatalf("Parse: %v, want Resolve's %v", got, want)
 	}
 }
+
+// Every way an index and the shard headers can disagree is refused by the
+// lazy path, at Parse, with the error Resolve gives: a preload that takes
+// its segments over must not serve what a plain preload refuses.
+func TestResolveLazilyRefusesDisagreements(t *testing.T) {
+	const a, b = "a.safetensors", "b.safetensors"
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, dir string)
+	}{
+		{"index names a tensor the shard lacks", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0))
+			writeIndex(t, dir, map[string]string{"a": a, "ghost": a})
+		}},
+		{"shard tensor not in index", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0), tensor("extra", 1, 0))
+			writeIndex(t, dir, map[string]string{"a": a})
+		}},
+		{"index names the other shard", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0), tensor("x", 1, 0))
+			writeShard(t, dir, b, tensor("b", 1, 0))
+			writeIndex(t, dir, map[string]string{"a": a, "b": b, "x": b})
+		}},
+		{"tensor in two indexed shards", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0), tensor("x", 1, 0))
+			writeShard(t, dir, b, tensor("x", 1, 0))
+			writeIndex(t, dir, map[string]string{"a": a, "x": b})
+		}},
+		// The counts agree, shard by shard: only the pairing is wrong.
+		{"index swaps two tensors' shards", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("p", 1, 0))
+			writeShard(t, dir, b, tensor("q", 1, 0))
+			writeIndex(t, dir, map[string]string{"p": b, "q": a})
+		}},
+		// Keys out of order: not the plain form, so checked through the
+		// decoded weight map rather than its sum.
+		{"unsorted index names a tensor the shard lacks", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0))
+			writeText(t, filepath.Join(dir, IndexName), `{"weight_map":{"ghost":"a.safetensors","a":"a.safetensors"}}`)
+		}},
+		{"unsorted index lacks a shard tensor", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0), tensor("extra", 1, 0))
+			writeShard(t, dir, b, tensor("b", 1, 0))
+			writeText(t, filepath.Join(dir, IndexName), `{"weight_map":{"b":"b.safetensors","a":"a.safetensors"}}`)
+		}},
+		// A key listed twice keeps the last: a.safetensors is read, but
+		// the map sends "a" elsewhere.
+		{"index listing a tensor twice", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("a", 1, 0))
+			writeShard(t, dir, b, tensor("b", 1, 0))
+			writeText(t, filepath.Join(dir, IndexName), `{"weight_map":{"a":"a.safetensors","b":"b.safetensors","a":"b.safetensors"}}`)
+		}},
+		{"tensor in two shards without index", func(t *testing.T, dir string) {
+			writeShard(t, dir, a, tensor("x", 1, 0))
+			writeShard(t, dir, b, tensor("x", 1, 0))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeText(t, filepath.Join(dir, "config.json"), `{"torch_dtype":"float32"}`)
+			tc.setup(t, dir)
+			_, want := Resolve(dir, "")
+			if want == nil || !errors.Is(want, ErrInvalid) {
+				t.Fatalf("Resolve: %v, want an ErrInvalid", want)
+			}
+			c, err := ResolveLazily(dir, "")
+			if err != nil {
+				t.Fatalf("ResolveLazily: %v; want the headers kept for Parse (Resolve: %v)", err, want)
+			}
+			if c.lazy == nil {
+				t.Fatal("ResolveLazily resolved in full: the lazy path is not what this tests")
+			}
+			if got := c.Parse(); got == nil || got.Error() != want.Error() || !errors.Is(got, ErrInvalid) {
+				t.Fatalf("Parse: %v, want Resolve's %v", got, want)
+			}
+		})
+	}
+}

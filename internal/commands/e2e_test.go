@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,7 +50,10 @@ func runWC(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	cmd := wc(args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	err := waitCmd(t, cmd, "weightcache "+strings.Join(args, " "))
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		code = ee.ExitCode()
@@ -128,6 +132,8 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 		close(p.lines)
 	}()
 	if wait {
+		timer := waitTimer(t)
+		defer timer.Stop()
 		select {
 		case line, ok := <-p.lines:
 			if !ok {
@@ -137,8 +143,10 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 			if err := json.Unmarshal([]byte(line), &p.ready); err != nil || p.ready["event"] != "ready" {
 				t.Fatalf("first line %q is not the ready event", line)
 			}
-		case <-time.After(60 * time.Second):
-			t.Fatal("preload not ready in 60s")
+		case <-timer.C:
+			_ = cmd.Process.Kill() // before its stderr is read
+			_ = cmd.Wait()
+			t.Fatalf("preload not ready by the test's deadline: %s", p.stderr)
 		}
 	}
 	return p
@@ -148,7 +156,8 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 // others.
 func (p *preloadProc) event(t testing.TB, name string) map[string]any {
 	t.Helper()
-	timeout := time.After(60 * time.Second)
+	timer := waitTimer(t)
+	defer timer.Stop()
 	for {
 		select {
 		case line, ok := <-p.lines:
@@ -159,8 +168,10 @@ func (p *preloadProc) event(t testing.TB, name string) map[string]any {
 			if json.Unmarshal([]byte(line), &ev) == nil && ev["event"] == name {
 				return ev
 			}
-		case <-timeout:
-			t.Fatalf("no %s event in 60s: %s", name, p.stderr)
+		case <-timer.C:
+			_ = p.cmd.Process.Kill() // before its stderr is read
+			_ = p.cmd.Wait()
+			t.Fatalf("no %s event by the test's deadline: %s", name, p.stderr)
 		}
 	}
 }
@@ -170,7 +181,7 @@ func (p *preloadProc) stop(t *testing.T, sig os.Signal) int {
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
-	err := p.cmd.Wait()
+	err := waitCmd(t, p.cmd, fmt.Sprintf("preload after %v", sig))
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode()
@@ -199,10 +210,10 @@ func stats(t *testing.T, dir string) client.DaemonStatus {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := waitDeadline(t)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
+			t.Fatalf("%s: not by the test's deadline", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -306,33 +317,47 @@ func TestKillDaemonDuringAttach(t *testing.T) {
 	noSockets(t, dir)
 }
 
+// Which exits first is the point: preload must outlive the lease. The
+// lease ends when the test kills its holder, not after a hold that a
+// loaded machine could outlast before the SIGTERM is sent; the exit order
+// of two processes that end a moment apart is not compared.
 func TestSIGTERMDrainsLiveLease(t *testing.T) {
 	model, dir := synthModel(t, "tiny"), sockDir(t)
-	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--drain-timeout", "30s")
-	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "1500ms", "--fallback=false")
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--drain-timeout", "1h")
+	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "1h", "--fallback=false")
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
 	waitFor(t, "lease taken", func() bool { return stats(t, dir).Leases == 1 })
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	// Which exits first is the point: preload must outlive the lease.
-	exited := make(chan string, 2)
-	go func() {
-		if err := p.cmd.Wait(); err != nil {
-			t.Errorf("preload: %v: %s", err, p.stderr)
+	waitFor(t, "preload draining with the lease held", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("preload exited (%v) while an engine held a lease: %s", err, p.stderr)
+		default:
 		}
-		exited <- "preload"
-	}()
-	go func() {
-		if err := holder.Wait(); err != nil {
-			t.Errorf("holder: %v", err)
+		st, err := client.Status(context.Background(), dir)
+		return err == nil && len(st) == 1 && st[0].State == "draining" && st[0].Leases == 1
+	})
+	if err := holder.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	timer := waitTimer(t)
+	defer timer.Stop()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("preload: %v: %s", err, p.stderr)
 		}
-		exited <- "holder"
-	}()
-	if first, second := <-exited, <-exited; first != "holder" || second != "preload" {
-		t.Fatalf("%s exited before %s: preload did not wait for the lease", first, second)
+	case <-timer.C:
+		_ = p.cmd.Process.Kill()
+		<-exited
+		t.Fatalf("preload still draining at the test's deadline, its last lease gone: %s", p.stderr)
 	}
 	if !strings.Contains(p.stderr.String(), "draining") {
 		t.Fatalf("preload did not say it was draining: %s", p.stderr)

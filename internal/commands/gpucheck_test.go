@@ -1,12 +1,16 @@
 package commands
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestGPUCheckScriptOnFakeDriver runs scripts/gpu-check.sh end to end on the
@@ -28,7 +32,7 @@ func TestGPUCheckScriptOnFakeDriver(t *testing.T) {
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "gpu-check.sh")
 	cmd := exec.Command(bash, script)
 	cmd.Env = append(os.Environ(), "WEIGHTCACHE_TEST_MAIN=1", "WEIGHTCACHE_BIN="+os.Args[0], "GPU_CHECK_PRESET=tiny")
-	out, err := cmd.CombinedOutput()
+	out, err := runScript(t, cmd)
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
@@ -71,4 +75,67 @@ func TestGPUCheckScriptOnFakeDriver(t *testing.T) {
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
 	}
+}
+
+// runScript runs cmd, a script, in a process group of its own until the
+// test's deadline, and returns its combined output. A script still running
+// then is failed with what it was waiting on (the processes left in its
+// group, and its last lines), then stopped: SIGTERM, which its trap turns
+// into killing what it started, and SIGKILL for whatever is left.
+func runScript(t *testing.T, cmd *exec.Cmd) ([]byte, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	timer := waitTimer(t)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return out.Bytes(), err
+	case <-timer.C:
+	}
+	waiting := groupProcesses(cmd.Process.Pid)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // daemons that outlived the trap
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	t.Fatalf("%s still running at the test's deadline, waiting on:\n%s\nits last lines:\n%s",
+		filepath.Base(cmd.Args[len(cmd.Args)-1]), strings.Join(waiting, "\n"), strings.Join(lines[max(0, len(lines)-10):], "\n"))
+	return nil, nil
+}
+
+// groupProcesses lists the processes of process group pgid other than its
+// leader, as "pid: command line".
+func groupProcesses(pgid int) []string {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var procs []string
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces, so split
+		// after its closing parenthesis.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		dir := filepath.Dir(st)
+		if len(f) < 3 || f[2] != strconv.Itoa(pgid) || filepath.Base(dir) == strconv.Itoa(pgid) {
+			continue
+		}
+		argv, _ := os.ReadFile(filepath.Join(dir, "cmdline"))
+		procs = append(procs, filepath.Base(dir)+": "+strings.TrimSpace(strings.ReplaceAll(string(argv), "\x00", " ")))
+	}
+	if len(procs) == 0 {
+		return []string{"(no process but the script: a wait of its own)"}
+	}
+	return procs
 }

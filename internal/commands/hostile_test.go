@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -150,10 +149,12 @@ func TestHostileClientsAreBounded(t *testing.T) {
 			}
 		}
 	}()
+	timer := waitTimer(t)
+	defer timer.Stop()
 	select {
 	case <-sent: // the daemon closed it
-	case <-time.After(60 * time.Second):
-		t.Fatal("a client that never reads its replies was not closed")
+	case <-timer.C:
+		t.Fatal("a client that never reads its replies was not closed by the test's deadline")
 	}
 	_ = pipelined.Close()
 	waitFor(t, "the pipelining reader's lease dropped", func() bool { return stats(t, dir).Leases == 8 })
@@ -167,7 +168,7 @@ func TestHostileClientsAreBounded(t *testing.T) {
 	}
 	defer c.Close()
 	big := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: protocol.ModeZeroCopy, Client: string(bytes.Repeat([]byte("x"), 1<<20))}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithDeadline(context.Background(), waitDeadline(t))
 	defer cancel()
 	_, err = c.Call(ctx, big, protocol.TypeOK)
 	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("field client")) || len(err.Error()) > 512 {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/weightcache/weightcache/client"
 )
@@ -26,13 +25,15 @@ func TestTwoNodes(t *testing.T) {
 		// Node 1 first: it waits for node 0's rendezvous.
 		n1 := startPreloadProc(t, false, node(1, d1, port, draft...)...)
 		n0 := startPreloadProc(t, true, node(0, d0, port, draft...)...)
+		timer := waitTimer(t)
+		defer timer.Stop()
 		select {
 		case line := <-n1.lines:
 			if !strings.Contains(line, `"event":"ready"`) || !strings.Contains(line, `"node_rank":1`) {
 				t.Fatalf("node 1 line: %s", line)
 			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("node 1 not ready: %s", n1.stderr)
+		case <-timer.C:
+			t.Fatal("node 1 not ready by the test's deadline")
 		}
 		if r := readyRanks(t, n0); r[0]["tp_rank"].(float64) != 0 {
 			t.Fatalf("node 0 ranks %v", r)

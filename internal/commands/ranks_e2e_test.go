@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
@@ -22,13 +21,15 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 	t.Setenv("NOTIFY_SOCKET", notify)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
 		"--devices", "host:0,host:1", "--weight-cache-health-port", port)
+	timer := waitTimer(t)
+	defer timer.Stop()
 	select {
 	case msg := <-notified:
 		if msg != "READY=1" {
 			t.Fatalf("NOTIFY_SOCKET got %q", msg)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no READY=1 on NOTIFY_SOCKET")
+	case <-timer.C:
+		t.Fatal("no READY=1 on NOTIFY_SOCKET by the test's deadline")
 	}
 	if got, want := int64(p.ready["read_bytes"].(float64)), dataBytes(t, model); got != want {
 		t.Fatalf("read %d checkpoint bytes for 2 ranks, want each once: %d", got, want)
@@ -222,10 +223,12 @@ func TestRankKilledDuringStartup(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- p.cmd.Wait() }()
+	timer := waitTimer(t)
+	defer timer.Stop()
 	select {
 	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("launcher still running 30s after a rank died during start-up")
+	case <-timer.C:
+		t.Fatal("launcher still running at the test's deadline after a rank died during start-up")
 	}
 	if code := p.cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGKILL) {
 		t.Fatalf("launcher exit %d, want the killed rank's 137: %s", code, p.stderr)

@@ -357,7 +357,7 @@ func TestUnsafeSocketDirRefused(t *testing.T) {
 
 func rawConn(t *testing.T, path string) *protocol.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithDeadline(context.Background(), waitDeadline(t))
 	defer cancel()
 	c, err := protocol.Dial(ctx, path)
 	if err != nil {
@@ -537,12 +537,14 @@ n=struct.unpack(">I",s.recv(4))[0]; print(s.recv(n).decode())`
 	}
 }
 
+// waitFor fails, at its caller's line, if cond is not met by the test's
+// deadline.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := waitDeadline(t)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
+			t.Fatal("the condition waited for here was not met by the test's deadline")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

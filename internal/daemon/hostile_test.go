@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/backend/host"
@@ -213,7 +215,12 @@ func TestPublishIdentityBounded(t *testing.T) {
 func TestUnreadHelloRepliesBounded(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	const budget = 768 << 10
-	d := start(t, model, dir, "host", func(c *Config) { c.PublishOnly = true; c.Limits.MaxInflightBytes = budget })
+	// The one reply that fits waits in its socket until the test reads it,
+	// after all 40 are answered: longer, on a loaded machine, than the
+	// default write timeout, which is not what this tests.
+	d := start(t, model, dir, "host", func(c *Config) {
+		c.PublishOnly, c.Limits.MaxInflightBytes, c.Limits.WriteTimeout = true, budget, time.Hour
+	})
 	id := fakeIdentity(MaxIdentityFiles, MaxIdentityNameBytes/MaxIdentityFiles)
 	ctx := context.Background()
 	w := rawHello(t, d, model)
@@ -235,8 +242,11 @@ func TestUnreadHelloRepliesBounded(t *testing.T) {
 		conns = append(conns, c)
 	}
 	// One reply fits the budget; the 39 others are refused once their
-	// hellos are answered.
-	waitFor(t, func() bool { return d.Stats().Connections == 2 })
+	// hellos are answered. Every hello is answered before any reply is
+	// read: the count of connections alone reads 2 as well before the
+	// daemon has accepted the others, and a reply read early frees the
+	// budget for a hello still unanswered.
+	waitFor(t, func() bool { return answered(t, conns) && d.Stats().Connections == 2 })
 	if used := d.budget.used.Load(); used != int64(len(l.hello)-freeReply) {
 		t.Fatalf("budget holds %d bytes, want the one unread reply's %d", used, len(l.hello)-freeReply)
 	}
@@ -272,6 +282,26 @@ func TestUnreadHelloRepliesBounded(t *testing.T) {
 	if got, ok := r.msg.(json.RawMessage); err != nil || !ok || &got[0] != &l.hello[0] {
 		t.Fatalf("hello reply re-encoded (%T, %v)", r.msg, err)
 	}
+}
+
+// answered reports whether every connection has bytes to read.
+func answered(t *testing.T, conns []*protocol.Conn) bool {
+	t.Helper()
+	for _, c := range conns {
+		rc, err := c.Unix().SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		var ioctlErr error
+		if err := rc.Control(func(fd uintptr) { n, ioctlErr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil || ioctlErr != nil {
+			t.Fatalf("SIOCINQ: %v, %v", err, ioctlErr)
+		}
+		if n == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // index_size is bounded by what the tensor count can need and counts in

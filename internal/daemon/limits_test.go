@@ -104,7 +104,7 @@ func TestIdleConnectionsEvictedOldestFirst(t *testing.T) {
 	if !w.Source.Hit {
 		t.Fatalf("engine over the cap: %s", w.Source)
 	}
-	_ = idle[0].SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = idle[0].SetReadDeadline(waitDeadline(t))
 	if _, err := idle[0].Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("oldest idle connection: read %v, want EOF", err)
 	}

@@ -2,32 +2,15 @@ package daemon
 
 import (
 	"net"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // peerCred is the uid and pid of the process at the other end (as of its
 // connect), from SO_PEERCRED.
-func peerCred(uc *net.UnixConn) (uid, pid int, err error) {
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return -1, 0, err
-	}
-	uid = -1
-	var cerr error
-	err = raw.Control(func(fd uintptr) {
-		var cred *syscall.Ucred
-		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-		if cerr == nil {
-			uid, pid = int(cred.Uid), int(cred.Pid)
-		}
-	})
-	if err != nil {
-		return -1, 0, err
-	}
-	return uid, pid, cerr
-}
+func peerCred(uc *net.UnixConn) (uid, pid int, err error) { return protocol.PeerCred(uc) }
 
 // hostMemory is the host's RAM in bytes.
 func hostMemory() (int64, error) {

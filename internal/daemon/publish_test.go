@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"strings"
 	"testing"
@@ -143,8 +144,8 @@ func TestAbandonedPublishLeavesNothing(t *testing.T) {
 		if !errors.Is(err, client.ErrEmpty) {
 			t.Fatalf("waiting reader: %v, want ErrEmpty", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiting reader not told that the writer went away")
+	case <-time.After(time.Until(waitDeadline(t))):
+		t.Fatal("waiting reader not told by the test's deadline that the writer went away")
 	}
 	waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
 	if err := publishAll(t, model, dir, specs, data); err != nil {
@@ -266,6 +267,13 @@ func TestCommitChecksEntries(t *testing.T) {
 		{"unsorted", []protocol.Tensor{a, b}, func(x []byte) { x[order], x[order+4] = 1, 0 }, "not sorted by name at slot 1"},
 		{"order past", []protocol.Tensor{a, b}, func(x []byte) { x[order] = 7 }, "order slot 0 names an entry past the 2"},
 		{"dtype", []protocol.Tensor{a}, func(x []byte) { copy(x[protocol.IndexHeaderLen+16:], "Q9") }, "does not match dtype \"Q9\""},
+		// Refused from the entry's stated lengths, before Entry copies the
+		// shape or the name onto the daemon's heap: a shape of ones has
+		// the size its dtype says, so nothing later would refuse it.
+		{"dims", []protocol.Tensor{{Name: "a", DType: "U8", Shape: ones(MaxTensorDims + 1), NBytes: 1}}, nil,
+			fmt.Sprintf("entry 0: a name of 1 bytes or %d dimensions, over the limits", MaxTensorDims+1)},
+		{"name", []protocol.Tensor{{Name: strings.Repeat("n", MaxFieldBytes+1), DType: "U8", Shape: []int64{1}, NBytes: 1}}, nil,
+			fmt.Sprintf("entry 0: a name of %d bytes or 1 dimensions, over the limits", MaxFieldBytes+1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := rawConn(t, d.Socket())
@@ -291,6 +299,14 @@ func TestCommitChecksEntries(t *testing.T) {
 			waitFor(t, func() bool { return d.Stats().State == protocol.StateEmpty })
 		})
 	}
+}
+
+func ones(n int) []int64 {
+	s := make([]int64, n)
+	for i := range s {
+		s[i] = 1
+	}
+	return s
 }
 
 func TestManifestAfterOtherEnginePublished(t *testing.T) {

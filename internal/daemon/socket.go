@@ -101,7 +101,10 @@ func (l *listener) stopAccepting() {
 var ErrSymlink = errors.New("is a symlink")
 
 func lockFile(path string) (*os.File, error) {
-	for {
+	// A file replaced at every try means something keeps removing or
+	// recreating it: say so rather than spin.
+	const tries = 100
+	for try := 1; ; try++ {
 		f, err := openNoFollow(path, os.O_CREATE|os.O_RDWR)
 		if err != nil {
 			return nil, fmt.Errorf("open lock file: %w", err)
@@ -123,6 +126,9 @@ func lockFile(path string) (*os.File, error) {
 			return f, nil
 		}
 		_ = f.Close()
+		if try == tries {
+			return nil, fmt.Errorf("lock %s: the file there was replaced under each of %d tries to lock it", path, tries)
+		}
 	}
 }
 

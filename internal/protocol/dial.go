@@ -16,14 +16,34 @@ import (
 var ErrClosed = errors.New("peer closed the connection")
 
 // Dial connects to the daemon socket at path; the context's deadline bounds
-// the connect.
+// the connect. A socket served by another uid than this process's is
+// refused before anything is sent (ErrPermission): the socket directory
+// is checked, but a socket file can be moved in from elsewhere.
 func Dial(ctx context.Context, path string) (*Conn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
 		return nil, err
 	}
-	return NewConn(c.(*net.UnixConn), MaxReplyFrame), nil
+	uc := c.(*net.UnixConn)
+	if err := checkPeer(uc, path, os.Geteuid(), PeerCred); err != nil {
+		_ = uc.Close()
+		return nil, err
+	}
+	return NewConn(uc, MaxReplyFrame), nil
+}
+
+// checkPeer refuses a connection whose peer is not of uid want, naming the
+// socket and both uids; cred reads the peer's.
+func checkPeer(uc *net.UnixConn, path string, want int, cred func(*net.UnixConn) (uid, pid int, err error)) error {
+	uid, pid, err := cred(uc)
+	if err != nil {
+		return fmt.Errorf("%w: socket %s: cannot read the uid of the process serving it: %w", ErrPermission, path, err)
+	}
+	if uid != want {
+		return fmt.Errorf("%w: socket %s is served by uid %d (pid %d), not by this process's uid %d; nothing was sent to it", ErrPermission, path, uid, pid, want)
+	}
+	return nil
 }
 
 // Call sends req and reads the reply. An "error" frame comes back as a

@@ -4,6 +4,7 @@ shows what is tested, since an engine start then costs a second or two;
 tensor parallelism and `vllm serve` run as vLLM starts them, in their own
 processes. The daemon fixtures are python/tests' own."""
 
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -33,8 +34,13 @@ except ImportError:
     pytest.exit("python/tests_vllm needs real vLLM: run it with .venv/vllm/bin/python (make vllm-env)", 2)
 import weightcache  # noqa: E402
 
-if not weightcache.__file__.startswith(sys.prefix):
-    pytest.exit(f"weightcache is imported from {weightcache.__file__}, not installed into {sys.prefix}: make vllm-env", 2)
+# sys.prefix is this clone's overlay of the shared vLLM venv (make vllm-env):
+# the package imported, and the one whose entry point vLLM loads, must be
+# the copy installed there, not another clone's.
+_dist = importlib.metadata.distribution("weightcache")
+for _what, _path in (("imported", weightcache.__file__), ("vLLM's plugin entry point", str(_dist.locate_file("")))):
+    if not os.path.abspath(_path).startswith(os.path.join(sys.prefix, "")):
+        pytest.exit(f"weightcache ({_what}) is from {_path}, not installed into {sys.prefix}: make vllm-env", 2)
 
 import models  # noqa: E402
 

@@ -328,6 +328,10 @@ def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_ti
     while True:
         try:
             conn = protocol.Conn(path, max(deadline - time.monotonic(), 0.001))
+        except protocol.PeerRefused as e:
+            # Another uid's daemon: refused as the daemon refuses a client
+            # of another uid, and never asked again.
+            return None, miss(source.PROTOCOL_ERROR, e, socket=path)
         except ConnectionRefusedError as e:
             info = miss(source.NO_DAEMON, f"connect {path}: {e}", socket=path)
         except (OSError, socket.timeout) as e:

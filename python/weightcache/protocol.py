@@ -32,6 +32,11 @@ class Closed(ProtocolError):
     protocol.ErrClosed): a daemon that went away mid-exchange."""
 
 
+class PeerRefused(ProtocolError):
+    """The socket is served by another uid than this process's (Go's
+    protocol.ErrPermission from Dial): refused before anything is sent."""
+
+
 class WireError(Exception):
     """An "error" frame: a code from internal/protocol/errors.go and a message."""
 
@@ -243,6 +248,17 @@ class Frame:
         self.fds = []
 
 
+def _check_peer(sock: socket.socket, path: str, want: int) -> None:
+    """Refuse a socket whose listener is not of uid want (SO_PEERCRED): the
+    socket directory is checked, but a socket file can be moved in from
+    elsewhere (internal/protocol/dial.go's checkPeer)."""
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", cred)
+    if uid != want:
+        raise PeerRefused(f"socket {path} is served by uid {uid} (pid {pid}), not by this process's uid {want}; "
+                          "nothing was sent to it (permission_denied)")
+
+
 class Conn:
     """One client connection. Strictly request/reply; not thread-safe."""
 
@@ -252,6 +268,7 @@ class Conn:
         self.sock.settimeout(timeout)
         try:
             self.sock.connect(path)
+            _check_peer(self.sock, path, os.geteuid())
         except BaseException:
             self.sock.close()
             raise
