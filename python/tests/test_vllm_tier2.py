@@ -14,7 +14,7 @@ from test_vllm import engine, fake_vllm, fallback_lines, fp8_model, publish_layo
 from weightcache import processed
 from weightcache.source import MissError
 
-PLUGIN_LOG = "weightcache.vllm"
+PLUGIN_LOG = "vllm.weightcache"
 
 
 def daemons(wc_bin, sock_dir):
@@ -103,7 +103,7 @@ def test_a_layout_of_other_shapes_is_refused_and_tier1_rescues(layout, model, so
     assert tuple(m.model.norm.weight.shape) == (n,) and processed.meta_tensors(m) == []
     assert torch.equal(got, want) and read == 0
     assert fallback_lines(caplog) == [f"weightcache: fallback: layout: tensor model.norm.weight: the layout has "
-                                      f"BF16 [2, {n // 2}], the model BF16 [{n}]"]
+                                      f"BF16 [2, {n // 2}], the model BF16 [{n}]; loading the checkpoint (tier 1)"]
     d = daemons(wc_bin, sock_dir)
     assert d["host:0"]["handshakes"] == {"hit": 1} and d["host"]["handshakes"] == {"hit": 1}
 

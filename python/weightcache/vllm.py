@@ -16,8 +16,12 @@ rank's publish-only host daemon; a restart builds the model once with its
 bare allocations on the meta device and fills it from the daemon, skipping
 post-processing.
 
-Any miss loads through vLLM's own loader from disk, with the reason in one
-log line. No error of ours reaches vLLM unless fallback is false.
+Every start says in vLLM's own log, in one line, whether it hit
+("weightcache: hit, N tensors, M MiB in S s from SOCKET") or missed
+("weightcache: fallback: REASON; loading from disk"): the logger is a
+child of vLLM's "vllm" logger, which vLLM configures and the plugin does
+not. Any miss loads through vLLM's own loader from disk. No error of ours
+reaches vLLM unless fallback is false.
 
 vLLM is imported only inside register() and the loader: this module
 imports without vLLM.
@@ -42,7 +46,13 @@ from .source import MissError
 LOAD_FORMAT = "weightcache"
 ENGINE = "vllm"
 TIERS = ("checkpoint", "processed", "auto")
-log = logging.getLogger("weightcache.vllm")
+# Under "vllm": vLLM's handler and format (vllm/logger.py DEFAULT_LOGGING_CONFIG);
+# a logger of our own would reach no handler under vLLM.
+log = logging.getLogger("vllm.weightcache")
+
+# What a tier-2 miss does next: the checkpoint the tier-1 way, from the
+# host daemon or else from disk (its own line says which).
+TIER1 = "loading the checkpoint (tier 1)"
 
 _NUM = (int, float)
 _KEYS = {"mode": str, "fallback": bool, "connect_timeout_s": _NUM, "state_timeout_s": _NUM,
@@ -352,6 +362,8 @@ def make_loader_class(api):
             self._group = "main"
             self.info = None
             self.tier = None
+            self._served = False  # the daemon's tensors went into this load
+            self._start = 0.0
 
         # -- tier 1: where the bytes come from ---------------------------
 
@@ -367,6 +379,7 @@ def make_loader_class(api):
                 return
             if self.counter_before_loading_weights == 0.0:
                 self.counter_before_loading_weights = time.perf_counter()
+            self._served = True
             yield from w.items()
             for src in getattr(model, "secondary_weights", ()):
                 yield from self._get_weights_iterator(src)
@@ -385,6 +398,7 @@ def make_loader_class(api):
         # -- the entry point ---------------------------------------------
 
         def load_model(self, vllm_config, model_config, prefix=""):
+            self._start, self._served = time.monotonic(), False
             dev = _target_device(vllm_config)
             r = _rank(api, vllm_config)
             self._group = "draft" if _is_draft(vllm_config, model_config) else "main"
@@ -412,11 +426,21 @@ def make_loader_class(api):
                 return self._load_checkpoint(vllm_config, model_config, prefix, dev)
             return self._load_processed(vllm_config, model_config, prefix, dev, r)
 
-        def _miss(self, info):
+        def _miss(self, info, then="loading from disk"):
             self.info = info
             if not self.options.fallback:
                 raise MissError(info)
-            log.warning("weightcache: fallback: %s", info)
+            log.warning("weightcache: fallback: %s; %s", info, then)
+
+        def _hit(self, tensors, nbytes, note=""):
+            log.info("weightcache: hit, %d tensors, %.1f MiB in %.2f s from %s%s", tensors, nbytes / (1 << 20),
+                     time.monotonic() - self._start, self.info.socket, note)
+
+        def _served_hit(self):
+            """The hit line of a load that took the daemon's tensors."""
+            if self._served:
+                w = self._weights
+                self._hit(len(w), sum(t.numel() * t.element_size() for t in w.values()))
 
         def _attach(self, device, dtype, engine="", **kw):
             """attach() with fallback off; every error is a MissError."""
@@ -440,12 +464,12 @@ def make_loader_class(api):
                     # The checkpoint's own layout, whatever this engine's
                     # TP: tp 1, rank 0, served as stored.
                     self._weights, self.info = self._attach(device="host", dtype="auto")
-                    log.info("weightcache: hit: %d checkpoint tensors from %s", len(self._weights), self.info.socket)
                 except MissError as e:
                     self._miss(e.info)
                 regs = _register(self._weights, dev, self.options.mode)
             try:
                 model = api.DefaultModelLoader.load_model(self, vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+                self._served_hit()
             finally:
                 for reg in regs:
                     reg.close()
@@ -490,11 +514,12 @@ def make_loader_class(api):
             except Exception as e:
                 w.close()
                 if model is None:  # the build itself failed: nothing to rescue
-                    self._miss(source.miss("layout", f"model build: {type(e).__name__}: {e}"))
+                    self._miss(source.miss("layout", f"model build: {type(e).__name__}: {e}"), TIER1)
                     return self._load_checkpoint(vllm_config, model_config, prefix, dev)
                 if undo is not None:
                     processed.undo_restore(undo)
-                self._miss(source.miss("layout", e if isinstance(e, processed.LayoutError) else f"{type(e).__name__}: {e}"))
+                why = e if isinstance(e, processed.LayoutError) else f"{type(e).__name__}: {e}"
+                self._miss(source.miss("layout", why), TIER1)
                 return self._rescue(model, model_config, dev)
             finally:
                 for reg in regs:
@@ -504,7 +529,7 @@ def make_loader_class(api):
             else:
                 w.close()  # copied to the engine's device: no lease needed
             self.info = info
-            log.info("weightcache: hit: processed layout, %d bytes from %s, post-processing skipped", n, info.socket)
+            self._hit(len(processed.read_index(w)["tensors"]), n, " (processed layout, post-processing skipped)")
             return model.eval()
 
         def _rescue(self, model, model_config, dev):
@@ -528,6 +553,7 @@ def make_loader_class(api):
                 with api.set_default_torch_dtype(model_config.dtype):
                     self.load_weights(model, model_config)
                     api.process_weights_after_loading(model, model_config, dev)
+                self._served_hit()
             finally:
                 if self._weights is not None:
                     self._weights.close()
