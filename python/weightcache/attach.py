@@ -19,6 +19,7 @@ import torch
 from . import cuda, dtypes, hostmap, identity, index, protocol, source
 from .checkpoint import resolve
 from .fallback import load_from_disk
+from .fingerprint import Request
 from .source import AttachInfo, MissError, miss
 
 MODES = ("zero_copy", "copy")
@@ -231,10 +232,12 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
     start = time.monotonic()
-    args = (model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+    req = Request(model=os.fspath(model), revision=revision or "", dtype=dtype, tp_size=tp_size, tp_rank=tp_rank,
+                  dp_size=dp_size, dp_rank=dp_rank, engine=engine, engine_version=engine_version,
+                  engine_config=engine_config)
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
-    fp, directory = identity.light_fingerprint(*args)
+    fp, directory = identity.light_fingerprint(req)
     rank_miss = None
     if device is None:
         # An engine that names no device attaches to its ranks' daemon.
@@ -251,7 +254,7 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
                                    group=group, connect_timeout=connect_timeout_s, state_timeout=state_timeout_s, name=client_name)
     weights, info = (None, rank_miss) if rank_miss else try_daemon(fp, directory, "")
     if info.reason == _REHASH:
-        fp, directory = identity.quick_fingerprint(*args)
+        fp, directory = identity.quick_fingerprint(req)
         weights, info = try_daemon(fp, directory, info.detail)
         if info.hit:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)

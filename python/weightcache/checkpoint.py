@@ -11,7 +11,7 @@ import stat
 import struct
 
 from . import dtypes, safetensors
-from .fingerprint import LAYOUT_VERSION, Fingerprint, canonical_json
+from .fingerprint import LAYOUT_VERSION, Fingerprint, Request, canonical_json
 
 INDEX_NAME = "model.safetensors.index.json"
 # fullmatch, never match: "$" also matches before a trailing newline.
@@ -85,19 +85,18 @@ class Checkpoint:
                              f"(want bfloat16, float16 or float32 weights)")
         return f"{frm}->{to}"
 
-    def fingerprint(self, dtype="auto", tp_size=1, tp_rank=0, dp_size=1, dp_rank=0, engine="", engine_version="",
-                    engine_config=""):
-        if tp_size < 1 or not 0 <= tp_rank < tp_size:
-            raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
-        if dp_size < 1 or not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank {dp_rank} of dp_size {dp_size}: want dp_size >= 1 and 0 <= dp_rank < dp_size")
+    def fingerprint(self, req=None):
+        """The fingerprint of this checkpoint served as req asks (a single
+        rank of the checkpoint's own dtype without one); req's model and
+        revision found this checkpoint and are not read again."""
+        req = req or Request(model=self.dir)
         return Fingerprint(
             checkpoint_hash=self.hash, architecture=self.architecture,
-            tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
-            dtype=self.served_dtype(dtype), quantization=self.quant_method,
+            tp_size=req.tp_size, tp_rank=req.tp_rank, dp_size=req.dp_size, dp_rank=req.dp_rank,
+            dtype=self.served_dtype(req.dtype), quantization=self.quant_method,
             quantization_hash=self.quant_hash, revision=self.revision,
-            layout_version=LAYOUT_VERSION, engine=engine or "", engine_version=engine_version or "",
-            engine_config=engine_config or "")
+            layout_version=LAYOUT_VERSION, engine=req.engine, engine_version=req.engine_version,
+            engine_config=req.engine_config)
 
     def served(self, served):
         """[(shard, entry, served safetensors dtype)] for a served dtype as

@@ -58,6 +58,33 @@ class Fingerprint:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What an engine (or a publisher) asks a daemon for: every input of the
+    fingerprint that the checkpoint does not say itself. Built once per
+    attach or publish and passed whole, never as loose arguments (Go's
+    checkpoint.Request). model and revision find the checkpoint; the rest
+    becomes the fingerprint's fields as they are, dtype as served_dtype
+    spells it."""
+
+    model: str
+    revision: str = ""
+    dtype: str = "auto"
+    tp_size: int = 1
+    tp_rank: int = 0
+    dp_size: int = 1
+    dp_rank: int = 0
+    engine: str = ""
+    engine_version: str = ""
+    engine_config: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} of tp_size {self.tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
+        if self.dp_size < 1 or not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"dp_rank {self.dp_rank} of dp_size {self.dp_size}: want dp_size >= 1 and 0 <= dp_rank < dp_size")
+
+
 def diff(want, got):
     """Fields in which got differs from want, in json-name order, as
     [{"field", "want", "got"}] with values rendered as strings."""

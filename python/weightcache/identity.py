@@ -79,19 +79,20 @@ def _locate(model, revision):
     return None
 
 
-def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
-    """(fingerprint without checkpoint_hash, directory): config.json is all
-    it reads. Where the served dtype must come from the tensors, or the
-    model is not found, it is quick_fingerprint (hash included)."""
-    loc = _locate(model, revision) if model else None
+def light_fingerprint(req):
+    """(fingerprint without checkpoint_hash, directory) for a Request:
+    config.json is all it reads. Where the served dtype must come from the
+    tensors, or the model is not found, it is quick_fingerprint (hash
+    included)."""
+    loc = _locate(req.model, req.revision) if req.model else None
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
         # The served dtype comes from the tensors unless config.json names
         # the weight dtype.
         if c.torch_dtype:
-            return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
-    return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+            return c.fingerprint(req), c.dir
+    return quick_fingerprint(req)
 
 
 def shard_paths(model, revision=None):
@@ -133,11 +134,12 @@ class _RawShard:
         self.header = type("RawHeader", (), {"raw": raw})()
 
 
-def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
-    """The full fingerprint, hashing raw header bytes without parsing them
-    (Go's QuickFingerprint); it resolves the checkpoint in full where the
-    served dtype must come from the tensors or anything looks off."""
-    loc = _locate(model, revision) if model else None
+def quick_fingerprint(req):
+    """(fingerprint, directory) for a Request, hashing raw header bytes
+    without parsing them (Go's QuickFingerprint); it resolves the
+    checkpoint in full where the served dtype must come from the tensors or
+    anything looks off."""
+    loc = _locate(req.model, req.revision) if req.model else None
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
@@ -148,9 +150,9 @@ def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
                 shards = None
             if shards is not None:
                 c.hash = checkpoint.hash_shards(shards)
-                return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
-    c = checkpoint.resolve(model, revision)
-    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+                return c.fingerprint(req), c.dir
+    c = checkpoint.resolve(req.model, req.revision)
+    return c.fingerprint(req), c.dir
 
 
 def verify_content(weights, ckpt, dtype):

@@ -15,6 +15,7 @@ import torch
 from . import cuda, dtypes, identity, index, protocol
 from .attach import device_key
 from .checkpoint import INDEX_NAME, resolve
+from .fingerprint import Request
 
 ALIGNMENT = 256  # backend.Alignment
 MAX_SEGMENT = 4 << 30  # backend.DefaultMaxSegment
@@ -77,7 +78,10 @@ class Publisher:
         if not engine:
             raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
         ckpt = resolve(model, revision)
-        self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+        self.fingerprint = ckpt.fingerprint(Request(model=os.fspath(model), revision=revision or "", dtype=dtype,
+                                                    tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
+                                                    engine=engine, engine_version=engine_version,
+                                                    engine_config=engine_config))
         # What later engines compare their files with instead of hashing
         # headers (Go's Checkpoint.Identity).
         names = [s.name for s in ckpt.shards]
