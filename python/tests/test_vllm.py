@@ -321,11 +321,11 @@ def test_tier2_meta_buffer_left_is_refused():
     """restore() refuses a layout that would leave a meta tensor, and
     changes nothing."""
     from weightcache import processed
-    from weightcache.vllm import _BareOnMeta
+    from weightcache.vllm import BareOnMeta
     src = torch.nn.Module()
     src.register_buffer("kept", torch.arange(3.0))
     tensors, _ = processed.capture(src)
-    with _BareOnMeta():
+    with BareOnMeta():
         bare = torch.nn.Module()
         bare.register_buffer("kept", torch.empty(3))
         bare.register_buffer("extra", torch.empty(3))
@@ -387,7 +387,7 @@ def test_processed_capture_keeps_strides_and_ties():
     tensors, index = processed.capture(src)
     assert index["tensors"]["b.weight"] == {"kind": "param", "alias": "a.weight"}
     dst = torch.nn.Module()
-    with __import__("weightcache.vllm", fromlist=["_BareOnMeta"])._BareOnMeta():
+    with __import__("weightcache.vllm", fromlist=["BareOnMeta"]).BareOnMeta():
         dst.a = torch.nn.Linear(4, 3, bias=False)
         dst.b = torch.nn.Module()
         dst.register_buffer("cache", torch.empty(5), persistent=False)
@@ -441,7 +441,8 @@ def test_a_drafter_asks_the_draft_group(model, sock_dir, monkeypatch, tier):
     def fake_attach(*a, **kw):
         asked.append((kw.get("device"), kw.get("group")))
         raise MissError(miss("no_daemon", "recorded"))
-    monkeypatch.setattr(plugin, "attach", fake_attach)
+    import weightcache.vllm.loader
+    monkeypatch.setattr(weightcache.vllm.loader, "attach", fake_attach)
 
     def load(draft):
         cfg = VllmConfig(model_config=ModelConfig(model=model),

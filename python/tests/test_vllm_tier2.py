@@ -109,16 +109,19 @@ def test_a_layout_of_other_shapes_is_refused_and_tier1_rescues(layout, model, so
 
 
 def _on_daemon_memory(m):
-    """Names of the model's tensors whose bytes lie in a daemon segment
-    mapped into this process (/proc/self/maps names memfds "/memfd:")."""
+    """Names of the model's parameters (what loading writes) whose bytes lie
+    in a daemon segment mapped into this process (/proc/self/maps names
+    memfds "/memfd:"). Buffers are left out: get_rope shares its module
+    process-wide (vLLM 0.32 rotary_embedding/__init__.py _ROPE_DICT), so an
+    earlier restore's cos_sin_cache view shows in every later model."""
     spans = []
     with open("/proc/self/maps") as f:
         for ln in f:
             if "/memfd:" in ln:
                 lo, hi = (int(x, 16) for x in ln.split()[0].split("-"))
                 spans.append((lo, hi))
-    return [n for n, _, _, _, t in processed._slots(m)
-            if t.numel() and any(lo <= t.data_ptr() < hi for lo, hi in spans)]
+    return [n for n, _, _, kind, t in processed._slots(m)
+            if kind == "param" and t.numel() and any(lo <= t.data_ptr() < hi for lo, hi in spans)]
 
 
 def test_post_processing_that_fails_is_rescued_on_the_engines_memory(layout, model, sock_dir, wc_bin, monkeypatch,

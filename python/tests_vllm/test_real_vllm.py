@@ -425,15 +425,16 @@ def test_a_model_the_daemon_cannot_feed_reads_the_files(case, llama, caplog):
     from vllm.config import LoadConfig, ModelConfig
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.plugins import load_general_plugins
+    from weightcache.vllm.safety import daemon_unfit
     load_general_plugins()  # as an engine does before it asks for a loader
     setup, reason = UNFIT[case]
     loader = get_model_loader(LoadConfig(load_format="weightcache"))
     served = {"from.the.daemon": torch.zeros(1)}
-    loader._weights = served
+    loader.daemon_weights = served
     model = torch.nn.Module()
     setup(model, loader.load_config)
     caplog.set_level(logging.INFO, "vllm.weightcache")
-    assert loader._daemon_unfit(model) == reason
+    assert daemon_unfit(model, loader.load_config) == reason
     if case == "torchao":  # reading needs torchao, not installed here; the decision is made
         return
     got = dict(loader.get_all_weights(ModelConfig(model=llama, skip_tokenizer_init=True), model))
