@@ -52,7 +52,7 @@ def test_wheel_carries_every_module_and_the_metadata(tmp_path):
         names = set(z.namelist())
         meta = z.read("weightcache-0.1.0.dist-info/METADATA").decode()
         record = z.read("weightcache-0.1.0.dist-info/RECORD").decode()
-    assert _package_files(PY) <= names and "weightcache/vllm/loader.py" in names
+    assert _package_files(PY) <= names and "weightcache/vllm/loader.py" in names and "weightcache/py.typed" in names
     assert "Requires-Dist: torch" in meta and "Name: weightcache" in meta
     assert all(n in record for n in names)
 

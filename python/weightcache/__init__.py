@@ -1,9 +1,11 @@
 """weightcache: map LLM weights that a weightcache daemon keeps resident,
 zero-copy, into a PyTorch engine; fall back to disk with a named reason."""
 
+from __future__ import annotations
+
 from .attach import Weights, attach, device_key
 from .checkpoint import CheckpointError, resolve
-from .fingerprint import Fingerprint
+from .fingerprint import Fingerprint, Request
 from .materialize import MaterializeError, materialize
 from .publish import AlreadyPublished, BusyError, PublishError, Publisher, publish
 from .source import AttachInfo, MissError
@@ -11,5 +13,5 @@ from .source import AttachInfo, MissError
 __all__ = [
     "attach", "materialize", "publish", "Publisher", "Weights", "AttachInfo", "MissError",
     "MaterializeError", "PublishError", "BusyError", "AlreadyPublished", "CheckpointError",
-    "Fingerprint", "resolve", "device_key",
+    "Fingerprint", "Request", "resolve", "device_key",
 ]
