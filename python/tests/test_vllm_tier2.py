@@ -32,7 +32,7 @@ def layout(model, daemon, sock_dir):
 
 
 def _as_cpu_platform(monkeypatch):
-    # vLLM 0.32 platforms/cpu.py CpuPlatform: is_cpu() True, not CUDA-alike.
+    # vLLM 0.32 platforms/cpu.py CpuPlatform (platforms/interface.py:196-227): is_cpu(), not CUDA-alike.
     from vllm.platforms import current_platform
     monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
     monkeypatch.setattr(current_platform, "is_cuda_alike", lambda: False)
@@ -40,7 +40,7 @@ def _as_cpu_platform(monkeypatch):
 
 
 def _as_moe(monkeypatch):
-    # vLLM 0.32 config/model.py ModelConfig.is_moe: the model has experts.
+    # vLLM 0.32 config/model.py:2276 ModelConfig.is_moe: the model has experts.
     from vllm.config import ModelConfig
     monkeypatch.setattr(ModelConfig, "is_moe", property(lambda self: True))
 
@@ -112,7 +112,7 @@ def _on_daemon_memory(m):
     """Names of the model's parameters (what loading writes) whose bytes lie
     in a daemon segment mapped into this process (/proc/self/maps names
     memfds "/memfd:"). Buffers are left out: get_rope shares its module
-    process-wide (vLLM 0.32 rotary_embedding/__init__.py _ROPE_DICT), so an
+    process-wide (vLLM 0.32 rotary_embedding/__init__.py:29,84 _ROPE_DICT), so an
     earlier restore's cos_sin_cache view shows in every later model."""
     spans = []
     with open("/proc/self/maps") as f:
