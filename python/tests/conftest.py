@@ -2,8 +2,10 @@
 with `go build` when missing), synthetic checkpoints and daemons run as
 processes, as engines meet them."""
 
+import inspect
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -59,6 +61,9 @@ def sock_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+READY_S = 300
+
+
 class Daemon:
     def __init__(self, proc, ready):
         self.proc, self.ready = proc, ready
@@ -85,6 +90,13 @@ def daemon(wc_bin, sock_dir):
         d = Daemon(proc, None)
         started.append(d)
         if wait:
+            # Loading prints nothing before the ready line: a deadline, not a
+            # progress check, and a generous one (a ballast of a quarter of
+            # the machine loads in it on a loaded machine).
+            if not select.select([proc.stdout], [], [], READY_S)[0]:
+                proc.kill()
+                raise AssertionError(f"preload --model {model} {' '.join(flags)}: no ready line in {READY_S} s; "
+                                     f"stderr: {proc.stderr.read()[-2000:]}")
             line = proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"preload exited: {proc.stderr.read()}")
@@ -96,11 +108,18 @@ def daemon(wc_bin, sock_dir):
         d.stop(signal.SIGKILL)
 
 
-def wait_for(cond, timeout=10.0):
+def wait_for(cond, timeout=10.0, what=None):
+    """Polls cond until it is true; after timeout seconds it fails saying
+    what it waited for (what, else cond's source)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            if what is None:
+                try:
+                    what = inspect.getsource(cond).strip()
+                except (OSError, TypeError):
+                    what = repr(cond)
+            raise AssertionError(f"waited {timeout:g} s for {what}")
         time.sleep(0.01)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from weightcache import protocol
 from weightcache.checkpoint import resolve
-from weightcache.fingerprint import Fingerprint, diff
+from weightcache.fingerprint import Fingerprint, Request, diff
 from test_vectors import VECTORS
 
 FIELDS = [f.name for f in dataclasses.fields(Fingerprint)]
@@ -29,7 +29,7 @@ def test_every_field_is_covered():
 @pytest.mark.parametrize("name", FIELDS)
 def test_mismatch_names_the_field(model, daemon, sock_dir, name):
     daemon(model)
-    fp = resolve(model).fingerprint("auto", 1, 0, 1, 0, "", "")
+    fp = resolve(model).fingerprint(Request(model=model))
     other = changed(fp, name)
     assert [d["field"] for d in diff(other, fp)] == [name]
     conn = protocol.Conn(protocol.socket_path(sock_dir, "main", "host"), 5)

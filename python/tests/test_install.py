@@ -22,6 +22,16 @@ def _backend():
     return mod
 
 
+def _package_files(root):
+    """weightcache's modules, subpackages' too, and py.typed, under root."""
+    out = set()
+    for d, subdirs, names in os.walk(os.path.join(root, "weightcache")):
+        subdirs[:] = [n for n in subdirs if n != "__pycache__"]
+        rel = os.path.relpath(d, root).replace(os.sep, "/")
+        out |= {f"{rel}/{n}" for n in names if n.endswith(".py") or n == "py.typed"}
+    return out
+
+
 def test_offline_install_with_build_isolation(tmp_path):
     # From a copy, so that nothing is written beside the sources.
     src, target = tmp_path / "src", tmp_path / "site"
@@ -33,8 +43,7 @@ def test_offline_install_with_build_isolation(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['weightcache.vllm:register']"
-    installed = {n for n in os.listdir(target / "weightcache") if n.endswith(".py")}
-    assert installed == {n for n in os.listdir(os.path.join(PY, "weightcache")) if n.endswith(".py")}
+    assert _package_files(str(target)) == _package_files(PY)
 
 
 def test_wheel_carries_every_module_and_the_metadata(tmp_path):
@@ -43,8 +52,8 @@ def test_wheel_carries_every_module_and_the_metadata(tmp_path):
         names = set(z.namelist())
         meta = z.read("weightcache-0.1.0.dist-info/METADATA").decode()
         record = z.read("weightcache-0.1.0.dist-info/RECORD").decode()
-    mods = {f"weightcache/{n}" for n in os.listdir(os.path.join(PY, "weightcache")) if n.endswith(".py")}
-    assert mods <= names and "Requires-Dist: torch" in meta and "Name: weightcache" in meta
+    assert _package_files(PY) <= names and "weightcache/vllm/loader.py" in names and "weightcache/py.typed" in names
+    assert "Requires-Dist: torch" in meta and "Name: weightcache" in meta
     assert all(n in record for n in names)
 
 

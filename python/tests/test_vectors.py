@@ -10,8 +10,8 @@ import pytest
 
 from conftest import ROOT
 from weightcache import dtypes
-from weightcache.checkpoint import Shard, hash_shards, quantization_hash
-from weightcache.fingerprint import Fingerprint, canonical_json, diff
+from weightcache.checkpoint import Checkpoint, Shard, hash_shards, quantization_hash
+from weightcache.fingerprint import Fingerprint, Request, canonical_json, diff
 from weightcache.safetensors import Header
 
 with open(os.path.join(ROOT, "internal", "checkpoint", "testdata", "fingerprint_vectors.json"), encoding="utf-8") as f:
@@ -30,6 +30,31 @@ def test_fingerprint_fields():
 @pytest.mark.parametrize("v", VECTORS["fingerprints"], ids=lambda v: v["name"])
 def test_fingerprint(v):
     fp = Fingerprint(**v["input"])
+    assert fp.canonical().decode() == v["canonical"]
+    assert fp.sum() == v["sha256"]
+
+
+@pytest.mark.parametrize("v", VECTORS["fingerprints"], ids=lambda v: v["name"])
+def test_request_to_fingerprint(v):
+    """The request step: a checkpoint that says what the vector's
+    checkpoint fields say, asked for with a Request carrying the vector's
+    rank, dtype and engine fields, gives the pinned fingerprint. The
+    layout version is the client's own constant, so it is taken from the
+    vector; a request Go's vector holds but no engine can make (tp_size 0)
+    is refused."""
+    i = v["input"]
+    frm, _, to = i["dtype"].partition("->")
+    ask = dict(model="m", dtype=to or "auto", tp_size=i["tp_size"], tp_rank=i["tp_rank"], dp_size=i["dp_size"],
+               dp_rank=i["dp_rank"], engine=i["engine"], engine_version=i["engine_version"],
+               engine_config=i["engine_config"], revision=i["revision"])
+    if i["tp_size"] < 1 or i["dp_size"] < 1:
+        with pytest.raises(ValueError, match="want tp_size >= 1|want dp_size >= 1"):
+            Request(**ask)
+        return
+    c = Checkpoint("m", i["revision"])
+    c.hash, c.architecture, c.torch_dtype = i["checkpoint_hash"], i["architecture"], frm
+    c.quant_method, c.quant_hash = i["quantization"], i["quantization_hash"]
+    fp = dataclasses.replace(c.fingerprint(Request(**ask)), layout_version=i["layout_version"])
     assert fp.canonical().decode() == v["canonical"]
     assert fp.sum() == v["sha256"]
 

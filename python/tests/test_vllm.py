@@ -8,6 +8,7 @@ fake's own default loader reading the files."""
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import sys
@@ -165,12 +166,12 @@ def test_other_files_than_the_daemon_serves(synth, tmp_path, daemon, sock_dir, w
     shutil.copy(d / shard, d / "consolidated.safetensors")
     os.rename(d / shard, d / "model.safetensors")
     daemon(str(d), "--devices", "host")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     _, want, _, _ = engine(str(d), "auto")
     _, got, read, _ = engine(str(d), socket_dir=sock_dir)
     assert torch.equal(got, want) and read > 0
     assert fallback_lines(caplog) == [f"weightcache: fallback: layout: vLLM reads ['{d}/consolidated.safetensors'], "
-                                      f"the daemon serves ['{d}/model.safetensors']"]
+                                      f"the daemon serves ['{d}/model.safetensors']; loading from disk"]
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {}
 
 
@@ -181,7 +182,7 @@ def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):
         read_frame(c)  # the manifest request: the daemon dies before answering
     fake = FakeDaemon(sock_dir, serve)
     try:
-        caplog.set_level(logging.INFO, "weightcache.vllm")
+        caplog.set_level(logging.INFO, "vllm.weightcache")
         _, want, _, _ = engine(model, "auto")
         # It dies on every connection: the loader retries for the connect
         # timeout, then falls back.
@@ -200,7 +201,7 @@ def test_hub_id_not_yet_cached(model, tmp_path, monkeypatch, caplog):
     shutil.copytree(model, hub / "org" / "tiny")
     monkeypatch.setenv("FAKEVLLM_HUB", str(hub))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     sock = tmp_path / "s"
     sock.mkdir(mode=0o700)
     _, got, _, _ = engine("org/tiny", socket_dir=str(sock), connect_timeout_s=1)
@@ -230,7 +231,7 @@ def test_tier2_publishes_then_hits_zero_copy(model, daemon, sock_dir, wc_bin, ca
     daemon(model, "--devices", "host")
     daemon(model, "--publish-only", "--devices", "host:0")
     _, want, _, want_mem = engine(model, "auto")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     _, first, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
     assert torch.equal(first, want) and read == 0  # tier 1 from the host daemon, then published
     pub = [s for s in status(wc_bin, sock_dir) if s["device"] == "host:0"][0]
@@ -238,14 +239,18 @@ def test_tier2_publishes_then_hits_zero_copy(model, daemon, sock_dir, wc_bin, ca
     assert json.loads(pub["fingerprint"]["engine_config"])["kv_cache_dtype"] == "auto"
     m, second, read, mem = engine(model, socket_dir=sock_dir, tier="processed")
     assert torch.equal(second, want) and read == 0
-    from weightcache.processed import meta_tensors
-    assert meta_tensors(m) == []
+    from weightcache import processed
+    assert processed.meta_tensors(m) == []
     rope = m.model.layers[0].self_attn.rotary_emb.cos_sin_cache
     assert rope.device.type == "cpu"
     # Zero-copy: the weights are the daemon's memory, not allocations.
     assert mem < want_mem / 4, (mem, want_mem)
     assert [s for s in status(wc_bin, sock_dir) if s["device"] == "host:0"][0]["leases"] == 1
-    assert any("post-processing skipped" in r.getMessage() for r in caplog.records)
+    hits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("weightcache: hit")]
+    n = len(processed.capture(m)[1]["tensors"])
+    assert len(hits) == 2 and re.fullmatch(r"weightcache: hit, \d+ tensors, [\d.]+ MiB in [\d.]+ s from \S+", hits[0])
+    assert re.fullmatch(rf"weightcache: hit, {n} tensors, [\d.]+ MiB in [\d.]+ s from {sock_dir}/\S+ "
+                        r"\(processed layout, post-processing skipped\)", hits[1]), hits
 
 
 def test_tier2_two_ranks_publish_then_hit(model, daemon, sock_dir, wc_bin, tmp_path, fake_vllm):
@@ -274,7 +279,7 @@ def test_tier2_two_ranks_publish_then_hit(model, daemon, sock_dir, wc_bin, tmp_p
 
 def test_tier2_quantized_goes_to_tier1_with_the_reason(fp8_model, daemon, sock_dir, caplog):
     daemon(fp8_model, "--devices", "host")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     _, want, _, _ = engine(fp8_model, "auto")
     _, got, read, _ = engine(fp8_model, socket_dir=sock_dir, tier="auto")
     assert torch.equal(got, want) and read == 0
@@ -305,22 +310,22 @@ def test_tier2_layout_missing_a_tensor_loads_tier1_without_a_second_build(model,
     tensors[processed.INDEX] = torch.frombuffer(bytearray(json.dumps(index).encode()), dtype=torch.uint8)
     publish_layout(model, sock_dir, tensors)
     _, want, _, _ = engine(model, "auto")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     m, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed", connect_timeout_s=1)
     assert torch.equal(got, want) and read == 0  # the checkpoint from the host daemon
     assert processed.meta_tensors(m) == []
-    assert fallback_lines(caplog) == ["weightcache: fallback: layout: the layout lacks 1 tensors the model has, e.g. model.norm.weight"]
+    assert fallback_lines(caplog) == ["weightcache: fallback: layout: the layout lacks 1 tensors the model has, e.g. model.norm.weight; loading the checkpoint (tier 1)"]
 
 
 def test_tier2_meta_buffer_left_is_refused():
     """restore() refuses a layout that would leave a meta tensor, and
     changes nothing."""
     from weightcache import processed
-    from weightcache.vllm import _BareOnMeta
+    from weightcache.vllm import BareOnMeta
     src = torch.nn.Module()
     src.register_buffer("kept", torch.arange(3.0))
     tensors, _ = processed.capture(src)
-    with _BareOnMeta():
+    with BareOnMeta():
         bare = torch.nn.Module()
         bare.register_buffer("kept", torch.empty(3))
         bare.register_buffer("extra", torch.empty(3))
@@ -346,7 +351,7 @@ def test_tier2_publish_error_keeps_the_engine(model, daemon, sock_dir, caplog):
                              "message": "cannot export writable segments"}))
     fake = FakeDaemon(sock_dir, serve, device="host:0")
     try:
-        caplog.set_level(logging.INFO, "weightcache.vllm")
+        caplog.set_level(logging.INFO, "vllm.weightcache")
         _, want, _, _ = engine(model, "auto")
         _, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
     finally:
@@ -382,7 +387,7 @@ def test_processed_capture_keeps_strides_and_ties():
     tensors, index = processed.capture(src)
     assert index["tensors"]["b.weight"] == {"kind": "param", "alias": "a.weight"}
     dst = torch.nn.Module()
-    with __import__("weightcache.vllm", fromlist=["_BareOnMeta"])._BareOnMeta():
+    with __import__("weightcache.vllm", fromlist=["BareOnMeta"]).BareOnMeta():
         dst.a = torch.nn.Linear(4, 3, bias=False)
         dst.b = torch.nn.Module()
         dst.register_buffer("cache", torch.empty(5), persistent=False)
@@ -436,7 +441,8 @@ def test_a_drafter_asks_the_draft_group(model, sock_dir, monkeypatch, tier):
     def fake_attach(*a, **kw):
         asked.append((kw.get("device"), kw.get("group")))
         raise MissError(miss("no_daemon", "recorded"))
-    monkeypatch.setattr(plugin, "attach", fake_attach)
+    import weightcache.vllm.loader
+    monkeypatch.setattr(weightcache.vllm.loader, "attach", fake_attach)
 
     def load(draft):
         cfg = VllmConfig(model_config=ModelConfig(model=model),
@@ -468,7 +474,7 @@ def test_tier2_build_that_raises_is_a_miss(model, daemon, sock_dir, monkeypatch,
         raise RuntimeError("offloaded parameters cannot be built on meta")
     monkeypatch.setattr(loader_utils, "initialize_model", broken)
     assert plugin.register()  # its adapter imports the broken build; tier 1's own build is vLLM's
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     reason = "layout: model build: RuntimeError: offloaded parameters cannot be built on meta"
     if not fallback:
         with pytest.raises(MissError, match=reason):
@@ -476,4 +482,4 @@ def test_tier2_build_that_raises_is_a_miss(model, daemon, sock_dir, monkeypatch,
         return
     _, got, read, _ = engine(model, socket_dir=sock_dir, tier="processed")
     assert torch.equal(got, want) and read == 0
-    assert fallback_lines(caplog) == ["weightcache: fallback: " + reason]
+    assert fallback_lines(caplog) == ["weightcache: fallback: " + reason + "; loading the checkpoint (tier 1)"]

@@ -6,11 +6,14 @@ processes. The daemon fixtures are python/tests' own."""
 
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# INFO: the plugin's hit lines are INFO records, and vLLM's level is its
+# loggers' (pytest shows the output of failed tests only).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
 
 import pytest  # noqa: E402
 
@@ -58,3 +61,19 @@ def qwen2(tmp_path_factory):
 @pytest.fixture(scope="session")
 def minilm():
     return models.minilm()
+
+
+@pytest.fixture(autouse=True)
+def plugin_log(caplog, monkeypatch):
+    """The plugin logs under vLLM's "vllm" logger, which does not propagate
+    (vLLM 0.32 logger.py DEFAULT_LOGGING_CONFIG) and which every engine
+    start configures again, dropping the handlers and level of its children
+    (logging.config's dictConfig): caplog gets the plugin's records from the
+    logger's own handle(), which no configuration touches."""
+    lg = logging.getLogger("vllm.weightcache")
+    handle = lg.handle
+
+    def both(record):
+        caplog.handler.handle(record)
+        handle(record)
+    monkeypatch.setattr(lg, "handle", both)

@@ -42,4 +42,4 @@ def run(model, load_format="auto", extra=None, **kw):
 
 def fallback_lines(caplog):
     return [r.getMessage() for r in caplog.records
-            if r.name == "weightcache.vllm" and r.levelno >= logging.WARNING and "fallback" in r.getMessage()]
+            if r.name == "vllm.weightcache" and r.levelno >= logging.WARNING and "fallback" in r.getMessage()]

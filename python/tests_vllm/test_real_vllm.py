@@ -5,9 +5,9 @@ reasons, tier 2 refused where it cannot be safe."""
 import json
 import logging
 import os
+import re
 import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -19,6 +19,7 @@ import torch
 import engines
 from conftest import status, wait_for
 from engines import fallback_lines, run
+from procs import Logged
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _baseline = {}
@@ -52,10 +53,10 @@ def test_tier1_hit_identical_tokens_and_logprobs(name, request, daemon, sock_dir
     model = request.getfixturevalue(name)
     daemon(model, "--devices", "host")
     want = auto(model)
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     got = run(model, "weightcache", strict(sock_dir))
     assert got == want
-    assert any(m.startswith("weightcache: hit:") for m in caplog.messages)
+    assert any(m.startswith("weightcache: hit, ") for m in caplog.messages), caplog.messages
     st = status(wc_bin, sock_dir)[0]
     assert st["handshakes"] == {"hit": 1} and st["leases"] == 0  # vLLM copied: the lease ended with the load
 
@@ -99,9 +100,13 @@ def test_tier1_two_ranks_as_vllm_spawns_them(llama, daemon, sock_dir, wc_bin, tm
     """))
     # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=400)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, p.stderr[-4000:]
+    p = Logged([sys.executable, str(script)], env, tmp_path / "tp2.log", "tp2.py (two engines at TP 2)")
+    try:
+        rc = p.wait("both engines to start, generate and stop")
+    finally:
+        p.kill()
+    lines = [ln for ln in p.output().splitlines() if ln.startswith("RESULT ")]
+    assert rc == 0 and lines, p.output()[-4000:]
     out = json.loads(lines[-1][len("RESULT "):])
     assert out["weightcache"] == out["auto"]
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 2}  # one per rank
@@ -128,29 +133,65 @@ def test_vllm_serve_openai_completion(llama, daemon, sock_dir, wc_bin, tmp_path)
     # VLLM_TARGET_DEVICE: the platform is found from the same "vllm"
     # metadata the CLI lacks (platforms/__init__.py cpu_platform_plugin).
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_TARGET_DEVICE="cpu")
-    log = open(tmp_path / "serve.log", "w+")
-    srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    srv = Logged(cmd, env, tmp_path / "serve.log", "vllm serve")
     try:
         def up():
-            assert srv.poll() is None, open(tmp_path / "serve.log").read()[-4000:]
             try:
                 return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200
             except OSError:
                 return False
-        wait_for(up, timeout=300)
+        srv.wait_until(up, f"/health on port {port} to answer 200")
         body = json.dumps({"model": llama, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
         choice = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]
     finally:
-        srv.send_signal(signal.SIGINT)
-        try:
-            srv.wait(60)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
+        srv.stop()
     assert choice["text"] == want_text
     assert choice["logprobs"]["token_logprobs"] == want_lp
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+    # The start says so in vLLM's own log, in vLLM's format, from the engine core.
+    (hit,) = [ln for ln in srv.output().splitlines() if "weightcache: " in ln and "weightcache: tier" not in ln]
+    sock = os.path.join(sock_dir, "main-host.sock")
+    assert re.fullmatch(VLLM_LINE % ("INFO", rf"weightcache: hit, {N_LLAMA} tensors, [\d.]+ MiB in [\d.]+ s from {sock}"),
+                        hit), hit
+
+
+# vLLM 0.32 logger.py _FORMAT: "(process pid=N) LEVEL mm-dd HH:MM:SS [file:line] message".
+VLLM_LINE = r"(?:\x1b\[[\d;]*m)*\((?:\w| )+ pid=\d+\)(?:\x1b\[[\d;]*m)* %s \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] %s"
+N_LLAMA = 2 * 9 + 3  # models.llama: 9 tensors a layer, embeddings, final norm, lm_head
+
+
+def test_each_start_says_hit_or_fallback_in_vllms_log(llama, daemon, sock_dir, tmp_path):
+    """One line per engine start in vLLM's log, read from a real vLLM
+    process's output: a start with no daemon, then one with it."""
+    daemon(llama, "--devices", "host")
+    empty = tmp_path / "none"
+    empty.mkdir(mode=0o700)
+    script = tmp_path / "two.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {HERE!r})
+        import engines
+
+        if __name__ == "__main__":
+            for sd in ({str(empty)!r}, {sock_dir!r}):
+                engines.run({llama!r}, "weightcache", {{"socket_dir": sd, "connect_timeout_s": 1.0}})
+                print("STARTED", flush=True)
+    """))
+    p = Logged([sys.executable, str(script)], dict(os.environ), tmp_path / "two.log", "two.py (two engine starts)")
+    try:
+        rc = p.wait("two engine starts")
+    finally:
+        p.kill()
+    out = p.output()
+    assert rc == 0, out[-4000:]
+    lines = [ln for ln in out.splitlines() if "weightcache: " in ln or ln == "STARTED"]
+    assert len(lines) == 4 and lines[1] == lines[3] == "STARTED", lines
+    assert re.fullmatch(VLLM_LINE % ("WARNING", rf"weightcache: fallback: no_daemon: .*{empty}.*; loading from disk"),
+                        lines[0]), lines[0]
+    sock = os.path.join(sock_dir, "main-host.sock")
+    assert re.fullmatch(VLLM_LINE % ("INFO", rf"weightcache: hit, {N_LLAMA} tensors, [\d.]+ MiB in [\d.]+ s from {sock}"),
+                        lines[2]), lines[2]
 
 
 # The `vllm` script itself: vllm-cpu 0.32.0 is installed as the distribution
@@ -198,7 +239,7 @@ MISSES = {"no_daemon": _no_daemon, "dtype": _dtype, "checkpoint_changed": _chang
 def test_miss_serves_from_disk_with_the_reason(case, llama, daemon, sock_dir, tmp_path, caplog):
     model, reason = MISSES[case](llama, daemon, tmp_path)
     want = auto(llama)
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     assert run(model, "weightcache", {"socket_dir": sock_dir, "connect_timeout_s": 1.0}) == want
     lines = fallback_lines(caplog)
     assert len(lines) == 1 and lines[0].startswith("weightcache: fallback: " + reason), lines
@@ -208,9 +249,9 @@ def test_miss_serves_from_disk_with_the_reason(case, llama, daemon, sock_dir, tm
 
 def test_miss_another_revision(llama, daemon, sock_dir, caplog):
     daemon(llama, "--devices", "host")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     assert run(llama, "weightcache", {"socket_dir": sock_dir}, revision="v2") == auto(llama)
-    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon '')"]
+    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon ''); loading from disk"]
     with pytest.raises(Exception, match="weight cache miss, fingerprint_mismatch"):
         engines.llm(llama, "weightcache", strict(sock_dir), revision="v2")
 
@@ -224,7 +265,7 @@ def test_daemon_killed_while_the_engine_waits(fallback, llama, daemon, sock_dir,
     wait_for(lambda: any(n.endswith(".sock") for n in os.listdir(sock_dir)), timeout=30)
     killer = threading.Timer(3.0, d.proc.send_signal, (signal.SIGKILL,))
     killer.start()
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     try:
         if fallback:
             assert run(llama, "weightcache", {"socket_dir": sock_dir}) == auto(llama)
@@ -250,13 +291,18 @@ def test_a_typo_in_the_extra_config_names_our_load_format(llama, sock_dir):
 def test_tier2_is_refused_on_the_cpu_before_the_build(tier, llama, daemon, sock_dir, wc_bin, caplog):
     """vLLM's CPU post-processing keeps linear weights in oneDNN handles
     (layer.cpu_linear): processed weights cannot be restored, so tier 2
-    is refused before the model is built and tier 1 serves."""
+    is refused before the model is built and tier 1 serves: the
+    publish-only daemon waiting for this rank's processed weights is never
+    asked and stays empty (tier 2 would publish the emptied parameters)."""
     daemon(llama, "--devices", "host")
-    caplog.set_level(logging.INFO, "weightcache.vllm")
+    daemon(llama, "--publish-only", "--devices", "host:0")
+    caplog.set_level(logging.INFO, "vllm.weightcache")
     assert run(llama, "weightcache", strict(sock_dir, tier=tier)) == auto(llama)
     assert "weightcache: tier checkpoint: processed weights are not safe here: the CPU platform keeps " \
            "post-processed linear weights in oneDNN handles (layer.cpu_linear), not in parameters" in caplog.messages
-    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+    d = {s["device"]: s for s in status(wc_bin, sock_dir)}
+    assert d["host"]["handshakes"] == {"hit": 1}
+    assert d["host:0"]["state"] == "empty" and d["host:0"]["handshakes"] == {}, d["host:0"]
 
 
 def test_tier2_refusals_from_real_configs(tmp_path):
@@ -312,28 +358,46 @@ def _ballast(out, size):
     return out
 
 
+def _memfd_bytes(pid):
+    """Bytes of memory the daemon started as pid holds: the pages allocated
+    to the distinct memfds its processes (the launcher and its device
+    daemon share them) keep open; st_blocks counts a memfd's pages."""
+    seen, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        for fd in os.listdir(f"/proc/{p}/fd"):
+            try:
+                if os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:"):
+                    st = os.stat(f"/proc/{p}/fd/{fd}")
+                    seen[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+            except OSError:  # closed meanwhile
+                pass
+        for t in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{t}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+    return sum(seen.values())
+
+
 def test_cpu_worker_memory_check_with_a_resident_daemon(llama, daemon, sock_dir, wc_bin, tmp_path):
     """vLLM's CPU worker refuses to start when the memory node's total times
     --gpu-memory-utilization exceeds what is free or file cache (vLLM 0.32
-    v1/worker/cpu_worker.py, utils/cpu_resource_utils.py); a daemon's memfd
-    pages are neither. With a daemon holding a quarter of the machine's
-    memory, a utilization that fits without it is refused with vLLM's own
-    message, and --kv-cache-memory-bytes (the README's advice) starts the
-    engine, a hit."""
+    v1/worker/cpu_worker.py, utils/cpu_resource_utils.py get_memory_node_info:
+    MemFree + Active(file) + Inactive(file) + SReclaimable); a daemon's
+    memfd pages are shmem, none of those. With a daemon holding a quarter
+    of the node's memory, a utilization that would fit if those pages were
+    free is refused with vLLM's own message, and --kv-cache-memory-bytes
+    (the README's advice) starts the engine, a hit."""
     from vllm.utils.cpu_resource_utils import get_memory_node_info
-    with open("/proc/meminfo") as f:
-        machine = int(next(ln for ln in f if ln.startswith("MemTotal:")).split()[1]) * 1024
-    size = machine // 4
-    before = get_memory_node_info(0)
-    daemon(_ballast(str(tmp_path / "ballast"), size), "--devices", "host:9")
-    after = get_memory_node_info(0)
-    # Used, not available: a VM may plug memory in as it is used (this one does).
-    used = (after.total_memory - after.available_memory) - (before.total_memory - before.available_memory)
-    assert used > size * 0.9, (before, after, size)
+    size = get_memory_node_info(0).total_memory // 4 // 4096 * 4096
+    ballast = daemon(_ballast(str(tmp_path / "ballast"), size), "--devices", "host:9")
+    # What the daemon holds, measured on the daemon itself: the kernel's
+    # available estimate moves with every other process's page cache.
+    assert _memfd_bytes(ballast.proc.pid) >= size
     daemon(llama, "--devices", "host")
-    # What would fit if the daemon's pages counted as free; does not now.
-    util = round((after.available_memory + size / 2) / after.total_memory, 3)
-    assert after.available_memory < util * after.total_memory < after.available_memory + size
+    now = get_memory_node_info(0)
+    # Half the daemon's pages more than is available now: fits only if they counted as free.
+    util = round((now.available_memory + size / 2) / now.total_memory, 3)
+    assert util < 1, (now, size)
     with pytest.raises(ValueError, match="is less than desired CPU memory utilization"):
         engines.llm(llama, "weightcache", strict(sock_dir), gpu_memory_utilization=util, kv_cache_memory_bytes=None)
     assert run(llama, "weightcache", strict(sock_dir)) == auto(llama)  # kv_cache_memory_bytes set
@@ -361,20 +425,21 @@ def test_a_model_the_daemon_cannot_feed_reads_the_files(case, llama, caplog):
     from vllm.config import LoadConfig, ModelConfig
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.plugins import load_general_plugins
+    from weightcache.vllm.safety import daemon_unfit
     load_general_plugins()  # as an engine does before it asks for a loader
     setup, reason = UNFIT[case]
     loader = get_model_loader(LoadConfig(load_format="weightcache"))
     served = {"from.the.daemon": torch.zeros(1)}
-    loader._weights = served
+    loader.daemon_weights = served
     model = torch.nn.Module()
     setup(model, loader.load_config)
-    caplog.set_level(logging.INFO, "weightcache.vllm")
-    assert loader._daemon_unfit(model) == reason
+    caplog.set_level(logging.INFO, "vllm.weightcache")
+    assert daemon_unfit(model, loader.load_config) == reason
     if case == "torchao":  # reading needs torchao, not installed here; the decision is made
         return
     got = dict(loader.get_all_weights(ModelConfig(model=llama, skip_tokenizer_init=True), model))
     assert got.keys() == load_file(os.path.join(llama, "model.safetensors")).keys()
-    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: {reason}"]
+    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: {reason}; loading from disk"]
 
 
 # -- the fake, held to this vLLM ---------------------------------------------

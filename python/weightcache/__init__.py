@@ -2,9 +2,11 @@
 zero-copy, into a PyTorch engine; fall back to disk with a named reason."""
 __version__ = "0.1.0"  # internal/version/VERSION; a Go test holds them equal
 
+from __future__ import annotations
+
 from .attach import Weights, attach, device_key
 from .checkpoint import CheckpointError, resolve
-from .fingerprint import Fingerprint
+from .fingerprint import Fingerprint, Request
 from .materialize import MaterializeError, materialize
 from .publish import AlreadyPublished, BusyError, PublishError, Publisher, publish
 from .source import AttachInfo, MissError
@@ -12,5 +14,5 @@ from .source import AttachInfo, MissError
 __all__ = [
     "attach", "materialize", "publish", "Publisher", "Weights", "AttachInfo", "MissError",
     "MaterializeError", "PublishError", "BusyError", "AlreadyPublished", "CheckpointError",
-    "Fingerprint", "resolve", "device_key",
+    "Fingerprint", "Request", "resolve", "device_key",
 ]

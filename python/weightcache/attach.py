@@ -11,20 +11,21 @@ import mmap
 import os
 import socket
 import time
-from collections.abc import Mapping
-from typing import Optional, Union
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Optional, Union
 
 import torch
 
 from . import cuda, dtypes, hostmap, identity, index, protocol, source
 from .checkpoint import resolve
 from .fallback import load_from_disk
+from .fingerprint import Fingerprint, Request
 from .source import AttachInfo, MissError, miss
 
 MODES = ("zero_copy", "copy")
 
 
-class Weights(Mapping):
+class Weights(Mapping[str, torch.Tensor]):
     """name -> torch.Tensor, plus the lease.
 
     On a hit the tensors are views of the daemon's memory made on first
@@ -38,19 +39,24 @@ class Weights(Mapping):
     lease.
     """
 
-    def __init__(self, tensors=(), info=None, conn=None, segments=None, index=None, bases=None, sizes=None):
-        self._dict = dict(tensors)
+    def __init__(self, tensors: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = (),
+                 info: Optional[AttachInfo] = None, conn: Optional[protocol.Conn] = None,
+                 segments: Optional[list[Any]] = None, index: Optional[index.Index] = None,
+                 bases: Optional[list[torch.Tensor]] = None, sizes: Optional[list[int]] = None) -> None:
+        self._dict: dict[str, torch.Tensor] = dict(tensors)
         self.info = info
         self._conn = conn
         self._segments = segments or []  # keeps GPU mappings alive with the lease
-        self._index, self._bases, self._sizes = index, bases, sizes
-        self._made = {}  # name -> tensor, made once
-        self._where = {}  # name -> entry number, learnt while iterating
+        self._index = index
+        self._bases: list[torch.Tensor] = bases or []
+        self._sizes: list[int] = sizes or []
+        self._made: dict[str, torch.Tensor] = {}  # name -> tensor, made once
+        self._where: dict[str, int] = {}  # name -> entry number, learnt while iterating
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._index) if self._index is not None else len(self._dict)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         if self._index is None:
             yield from self._dict
             return
@@ -59,18 +65,18 @@ class Weights(Mapping):
             self._where[name] = i
             yield name
 
-    def _entry_number(self, name):
+    def _entry_number(self, name: object) -> int:
+        if not isinstance(name, str) or self._index is None:
+            return -1
         i = self._where.get(name)
-        if i is None and isinstance(name, str):
-            i = self._index.find(name)
-        return -1 if i is None else i
+        return self._index.find(name) if i is None else i
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         if self._index is None:
             return name in self._dict
         return name in self._made or self._entry_number(name) >= 0
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> torch.Tensor:
         if self._index is None:
             return self._dict[name]
         t = self._made.get(name)
@@ -81,7 +87,8 @@ class Weights(Mapping):
             t = self._made[name] = self._view(i)
         return t
 
-    def _view(self, i):
+    def _view(self, i: int) -> torch.Tensor:
+        assert self._index is not None  # only an index's entries are numbered
         name, dt, shape, seg, off, n, _ = self._index.entry(i)
         if not 0 <= seg < len(self._bases):
             raise protocol.ProtocolError(f"tensor {name}: segment {seg} does not exist")
@@ -98,7 +105,7 @@ class Weights(Mapping):
         except RuntimeError as e:  # an offset not aligned for the dtype, say
             raise protocol.ProtocolError(f"tensor {name}: {e}") from None
 
-    def crc32c(self, name):
+    def crc32c(self, name: str) -> int:
         """The daemon's CRC-32C of a tensor's bytes as served (0 from disk)."""
         if self._index is None:
             return 0
@@ -107,18 +114,18 @@ class Weights(Mapping):
             raise KeyError(name)
         return self._index.entry(i)[6]
 
-    def close(self):
+    def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def __enter__(self):
+    def __enter__(self) -> Weights:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
@@ -137,13 +144,15 @@ def device_key(device: Union[str, torch.device]) -> str:
     raise ValueError(f"device {device!r}: want cpu, cuda[:N], host[:N] or GPU-<uuid>")
 
 
-def rank_device(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0):
+def rank_device(sock_dir: str, group: str, tp_size: int, tp_rank: int, dp_size: int, dp_rank: int,
+                timeout_s: float = 2.0) -> str:
     """The device key of the daemon in sock_dir that serves this group and
     these ranks (host or GPU), or "host" when none does."""
     return find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s)[0] or "host"
 
 
-def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0):
+def find_rank(sock_dir: str, group: str, tp_size: int, tp_rank: int, dp_size: int, dp_rank: int,
+              timeout_s: float = 2.0) -> tuple[Optional[str], str, str]:
     """(device key, socket, why) of the daemon in sock_dir that serves this
     group and these ranks, as Go's rankDevice; key is None when none does,
     socket is then the rank's own and why says what each socket answered.
@@ -155,7 +164,7 @@ def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0
     """
     guess = protocol.socket_path(sock_dir, group, f"host:{max(dp_rank, 0) * tp_size + tp_rank}")
 
-    def ask(path):
+    def ask(path: str) -> tuple[Optional[str], str]:
         try:
             conn = protocol.Conn(path, timeout_s)
             try:
@@ -164,7 +173,8 @@ def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0
                 conn.close()
         except Exception as e:  # noqa: BLE001 - any failure of one socket is a miss with its reason
             return None, f"no answer ({e})"
-        fp = st.get("fingerprint") if isinstance(st.get("fingerprint"), dict) else {}
+        raw = st.get("fingerprint")
+        fp: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if (st.get("group") == group and fp.get("tp_size") == tp_size and fp.get("tp_rank") == tp_rank
                 and max(fp.get("dp_size") or 1, 1) == max(dp_size, 1) and fp.get("dp_rank", 0) == dp_rank):
             return str(st.get("device") or "host"), ""
@@ -184,7 +194,8 @@ def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(len(others), 32))
         try:
             futures = {pool.submit(ask, p): p for p in others}
-            rest, plain_answered = [], False
+            rest: list[str] = []
+            plain_answered = False
             plain = protocol.socket_path(sock_dir, group, "host")
             for f in concurrent.futures.as_completed(futures):
                 key, note = f.result()
@@ -205,7 +216,7 @@ def find_rank(sock_dir, group, tp_size, tp_rank, dp_size, dp_rank, timeout_s=2.0
                          f"dp_rank {dp_rank} of {max(dp_size, 1)} in {sock_dir} ({'; '.join(notes)})")
 
 
-def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
+def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device, None] = None,
            mode: str = "zero_copy", fallback: bool = True, connect_timeout_s: float = 5.0,
            state_timeout_s: float = 300.0, dtype: str = "auto", revision: Optional[str] = None,
            socket_dir: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
@@ -231,10 +242,12 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
     start = time.monotonic()
-    args = (model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+    req = Request(model=os.fspath(model), revision=revision or "", dtype=dtype, tp_size=tp_size, tp_rank=tp_rank,
+                  dp_size=dp_size, dp_rank=dp_rank, engine=engine, engine_version=engine_version,
+                  engine_config=engine_config)
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
-    fp, directory = identity.light_fingerprint(*args)
+    fp, directory = identity.light_fingerprint(req)
     rank_miss = None
     if device is None:
         # An engine that names no device attaches to its ranks' daemon.
@@ -251,11 +264,11 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
                                    group=group, connect_timeout=connect_timeout_s, state_timeout=state_timeout_s, name=client_name)
     weights, info = (None, rank_miss) if rank_miss else try_daemon(fp, directory, "")
     if info.reason == _REHASH:
-        fp, directory = identity.quick_fingerprint(*args)
+        fp, directory = identity.quick_fingerprint(req)
         weights, info = try_daemon(fp, directory, info.detail)
-        if info.hit:
+        if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
-    if not info.hit:
+    if weights is None or not info.hit:
         if not fallback:
             raise MissError(info)
         ckpt = resolve(model, revision)
@@ -271,7 +284,8 @@ def attach(model: Union[str, os.PathLike], device: Union[str, torch.device, None
 _REHASH = "rehash"
 
 
-def _verify(weights, info, verify_content, model, revision, dtype, tp_size):
+def _verify(weights: Weights, info: AttachInfo, verify_content: bool, model: Union[str, os.PathLike[str]],
+            revision: Optional[str], dtype: str, tp_size: int) -> tuple[Optional[Weights], AttachInfo]:
     """The second try found equal headers over other files: a hit only if
     verify_content is on and every tensor is the daemon's."""
     change, sock = info.detail, info.socket
@@ -292,7 +306,7 @@ def _verify(weights, info, verify_content, model, revision, dtype, tp_size):
     return None, miss(source.CHECKPOINT_CHANGED, why, socket=sock)
 
 
-def _torch_device(device, key):
+def _torch_device(device: Union[str, torch.device], key: str) -> torch.device:
     if key.startswith("host"):
         return torch.device("cpu")
     if key.startswith("GPU-") and not str(device).startswith("cuda"):
@@ -308,7 +322,8 @@ _AGAIN = "again"
 _FIRST_PAUSE, _MAX_PAUSE = 0.005, 0.1
 
 
-def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_timeout, state_timeout, name):
+def _attach_daemon(fp: Fingerprint, directory: str, change: str, key: str, mode: str, sock_dir: str, group: str,
+                   connect_timeout: float, state_timeout: float, name: str) -> tuple[Optional[Weights], AttachInfo]:
     """Connect and run the handshake, and both again when the daemon goes
     away before its manifest: a rank daemon its launcher restarts on the
     same listening socket answers a new connection a few milliseconds
@@ -324,7 +339,8 @@ def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_ti
         return None, miss(source.NO_DAEMON, e)
     start = time.monotonic()
     deadline = start + connect_timeout
-    first, retries, pause = None, 0, _FIRST_PAUSE
+    first: Optional[AttachInfo] = None
+    retries, pause = 0, _FIRST_PAUSE
     while True:
         try:
             conn = protocol.Conn(path, max(deadline - time.monotonic(), 0.001))
@@ -364,7 +380,7 @@ def _attach_daemon(fp, directory, change, key, mode, sock_dir, group, connect_ti
     return weights, info
 
 
-def _gave_up(first, retries, start):
+def _gave_up(first: AttachInfo, retries: int, start: float) -> AttachInfo:
     """The first try's miss once no daemon came back, saying how hard
     _attach_daemon tried."""
     if retries:
@@ -373,7 +389,7 @@ def _gave_up(first, retries, start):
     return first
 
 
-def _classify(e):
+def _classify(e: BaseException) -> AttachInfo:
     """The fallback reason for an error in an exchange with the daemon."""
     if isinstance(e, protocol.WireError):
         reason = {"not_ready": source.NOT_READY_TIMEOUT, "draining": source.NO_DAEMON,
@@ -385,13 +401,15 @@ def _classify(e):
 _EXCHANGE_ERRORS = (OSError, ValueError, protocol.ProtocolError, protocol.WireError, protocol.Timeout)
 
 
-def _mismatch(fr):
-    fields = fr.reply(protocol.Mismatch).fields
+def _mismatch(fr: protocol.Frame) -> AttachInfo:
+    fields: list[dict[str, str]] = fr.reply(protocol.Mismatch).fields
     reason = source.DEVICE_MISMATCH if any(f.get("field") == "device" for f in fields) else source.FINGERPRINT_MISMATCH
     return miss(reason, fields=fields)
 
 
-def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_timeout, name, hello_by):
+def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str, key: str, mode: str,
+               connect_timeout: float, state_timeout: float, name: str,
+               hello_by: float) -> tuple[Optional[Weights], AttachInfo]:
     """hello, wait_ready and manifest. Hello must be answered by hello_by,
     the end of the connect budget; each later exchange gets the connect
     timeout, and waiting for a loading daemon the state timeout. A daemon
@@ -406,7 +424,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
             return None, miss(_AGAIN, e)
         if fr.type == "mismatch":
             return None, _mismatch(fr)
-        ok = fr.reply(protocol.OK)
+        ok: protocol.OK = fr.reply(protocol.OK)
         state, offered = ok.state, ok.identity
         if state == "empty":
             return None, miss(source.EMPTY, "daemon holds no weights yet: load from disk and publish")
@@ -418,7 +436,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
                 return None, miss(source.NOT_READY_TIMEOUT, e)
             offered = fr.reply(protocol.Ready).identity
         if not change:
-            differs = identity.files_change(offered, directory)
+            differs = identity.files_change(offered or [], directory)
             if differs:
                 return None, AttachInfo("fallback", _REHASH, detail=differs)
         fr = conn.call(protocol.ManifestRequest(), "manifest", "mismatch", timeout=connect_timeout, fds_expected=True)
@@ -440,7 +458,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
         idx = index.Index(bytes(idx.buf))
         if maps:
             bases = [b.clone() for b in bases]
-        maps = None
+        maps = []
         try:
             conn.call(protocol.Release(), "released", timeout=connect_timeout)
         except _EXCHANGE_ERRORS as e:
@@ -450,7 +468,7 @@ def _handshake(conn, fp, directory, change, key, mode, connect_timeout, state_ti
     return Weights(conn=conn, segments=maps, index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
 
 
-def map_manifest(fr, copy=False):
+def map_manifest(fr: protocol.Frame, copy: bool = False) -> tuple[index.Index, list[torch.Tensor], list[int], list[Any]]:
     """Map a manifest's segments (copy-on-write views of sealed host
     segments, hostmap.py, or imported GPU allocations) and its index;
     nothing per tensor is done here. With copy, host segments are read
@@ -458,7 +476,7 @@ def map_manifest(fr, copy=False):
     tensors, segment sizes, mappings). Every descriptor is closed on return
     (a mapping does not need it)."""
     try:
-        m = fr.reply(protocol.Manifest)
+        m: protocol.Manifest = fr.reply(protocol.Manifest)
         segs = m.segments
         if not fr.fds:
             raise protocol.ProtocolError("manifest came without its index descriptor")
@@ -479,6 +497,7 @@ def map_manifest(fr, copy=False):
         if len(idx) != m.tensors:
             raise protocol.ProtocolError(f"manifest says {m.tensors} tensors, its index holds {len(idx)}")
         device = m.device
+        maps: list[Any]
         if device.startswith("GPU-"):
             ordinal = cuda.ordinal_of(device)
             maps = [cuda.Mapping(fd, s["size"], ordinal) for fd, s in zip(fds, segs)]
@@ -497,7 +516,7 @@ def map_manifest(fr, copy=False):
     return idx, bases, [s["size"] for s in segs], maps
 
 
-def _map_host(fd, size, i):
+def _map_host(fd: int, size: int, i: object) -> mmap.mmap:
     """The index, read-only and shared: it is only ever read."""
     hostmap.check_sealed(fd, i)
     st = os.fstat(fd)

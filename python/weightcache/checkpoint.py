@@ -2,6 +2,8 @@
 does it: a local directory, or a Hugging Face hub id resolved offline in
 the hub cache. Only headers are read here; nothing is downloaded."""
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -9,9 +11,11 @@ import posixpath
 import re
 import stat
 import struct
+from collections.abc import Iterable
+from typing import Any, Optional, Protocol, Union
 
 from . import dtypes, safetensors
-from .fingerprint import LAYOUT_VERSION, Fingerprint, canonical_json
+from .fingerprint import LAYOUT_VERSION, Fingerprint, Request, canonical_json
 
 INDEX_NAME = "model.safetensors.index.json"
 # fullmatch, never match: "$" also matches before a trailing newline.
@@ -19,12 +23,12 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def is_hub_id(s):
+def is_hub_id(s: str) -> bool:
     """Whether s is looked up in the hub cache: "name" or "org/name"."""
     return bool(_HUB_ID.fullmatch(s)) and ".." not in s
 
 
-def is_commit(s):
+def is_commit(s: str) -> bool:
     """A full commit hash as the hub writes them: 40 lowercase hex digits."""
     return bool(_COMMIT.fullmatch(s))
 
@@ -33,35 +37,53 @@ class CheckpointError(Exception):
     """The checkpoint is missing or malformed."""
 
 
+class _Raw(Protocol):
+    @property
+    def raw(self) -> bytes: ...
+
+
+class HashedShard(Protocol):
+    """What the checkpoint hash covers of a shard."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def header(self) -> _Raw: ...
+
+
 class Shard:
-    def __init__(self, name, path, size, header):
+    def __init__(self, name: str, path: str, size: int, header: safetensors.Header) -> None:
         self.name, self.path, self.size, self.header = name, path, size, header
 
 
 class Checkpoint:
     """A resolved, validated checkpoint."""
 
-    def __init__(self, directory, revision):
+    def __init__(self, directory: str, revision: str) -> None:
         self.dir = directory
         self.revision = revision
         self.architecture = ""
         self.torch_dtype = ""
         self.quant_method = ""
         self.quant_hash = ""
-        self.shards = []
+        self.shards: list[Shard] = []
         self.hash = ""
 
-    def tensors(self):
+    def tensors(self) -> list[tuple[Shard, safetensors.Entry]]:
         """(shard, entry) in shard order, then data order: front to back."""
         return [(s, t) for s in self.shards for t in s.header.tensors]
 
-    def weight_dtype(self):
+    def weight_dtype(self) -> str:
         """The torch dtype name the weights are stored in (Go's WeightDType):
         config.json's torch_dtype, else the floating dtype holding the most
         bytes ("" when there is none)."""
         if self.torch_dtype:
             return self.torch_dtype
-        totals = {}
+        totals: dict[str, int] = {}
         for s in self.shards:
             for t in s.header.tensors:
                 if dtypes.is_float(t.dtype) and dtypes.torch_name(t.dtype):
@@ -70,9 +92,9 @@ class Checkpoint:
             return ""
         # Most bytes wins; ties go to the smaller name.
         best = min(totals, key=lambda k: (-totals[k], k.encode()))
-        return dtypes.torch_name(best)
+        return dtypes.torch_name(best) or ""
 
-    def served_dtype(self, requested):
+    def served_dtype(self, requested: str) -> str:
         """The fingerprint's dtype field (Go's ServedDType): as stored (the
         weight dtype's name) unless a dtype is asked for, then
         "from->to": only tensors stored in the weight dtype convert."""
@@ -85,21 +107,20 @@ class Checkpoint:
                              f"(want bfloat16, float16 or float32 weights)")
         return f"{frm}->{to}"
 
-    def fingerprint(self, dtype="auto", tp_size=1, tp_rank=0, dp_size=1, dp_rank=0, engine="", engine_version="",
-                    engine_config=""):
-        if tp_size < 1 or not 0 <= tp_rank < tp_size:
-            raise ValueError(f"tp_rank {tp_rank} of tp_size {tp_size}: want tp_size >= 1 and 0 <= tp_rank < tp_size")
-        if dp_size < 1 or not 0 <= dp_rank < dp_size:
-            raise ValueError(f"dp_rank {dp_rank} of dp_size {dp_size}: want dp_size >= 1 and 0 <= dp_rank < dp_size")
+    def fingerprint(self, req: Optional[Request] = None) -> Fingerprint:
+        """The fingerprint of this checkpoint served as req asks (a single
+        rank of the checkpoint's own dtype without one); req's model and
+        revision found this checkpoint and are not read again."""
+        req = req or Request(model=self.dir)
         return Fingerprint(
             checkpoint_hash=self.hash, architecture=self.architecture,
-            tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
-            dtype=self.served_dtype(dtype), quantization=self.quant_method,
+            tp_size=req.tp_size, tp_rank=req.tp_rank, dp_size=req.dp_size, dp_rank=req.dp_rank,
+            dtype=self.served_dtype(req.dtype), quantization=self.quant_method,
             quantization_hash=self.quant_hash, revision=self.revision,
-            layout_version=LAYOUT_VERSION, engine=engine or "", engine_version=engine_version or "",
-            engine_config=engine_config or "")
+            layout_version=LAYOUT_VERSION, engine=req.engine, engine_version=req.engine_version,
+            engine_config=req.engine_config)
 
-    def served(self, served):
+    def served(self, served: str) -> list[tuple[Shard, safetensors.Entry, str]]:
         """[(shard, entry, served safetensors dtype)] for a served dtype as
         served_dtype returns it ("" or a bare name: everything as stored;
         "bfloat16->float16": tensors stored in bfloat16 convert)."""
@@ -112,7 +133,7 @@ class Checkpoint:
         return [(s, t, to if frm and t.dtype == frm else t.dtype) for s, t in self.tensors()]
 
 
-def hash_shards(shards):
+def hash_shards(shards: Iterable[HashedShard]) -> str:
     """sha256 over shards sorted by name (byte order) of: name, 0, decimal
     size, 0, header length as 8 bytes little-endian, the raw header."""
     h = hashlib.sha256()
@@ -126,14 +147,15 @@ def hash_shards(shards):
     return h.hexdigest()
 
 
-def quantization_hash(config):
+def quantization_hash(config: Any) -> str:
     return hashlib.sha256(canonical_json(config)).hexdigest()
 
 
-def resolve(model, revision=None):
+def resolve(model: Union[str, os.PathLike[str]], revision: Optional[str] = None) -> Checkpoint:
     """Find and validate a checkpoint, as Go's checkpoint.Resolve."""
     if not model:
         raise CheckpointError("checkpoint not found: no model given")
+    model = os.fspath(model)
     revision = revision or ""
     if os.path.isdir(model):
         directory, rev = os.path.abspath(model), revision
@@ -150,7 +172,7 @@ def resolve(model, revision=None):
     return c
 
 
-def hub_cache_dir():
+def hub_cache_dir() -> str:
     for env in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(env):
             return os.path.expanduser(os.environ[env])
@@ -161,7 +183,7 @@ def hub_cache_dir():
     return os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub")
 
 
-def _resolve_hub(model_id, revision):
+def _resolve_hub(model_id: str, revision: str) -> tuple[str, str]:
     repo = os.path.join(hub_cache_dir(), "models--" + model_id.replace("/", "--"))
     if not os.path.isdir(repo):
         raise CheckpointError(
@@ -190,11 +212,11 @@ def _resolve_hub(model_id, revision):
     return snap, commit
 
 
-def _kind(v):
+def _kind(v: Any) -> str:
     return {type(None): "null", str: "a string", bool: "a boolean", list: "a list", dict: "an object"}.get(type(v), "a number")
 
 
-def _read_config(c):
+def _read_config(c: Checkpoint) -> None:
     p = os.path.join(c.dir, "config.json")
     try:
         with open(p, "rb") as f:
@@ -239,7 +261,7 @@ def _read_config(c):
         c.quant_hash = quantization_hash(q)
 
 
-def _load_shards(c):
+def _load_shards(c: Checkpoint) -> None:
     idx_path = os.path.join(c.dir, INDEX_NAME)
     weight_map = None
     if os.path.exists(idx_path):
@@ -273,7 +295,7 @@ def _load_shards(c):
                 if want != s.name:
                     raise CheckpointError(f"invalid checkpoint: tensor {t.name!r} is in {s.name} and in {want} (the one {idx_path} names)")
     else:
-        owner = {}
+        owner: dict[str, str] = {}
         for s in c.shards:
             for t in s.header.tensors:
                 if t.name in owner:
@@ -281,7 +303,7 @@ def _load_shards(c):
                 owner[t.name] = s.path
 
 
-def _parse_index(idx_path):
+def _parse_index(idx_path: str) -> tuple[dict[str, str], list[str]]:
     try:
         with open(idx_path, "rb") as f:
             idx = json.loads(f.read())
@@ -292,7 +314,7 @@ def _parse_index(idx_path):
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
     if not isinstance(wm, dict) or not wm:
         raise CheckpointError(f"invalid checkpoint: {idx_path} has no weight_map entries")
-    names = set()
+    names: set[str] = set()
     for tensor, shard in list(wm.items()):
         if not isinstance(shard, str) or not shard or shard.startswith("/") or "\\" in shard:
             raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {shard!r}, which is not a file inside the checkpoint")
@@ -304,7 +326,7 @@ def _parse_index(idx_path):
     return wm, sorted(names, key=lambda n: n.encode())
 
 
-def _shard_file(p):
+def _shard_file(p: str) -> None:
     """Refuse a *.safetensors entry that is not a regular file once symlinks
     are followed (hub snapshots hold symlinks into blobs/), as Go's shardFile:
     skipping it would serve a checkpoint without it, or say there are none."""
@@ -322,8 +344,9 @@ def _shard_file(p):
     raise CheckpointError(f"invalid checkpoint: shard {p} is not a regular file")
 
 
-def _glob_shards(directory):
-    names, consolidated = [], []
+def _glob_shards(directory: str) -> list[str]:
+    names: list[str] = []
+    consolidated: list[str] = []
     for n in os.listdir(directory):
         if not n.endswith(".safetensors") or n.startswith("."):
             continue

@@ -6,8 +6,12 @@ Nothing here runs on a machine without libcuda.so.1: importing this module
 is free, and the first call raises CudaError there.
 """
 
+from __future__ import annotations
+
 import ctypes
 import threading
+from collections.abc import Iterable
+from typing import Any, Optional
 
 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1
 CU_MEM_LOCATION_TYPE_DEVICE = 0x1
@@ -18,6 +22,7 @@ _CUDA_ERROR_NOT_SUPPORTED = 801
 
 
 class CudaError(RuntimeError):
+    code = 0  # the CUresult, where the driver gave one
     """A driver call failed, or there is no driver."""
 
 
@@ -34,10 +39,10 @@ class _UUID(ctypes.Structure):
 
 
 _lock = threading.Lock()
-_lib = None
+_lib: Optional[ctypes.CDLL] = None
 
 
-def driver():
+def driver() -> ctypes.CDLL:
     """libcuda.so.1, loaded and initialised once."""
     global _lib
     with _lock:
@@ -51,11 +56,11 @@ def driver():
         return _lib
 
 
-def _call(lib, name, *args):
+def _call(lib: ctypes.CDLL, name: str, *args: Any) -> int:
     fn = getattr(lib, name, None)
     if fn is None:
         raise CudaError(f"libcuda.so.1 has no symbol {name}")
-    res = fn(*args)
+    res: int = fn(*args)
     if res != 0:
         msg = ctypes.c_char_p()
         getname = getattr(lib, "cuGetErrorName", None)
@@ -68,17 +73,17 @@ def _call(lib, name, *args):
     return res
 
 
-def call(name, *args):
+def call(name: str, *args: Any) -> int:
     return _call(driver(), name, *args)
 
 
-def device_count():
+def device_count() -> int:
     n = ctypes.c_int()
     call("cuDeviceGetCount", ctypes.byref(n))
     return n.value
 
 
-def device_uuid(ordinal):
+def device_uuid(ordinal: int) -> str:
     """The device key of GPU ordinal: "GPU-" and its UUID, as nvidia-smi prints it."""
     dev = ctypes.c_int()
     call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(ordinal))
@@ -90,7 +95,7 @@ def device_uuid(ordinal):
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def ordinal_of(key):
+def ordinal_of(key: str) -> int:
     """The ordinal of the GPU whose device key is key."""
     for i in range(device_count()):
         if device_uuid(i) == key:
@@ -105,7 +110,7 @@ class Mapping:
     keep it alive; it unmaps and releases the handle when the last goes.
     """
 
-    def __init__(self, fd, size, ordinal, writable=False):
+    def __init__(self, fd: int, size: int, ordinal: int, writable: bool = False) -> None:
         self.size = size
         self.ordinal = ordinal
         self.readonly = not writable
@@ -133,7 +138,7 @@ class Mapping:
             popped = ctypes.c_void_p()
             driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
 
-    def _set_access(self, writable):
+    def _set_access(self, writable: bool) -> None:
         self.access = "readwrite" if writable else "read"
         desc = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, self.ordinal),
                            CU_MEM_ACCESS_FLAGS_PROT_READWRITE if writable else CU_MEM_ACCESS_FLAGS_PROT_READ)
@@ -149,17 +154,17 @@ class Mapping:
             call("cuMemSetAccess", self._ptr, ctypes.c_size_t(self.size), ctypes.byref(desc), ctypes.c_size_t(1))
 
     @property
-    def ptr(self):
+    def ptr(self) -> int:
         return self._ptr.value
 
     @property
-    def __cuda_array_interface__(self):
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         # torch refuses readonly=True ("the read only flag is not
         # supported"); read-only-ness is the mapping's access flags.
         return {"shape": (self.size,), "typestr": "|u1", "data": (self._ptr.value, False),
                 "version": 3, "strides": None, "stream": None}
 
-    def copy_to_host(self, offset, n):
+    def copy_to_host(self, offset: int, n: int) -> bytes:
         """Bytes [offset, offset+n) of the segment, for checks and tests."""
         buf = (ctypes.c_ubyte * n)()
         call("cuCtxPushCurrent_v2", self._ctx)
@@ -170,7 +175,7 @@ class Mapping:
             driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
         return bytes(buf)
 
-    def close(self):
+    def close(self) -> None:
         lib = _lib
         if lib is None:
             return
@@ -189,14 +194,14 @@ class Mapping:
                 lib.cuDevicePrimaryCtxRelease_v2(dev)
             self._ctx = ctypes.c_void_p()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
 
-def as_tensor(mapping):
+def as_tensor(mapping: Mapping) -> Any:
     """A uint8 torch tensor over the whole mapping, on its GPU."""
     import torch
     return torch.as_tensor(mapping, device=f"cuda:{mapping.ordinal}")
@@ -218,7 +223,7 @@ class HostRegistration:
     mapping of a sealed segment: without it the driver asks for write
     access and the call fails. close() unregisters (the mapping stays)."""
 
-    def __init__(self, ptr, size, ordinal):
+    def __init__(self, ptr: int, size: int, ordinal: int) -> None:
         self.ptr, self.size, self.ordinal = ptr, size, ordinal
         self._ctx = ctypes.c_void_p()
         dev = ctypes.c_int()
@@ -240,7 +245,7 @@ class HostRegistration:
             driver().cuCtxPopCurrent_v2(ctypes.byref(popped))
         self.registered = True
 
-    def _release_ctx(self):
+    def _release_ctx(self) -> None:
         lib = _lib
         if lib is not None and self._ctx.value:
             dev = ctypes.c_int()
@@ -248,7 +253,7 @@ class HostRegistration:
                 lib.cuDevicePrimaryCtxRelease_v2(dev)
         self._ctx = ctypes.c_void_p()
 
-    def close(self):
+    def close(self) -> None:
         lib = _lib
         if getattr(self, "registered", False) and lib is not None:
             lib.cuCtxPushCurrent_v2(self._ctx)
@@ -258,20 +263,22 @@ class HostRegistration:
             self.registered = False
         self._release_ctx()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
 
-def register_host(regions, ordinal, min_bytes=HOST_REGISTER_MIN_BYTES):
+def register_host(regions: Iterable[tuple[int, int]], ordinal: int,
+                  min_bytes: int = HOST_REGISTER_MIN_BYTES) -> tuple[list[HostRegistration], list[str]]:
     """Page-lock each host region (address, bytes: a whole mapped segment)
     of at least min_bytes for copies to GPU ordinal. Returns
     (registrations, skipped): a region the driver refuses is skipped with
     its reason, and copies from it run at pageable speed. Close the
     registrations once the copies are done."""
-    regs, skipped = [], []
+    regs: list[HostRegistration] = []
+    skipped: list[str] = []
     for i, (ptr, n) in enumerate(regions):
         if n < min_bytes:
             continue

@@ -1,5 +1,10 @@
 """safetensors dtypes: element sizes, and the torch dtype each maps to."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
 import torch
 
 # name -> (bits, torch attribute name or None, floating)
@@ -33,24 +38,24 @@ SERVED = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 CONVERTIBLE = {"F16", "BF16", "F32"}
 
 
-def valid(name):
+def valid(name: str) -> bool:
     return name in _DTYPES
 
 
-def bits(name):
+def bits(name: str) -> int:
     return _DTYPES[name][0]
 
 
-def is_float(name):
+def is_float(name: str) -> bool:
     return _DTYPES[name][2]
 
 
-def torch_name(name):
+def torch_name(name: str) -> Optional[str]:
     """The torch dtype name, or "" where torch has none."""
     return _DTYPES[name][1] or ""
 
 
-def to_torch(name):
+def to_torch(name: str) -> Any:
     """The torch dtype for a safetensors dtype. Raises where this torch build
     lacks it (float8 before torch 2.1, the F6 types always)."""
     if name not in _DTYPES:
@@ -62,7 +67,7 @@ def to_torch(name):
     return dt
 
 
-def from_torch(dt):
+def from_torch(dt: Any) -> str:
     """The safetensors dtype of a torch dtype (for publishing)."""
     for name, (_, attr, _) in _DTYPES.items():
         if attr and getattr(torch, attr, None) == dt:
@@ -70,7 +75,7 @@ def from_torch(dt):
     raise TypeError(f"torch dtype {dt} has no safetensors dtype")
 
 
-def nbytes(name, shape):
+def nbytes(name: str, shape: Sequence[int]) -> int:
     """Byte size of a tensor; sub-byte dtypes must fill whole bytes."""
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}")
@@ -87,7 +92,7 @@ def nbytes(name, shape):
     return total // 8
 
 
-def normalize(s):
+def normalize(s: str) -> str:
     """Go's NormalizeDType: user spellings to torch names, "" for auto."""
     v = s.strip().lower()
     if v.startswith("torch."):

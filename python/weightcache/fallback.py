@@ -2,18 +2,26 @@
 the package's own safetensors reader over mmap (headers validated at
 resolve)."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
 import torch
 
 from . import dtypes, safetensors
 
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint, Shard
+    from .safetensors import Entry
 
-def load_from_disk(ckpt, dtype, device=None):
+
+def load_from_disk(ckpt: Checkpoint, dtype: str, device: Optional[torch.device] = None) -> dict[str, torch.Tensor]:
     """name -> tensor for checkpoint ckpt served as dtype, a fingerprint's
     dtype field (as stored, or "from->to": tensors stored in from convert).
     Conversion rounds to nearest even, as the daemon's does. Every tensor
     is this process's own memory: the mappings are gone on return."""
     out = {}
-    by_shard = {}
+    by_shard: dict[str, tuple[Shard, list[tuple[Entry, str]]]] = {}
     for shard, entry, served in ckpt.served(dtype):
         by_shard.setdefault(shard.path, (shard, []))[1].append((entry, served))
     for path, (shard, entries) in by_shard.items():

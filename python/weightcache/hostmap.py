@@ -11,6 +11,8 @@ Copy mode reads a segment into the engine's own memory instead, with no
 mapping of the daemon's left behind.
 """
 
+from __future__ import annotations
+
 import concurrent.futures
 import fcntl
 import mmap
@@ -25,7 +27,7 @@ class SegmentError(ValueError):
     """A segment descriptor that cannot be served: unsealed, short, not a memfd."""
 
 
-def check_sealed(fd, i):
+def check_sealed(fd: int, i: object) -> None:
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError as e:
@@ -41,14 +43,14 @@ _CHUNK = 64 << 20
 _THREADS = min(8, len(os.sched_getaffinity(0)))
 
 
-def _check(fd, size, i):
+def _check(fd: int, size: int, i: int) -> None:
     check_sealed(fd, i)
     st = os.fstat(fd)
     if st.st_size < size:
         raise SegmentError(f"segment {i} has {st.st_size} bytes, manifest says {size}")
 
 
-def map_segment(fd, size, i):
+def map_segment(fd: int, size: int, i: int) -> tuple[mmap.mmap, torch.Tensor]:
     """A copy-on-write mapping of segment i (size bytes) as a uint8 tensor,
     and the mapping that backs it."""
     _check(fd, size, i)
@@ -56,7 +58,7 @@ def map_segment(fd, size, i):
     return mp, torch.frombuffer(mp, dtype=torch.uint8)
 
 
-def copy_segment(fd, size, i):
+def copy_segment(fd: int, size: int, i: int) -> torch.Tensor:
     """Segment i (size bytes) read into private anonymous memory, as a
     uint8 tensor that owns it. The daemon's pages are never mapped: read()
     copies them straight out of its memfd, so nothing pins them once fd is
@@ -65,7 +67,7 @@ def copy_segment(fd, size, i):
     mp = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
     view = memoryview(mp)
 
-    def read(start):
+    def read(start: int) -> None:
         off, end = start, min(start + _CHUNK, size)
         while off < end:
             n = os.preadv(fd, [view[off:end]], off)

@@ -4,24 +4,34 @@ the files' stat identity that a daemon offers in place of the hash, the
 hash itself from raw header bytes when the files are not the daemon's, and
 the content check (CRC-32C of every tensor) that --verify-content runs."""
 
+from __future__ import annotations
+
 import os
 import posixpath
 import struct
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import checkpoint, dtypes, safetensors
 from .checkpoint import INDEX_NAME, Checkpoint, CheckpointError
 
+if TYPE_CHECKING:
+    from .attach import Weights
+    from .checkpoint import Shard
+    from .fingerprint import Fingerprint, Request
+    from .safetensors import Entry
+
 _FIELDS = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
 
 
-def _local(name):
+def _local(name: Any) -> bool:
     if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
         return False
     clean = posixpath.normpath(name)
     return clean == name and clean not in (".", "..") and not clean.startswith("../")
 
 
-def stat_identity(directory, names):
+def stat_identity(directory: str, names: Sequence[Any]) -> list[dict[str, Any]]:
     """[{name, dev, ino, size, mtime_ns, ctime_ns}] of names (relative,
     slash-separated) under directory."""
     out = []
@@ -34,7 +44,7 @@ def stat_identity(directory, names):
     return out
 
 
-def files_change(offered, directory):
+def files_change(offered: Sequence[dict[str, Any]], directory: str) -> str:
     """How the files under directory differ from the identity a daemon
     offered: "" when they are the same files, unchanged (Go's filesChange)."""
     if not offered:
@@ -46,7 +56,7 @@ def files_change(offered, directory):
     return diff(offered, mine)
 
 
-def diff(want, got):
+def diff(want: Sequence[dict[str, Any]], got: Sequence[dict[str, Any]]) -> str:
     """How identity got differs from want: the first file that differs and
     in what, "" when none does (Go's Identity.Diff; testdata/identity_vectors.json)."""
     if len(want) != len(got):
@@ -66,7 +76,7 @@ def diff(want, got):
     return ""
 
 
-def _locate(model, revision):
+def _locate(model: str, revision: Optional[str]) -> Optional[tuple[str, str]]:
     """(directory, revision) as resolve() finds them, or None to leave the
     errors to resolve()."""
     if os.path.isdir(model):
@@ -79,22 +89,23 @@ def _locate(model, revision):
     return None
 
 
-def light_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
-    """(fingerprint without checkpoint_hash, directory): config.json is all
-    it reads. Where the served dtype must come from the tensors, or the
-    model is not found, it is quick_fingerprint (hash included)."""
-    loc = _locate(model, revision) if model else None
+def light_fingerprint(req: Request) -> tuple[Fingerprint, str]:
+    """(fingerprint without checkpoint_hash, directory) for a Request:
+    config.json is all it reads. Where the served dtype must come from the
+    tensors, or the model is not found, it is quick_fingerprint (hash
+    included)."""
+    loc = _locate(req.model, req.revision) if req.model else None
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
         # The served dtype comes from the tensors unless config.json names
         # the weight dtype.
         if c.torch_dtype:
-            return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
-    return quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+            return c.fingerprint(req), c.dir
+    return quick_fingerprint(req)
 
 
-def shard_paths(model, revision=None):
+def shard_paths(model: str, revision: Optional[str] = None) -> tuple[str, list[str]]:
     """The checkpoint's directory and its shards' paths, found as resolve()
     finds them but reading no safetensors header: an engine that hits reads
     nothing of the checkpoint but config.json. CheckpointError where there
@@ -109,7 +120,7 @@ def shard_paths(model, revision=None):
     return loc[0], [os.path.join(loc[0], *n.split("/")) for n in names]
 
 
-def _shard_names(directory):
+def _shard_names(directory: str) -> list[str]:
     idx = os.path.join(directory, INDEX_NAME)
     if os.path.exists(idx):
         return checkpoint._parse_index(idx)[1]
@@ -119,7 +130,7 @@ def _shard_names(directory):
 class _RawShard:
     """A shard's name, size and raw header bytes: all the hash covers."""
 
-    def __init__(self, name, path):
+    def __init__(self, name: str, path: str) -> None:
         with open(path, "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
             head = f.read(8)
@@ -133,11 +144,12 @@ class _RawShard:
         self.header = type("RawHeader", (), {"raw": raw})()
 
 
-def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config=""):
-    """The full fingerprint, hashing raw header bytes without parsing them
-    (Go's QuickFingerprint); it resolves the checkpoint in full where the
-    served dtype must come from the tensors or anything looks off."""
-    loc = _locate(model, revision) if model else None
+def quick_fingerprint(req: Request) -> tuple[Fingerprint, str]:
+    """(fingerprint, directory) for a Request, hashing raw header bytes
+    without parsing them (Go's QuickFingerprint); it resolves the
+    checkpoint in full where the served dtype must come from the tensors or
+    anything looks off."""
+    loc = _locate(req.model, req.revision) if req.model else None
     if loc is not None:
         c = Checkpoint(*loc)
         checkpoint._read_config(c)
@@ -148,24 +160,24 @@ def quick_fingerprint(model, revision, dtype, tp_size, tp_rank, dp_size, dp_rank
                 shards = None
             if shards is not None:
                 c.hash = checkpoint.hash_shards(shards)
-                return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
-    c = checkpoint.resolve(model, revision)
-    return c.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config), c.dir
+                return c.fingerprint(req), c.dir
+    c = checkpoint.resolve(req.model, req.revision)
+    return c.fingerprint(req), c.dir
 
 
-def verify_content(weights, ckpt, dtype):
+def verify_content(weights: Weights, ckpt: Checkpoint, dtype: str) -> None:
     """Raise ValueError naming the first tensor whose CRC-32C, read from
     ckpt as served in dtype, differs from the daemon's."""
     try:
         import crcmod.predefined
     except ImportError:
         raise ValueError("verify_content needs crcmod (Debian: python3-crcmod) for CRC-32C") from None
-    crc32c = crcmod.predefined.mkCrcFun("crc-32c")
+    crc32c: Callable[[Any], int] = crcmod.predefined.mkCrcFun("crc-32c")
     import torch
     served = ckpt.served(dtype)
     if len(served) != len(weights):
         raise ValueError(f"the checkpoint has {len(served)} tensors, the daemon {len(weights)}")
-    by_shard = {}
+    by_shard: dict[str, tuple[Shard, list[tuple[Entry, str]]]] = {}
     for shard, entry, to in served:
         by_shard.setdefault(shard.path, (shard, []))[1].append((entry, to))
     for path, (shard, entries) in by_shard.items():

@@ -3,7 +3,11 @@ every tensor's place in a compact binary table that the daemon writes once
 into a sealed memfd and every client maps. Entries are decoded one at a
 time, when asked for; opening an index does nothing per tensor."""
 
+from __future__ import annotations
+
 import struct
+from collections.abc import Sequence
+from typing import Any, Union
 
 MAGIC = b"WCINDEX\x00"
 VERSION = 1
@@ -21,11 +25,11 @@ class IndexError_(ValueError):
     """The index is malformed (the daemon's, so a protocol error)."""
 
 
-def _align8(n):
+def _align8(n: int) -> int:
     return (n + 7) & ~7
 
 
-def size(entries):
+def size(entries: Sequence[dict[str, Any]]) -> int:
     """Bytes encode() writes for entries: dicts with name, dtype, shape,
     segment, offset, nbytes and optionally crc32c."""
     n = len(entries)
@@ -34,7 +38,7 @@ def size(entries):
     return HEADER_LEN + n * ENTRY_LEN + _align8(4 * n) + 8 * dims + names
 
 
-def encode(entries):
+def encode(entries: Sequence[dict[str, Any]]) -> bytes:
     """The index of entries, as bytes (Go's EncodeIndex)."""
     n = len(entries)
     names = [e["name"].encode() for e in entries]
@@ -68,7 +72,7 @@ def encode(entries):
 class Index:
     """An encoded index, read in place (a memoryview of the mapping)."""
 
-    def __init__(self, buf):
+    def __init__(self, buf: Union[bytes, bytearray, memoryview, Any]) -> None:
         self.buf = memoryview(buf).cast("B")
         b = self.buf
         if len(b) < HEADER_LEN or bytes(b[:8]) != MAGIC:
@@ -82,23 +86,24 @@ class Index:
               and dims == order + _align8(4 * count) and dims <= strs <= end and (strs - dims) % 8 == 0)
         if not ok:
             raise IndexError_(f"manifest index: sections out of bounds (count {count}, {len(b)} bytes)")
-        self.count, self._entries, self._order, self._dims, self._strs = count, entries, order, dims, strs
+        self.count: int = count
+        self._entries, self._order, self._dims, self._strs = entries, order, dims, strs
         self._ndims = (strs - dims) // 8
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.count
 
-    def _name(self, i):
+    def _name(self, i: int) -> bytes:
         off, n = struct.unpack_from("<QI", self.buf, self._entries + i * ENTRY_LEN)
         avail = len(self.buf) - self._strs
         if off > avail or n > avail - off:
             raise IndexError_(f"manifest index entry {i}: name outside the string table")
         return bytes(self.buf[self._strs + off:self._strs + off + n])
 
-    def name(self, i):
+    def name(self, i: int) -> str:
         return self._name(i).decode("utf-8", "surrogateescape")
 
-    def entry(self, i):
+    def entry(self, i: int) -> tuple[str, str, tuple[int, ...], int, int, int, int]:
         """Entry i: (name, dtype, shape, segment, offset, nbytes, crc32c)."""
         name = self.name(i)
         _, _, ndim, dt, dim_at, seg, crc, off, nbytes = _ENTRY.unpack_from(self.buf, self._entries + i * ENTRY_LEN)
@@ -107,13 +112,13 @@ class Index:
         shape = struct.unpack_from(f"<{ndim}q", self.buf, self._dims + 8 * dim_at)
         return name, dt.rstrip(b"\x00").decode("ascii", "replace"), shape, seg, off, nbytes, crc
 
-    def find(self, name):
+    def find(self, name: str) -> int:
         """The number of the entry called name, or -1 (binary search)."""
         key = name.encode("utf-8", "surrogateescape")
         lo, hi = 0, self.count
         while lo < hi:
             mid = (lo + hi) // 2
-            (i,) = _U32.unpack_from(self.buf, self._order + 4 * mid)
+            i: int = _U32.unpack_from(self.buf, self._order + 4 * mid)[0]
             if i >= self.count:
                 return -1
             got = self._name(i)
@@ -125,6 +130,6 @@ class Index:
                 hi = mid
         return -1
 
-    def names(self):
+    def names(self) -> list[str]:
         """Every name, in entry order."""
         return [self.name(i) for i in range(self.count)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import torch
@@ -14,7 +14,8 @@ DEFAULT_ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
 class MaterializeError(ValueError):
     """Names that did not fit: .missing, .unexpected, .wrong_shape."""
 
-    def __init__(self, missing, unexpected, wrong_shape):
+    def __init__(self, missing: list[str], unexpected: list[str],
+                 wrong_shape: list[tuple[str, Sequence[int], Sequence[int]]]) -> None:
         parts = []
         if missing:
             parts.append("missing: " + ", ".join(missing))
@@ -26,7 +27,7 @@ class MaterializeError(ValueError):
         self.missing, self.unexpected, self.wrong_shape = missing, unexpected, wrong_shape
 
 
-def _slots(module):
+def _slots(module: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str, bool, torch.Tensor]]:
     """(qualified name, owning module, attribute, is_parameter, current) for
     every parameter and buffer; tied ones appear once per name."""
     out = []
@@ -59,11 +60,11 @@ def materialize(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor],
     """
     aliases = DEFAULT_ALIASES if aliases is None else aliases
     slots = _slots(module)
-    groups = {}  # id(original) -> names sharing it
+    groups: dict[int, list[str]] = {}  # id(original) -> names sharing it
     for name, _, _, _, cur in slots:
         groups.setdefault(id(cur), []).append(name)
     plan, missing, wrong = {}, [], []
-    used = set()
+    used: set[str] = set()
     for name, mod, attr, is_param, cur in slots:
         # Every name of a tied group takes the same source, so the group
         # stays one Parameter.
@@ -97,7 +98,7 @@ def materialize(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor],
     return module
 
 
-def _retie(module, tensors, aliases):
+def _retie(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], aliases: Mapping[str, str]) -> None:
     """Tie an alias to its source when the module holds them separately but
     the tensors provided only the source (the checkpoint dropped the tied
     copy): both names must then be one Parameter, as tie_weights makes them."""

@@ -13,11 +13,20 @@ weights stay one object and aliases stay aliases.
 Nothing here imports vLLM.
 """
 
+from __future__ import annotations
+
 import json
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import torch
 
 from . import dtypes
+
+# (name, module, attribute, kind, tensor) of a parameter or buffer.
+Slot = tuple[str, torch.nn.Module, str, str, torch.Tensor]
+# What restore replaced: (module, attribute, kind, tensor); kind None for a name it added.
+Undo = list[tuple[torch.nn.Module, str, Optional[str], Optional[torch.Tensor]]]
 
 INDEX = "weightcache.processed.index"
 FORMAT = 1
@@ -27,16 +36,16 @@ class LayoutError(ValueError):
     """A processed layout that does not fit the model built to receive it."""
 
 
-def _storage(t):
+def _storage(t: torch.Tensor) -> tuple[int, int]:
     """(data_ptr, nbytes) of t's whole storage."""
     s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage().untyped()
     return s.data_ptr(), s.nbytes()
 
 
-def _slots(model):
+def _slots(model: torch.nn.Module) -> list[Slot]:
     """(name, module, attribute, kind, tensor) for every parameter and
     buffer, persistent or not, once per name (tied ones under each name)."""
-    out = []
+    out: list[Slot] = []
     for mod_name, mod in model.named_modules(remove_duplicate=False):
         prefix = mod_name + "." if mod_name else ""
         for attr, p in mod._parameters.items():
@@ -49,15 +58,18 @@ def _slots(model):
     return out
 
 
-def capture(model):
+def capture(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, index) to publish: tensors maps "storage.<i>" and INDEX to
     uint8 tensors (the storages still on the model's device: the
     publisher copies them out); index is the decoded INDEX."""
-    storages, tensors, entries, first = {}, {}, {}, {}
+    storages: dict[tuple[str, Optional[int], int], str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    first: dict[int, str] = {}
     for name, _, _, kind, t in _slots(model):
         if t.device.type == "meta":
             raise LayoutError(f"tensor {name} is on the meta device: nothing to publish")
-        e = {"kind": kind}
+        e: dict[str, Any] = {"kind": kind}
         if id(t) in first:  # the same object under another name: a tie
             e["alias"] = first[id(t)]
             entries[name] = e
@@ -81,7 +93,7 @@ def capture(model):
     return tensors, index
 
 
-def read_index(weights):
+def read_index(weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """The decoded INDEX of attached weights; LayoutError if absent or bad."""
     raw = weights.get(INDEX)
     if raw is None:
@@ -95,7 +107,7 @@ def read_index(weights):
     return index
 
 
-def _views(weights, index, device):
+def _views(weights: Mapping[str, torch.Tensor], index: dict[str, Any], device: torch.device) -> dict[str, torch.Tensor]:
     """name -> tensor rebuilt on device (host views stay zero-copy on cpu;
     each storage is copied to another device once, so ties survive)."""
     bases, out = {}, {}
@@ -123,7 +135,7 @@ def _views(weights, index, device):
     return out
 
 
-def restore(model, weights, device):
+def restore(model: torch.nn.Module, weights: Mapping[str, torch.Tensor], device: torch.device) -> tuple[int, Undo]:
     """Install a processed layout into model, built with its allocations on
     the meta device. The layout must name every parameter and buffer the
     model has (it may add some), each with the model's shape and dtype.
@@ -153,9 +165,9 @@ def restore(model, weights, device):
         if v.dtype != t.dtype or tuple(v.shape) != tuple(t.shape):
             raise LayoutError(f"tensor {name}: the layout has {dtypes.from_torch(v.dtype)} {list(v.shape)}, "
                               f"the model {dtypes.from_torch(t.dtype)} {list(t.shape)}")
-    undo = [(mod, attr, kind, t) for mod, attr, kind, t in slots.values()]
+    undo: Undo = [(mod, attr, kind, t) for mod, attr, kind, t in slots.values()]
     undo += [(owners[n][0], owners[n][1], None, None) for n in entries if n not in slots]
-    made = {}  # id(view) -> installed object, so that ties stay one object
+    made: dict[int, torch.Tensor] = {}  # id(view) -> installed object, so that ties stay one object
     for name, e in entries.items():
         mod, attr = owners[name]
         v = views[name]
@@ -178,7 +190,7 @@ def restore(model, weights, device):
     return sum(w.numel() for n, w in weights.items() if n != INDEX), undo
 
 
-def _install(mod, attr, kind, obj):
+def _install(mod: torch.nn.Module, attr: str, kind: Optional[str], obj: Optional[torch.Tensor]) -> None:
     mod._parameters.pop(attr, None)
     mod._buffers.pop(attr, None)
     mod._non_persistent_buffers_set.discard(attr)
@@ -190,20 +202,20 @@ def _install(mod, attr, kind, obj):
             mod._non_persistent_buffers_set.add(attr)
 
 
-def undo_restore(undo):
+def undo_restore(undo: Undo) -> None:
     """Put back what restore replaced (and drop what it added), so that a
     model whose restore or post-processing failed can be loaded afresh."""
     for mod, attr, kind, t in reversed(undo):
         _install(mod, attr, kind, t)
 
 
-def shares_storage(model, weights):
+def shares_storage(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> bool:
     """Whether any of model's tensors are views of weights' memory (zero-copy):
     then the weights' lease must live as long as the model."""
     mine = {_storage(t)[0] for n, t in weights.items() if n != INDEX and t.numel()}
     return any(_storage(t)[0] in mine for _, _, _, _, t in _slots(model) if t.device.type != "meta" and t.numel())
 
 
-def meta_tensors(model):
+def meta_tensors(model: torch.nn.Module) -> list[str]:
     """Names of parameters and buffers still on the meta device."""
     return sorted(n for n, _, _, _, t in _slots(model) if t.device.type == "meta")

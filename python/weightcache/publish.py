@@ -15,6 +15,7 @@ import torch
 from . import cuda, dtypes, identity, index, protocol
 from .attach import device_key
 from .checkpoint import INDEX_NAME, resolve
+from .fingerprint import Request
 
 ALIGNMENT = 256  # backend.Alignment
 MAX_SEGMENT = 4 << 30  # backend.DefaultMaxSegment
@@ -32,16 +33,17 @@ class AlreadyPublished(PublishError):
     """A layout is committed already: attach it instead."""
 
 
-def _align(n):
+def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
 
 
-def pack(sizes, max_segment=MAX_SEGMENT):
+def pack(sizes: Sequence[int], max_segment: int = MAX_SEGMENT) -> tuple[list[tuple[int, int]], list[int]]:
     """Lay items out in order at aligned offsets in segments of at most
     max_segment bytes, as Go's backend.Pack: [(segment, offset)], [sizes]."""
     if max_segment < ALIGNMENT:
         raise ValueError(f"segment size {max_segment} is below the alignment of {ALIGNMENT} bytes")
-    places, segs = [], []
+    places: list[tuple[int, int]] = []
+    segs: list[int] = []
     for i, n in enumerate(sizes):
         if n < 0:
             raise ValueError(f"item {i} has negative size {n}")
@@ -53,7 +55,7 @@ def pack(sizes, max_segment=MAX_SEGMENT):
     return places, [max(_align(s), ALIGNMENT) for s in segs]
 
 
-def _raw_bytes(t):
+def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bytes as a host uint8 tensor (a view where possible)."""
     t = t.detach()
     if t.device.type != "cpu":
@@ -67,7 +69,7 @@ class Publisher:
     commit() makes them the daemon's layout. close() before commit (or the
     process dying) abandons it and the daemon frees everything."""
 
-    def __init__(self, model: Union[str, os.PathLike], specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
+    def __init__(self, model: Union[str, os.PathLike[str]], specs: Sequence[tuple[str, torch.dtype, Sequence[int]]],
                  engine: str, engine_version: str = "", device: Union[str, torch.device] = "host",
                  socket_dir: Optional[str] = None, group: str = "main", dtype: str = "auto",
                  revision: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
@@ -77,7 +79,10 @@ class Publisher:
         if not engine:
             raise ValueError("publish: engine is required (a published layout carries the engine's name and version)")
         ckpt = resolve(model, revision)
-        self.fingerprint = ckpt.fingerprint(dtype, tp_size, tp_rank, dp_size, dp_rank, engine, engine_version, engine_config)
+        self.fingerprint = ckpt.fingerprint(Request(model=os.fspath(model), revision=revision or "", dtype=dtype,
+                                                    tp_size=tp_size, tp_rank=tp_rank, dp_size=dp_size, dp_rank=dp_rank,
+                                                    engine=engine, engine_version=engine_version,
+                                                    engine_config=engine_config))
         # What later engines compare their files with instead of hashing
         # headers (Go's Checkpoint.Identity).
         names = [s.name for s in ckpt.shards]
@@ -91,24 +96,24 @@ class Publisher:
         self.wait_s = wait_s
         self.timeout = connect_timeout_s
         self.client = client_name
-        self.entries = {}
+        self.entries: dict[str, dict[str, Any]] = {}
         seen = set()
-        sizes = []
+        sizes: list[int] = []
         for name, dt, shape in specs:
             if not name or name in seen:
                 raise ValueError(f"publish: tensor name {name!r} is empty or listed twice")
             seen.add(name)
             st = dtypes.from_torch(dt)
-            shape = [int(d) for d in shape]
-            sizes.append(dtypes.nbytes(st, shape))
-            self.entries[name] = {"name": name, "dtype": st, "shape": shape, "nbytes": sizes[-1]}
+            dims = [int(d) for d in shape]
+            sizes.append(dtypes.nbytes(st, dims))
+            self.entries[name] = {"name": name, "dtype": st, "shape": dims, "nbytes": sizes[-1]}
         places, self.sizes = pack(sizes)
         for e, (seg, off) in zip(self.entries.values(), places):
             e["segment"], e["offset"] = seg, off
-        self.conn = None
-        self.fds = []
+        self.conn: Optional[protocol.Conn] = None
+        self.fds: list[int] = []
         self.index_fd = -1  # the daemon's memfd for our manifest index
-        self.gpu = []  # writable GPU mappings, closed before commit
+        self.gpu: list[cuda.Mapping] = []  # writable GPU mappings, closed before commit
 
     def open(self) -> Publisher:
         """Claim the daemon and receive the segments. On any error nothing
@@ -119,30 +124,30 @@ class Publisher:
             self.close()
             raise
 
-    def _open(self):
-        self.conn = protocol.Conn(protocol.socket_path(self.dir, self.group, self.device), self.timeout)
+    def _open(self) -> Publisher:
+        self.conn = conn = protocol.Conn(protocol.socket_path(self.dir, self.group, self.device), self.timeout)
         hello = protocol.Hello(fingerprint=self.fingerprint.to_wire(), device=self.device,
                                mode="zero_copy", client=self.client)
-        fr = self.conn.call(hello, "ok", "mismatch", timeout=self.timeout)
+        fr = conn.call(hello, "ok", "mismatch", timeout=self.timeout)
         if fr.type == "mismatch":
-            raise PublishError(f"publish to {self.conn.path}: fingerprint mismatch {fr.reply(protocol.Mismatch).fields}")
+            raise PublishError(f"publish to {conn.path}: fingerprint mismatch {fr.reply(protocol.Mismatch).fields}")
         req = protocol.Publish(sizes=self.sizes, wait_ms=int(self.wait_s * 1000),
                                index_size=index.size(list(self.entries.values())),
                                tensors=len(self.entries), identity=self.identity)
         try:
-            fr = self.conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
+            fr = conn.call(req, "publish_segments", "ready", timeout=self.timeout + self.wait_s, fds_expected=True)
         except protocol.WireError as e:
             if e.code == "busy":
-                raise BusyError(f"publish to {self.conn.path}: {e}") from None
-            raise PublishError(f"publish to {self.conn.path}: {e}") from None
+                raise BusyError(f"publish to {conn.path}: {e}") from None
+            raise PublishError(f"publish to {conn.path}: {e}") from None
         if fr.type == "ready":
-            raise AlreadyPublished(f"publish to {self.conn.path}: a layout is already committed")
-        reply = fr.reply(protocol.PublishSegments)
+            raise AlreadyPublished(f"publish to {conn.path}: a layout is already committed")
+        reply: protocol.PublishSegments = fr.reply(protocol.PublishSegments)
         segs = reply.segments
         if len(segs) != len(self.sizes) or len(fr.fds) != len(self.sizes) + 1 or any(
                 s.get("index") != i or s.get("size", 0) < self.sizes[i] for i, s in enumerate(segs)):
             fr.close_fds()
-            raise protocol.ProtocolError(f"asked {self.conn.path} for segments {self.sizes} and an index, got {segs} with {len(fr.fds)} descriptors")
+            raise protocol.ProtocolError(f"asked {conn.path} for segments {self.sizes} and an index, got {segs} with {len(fr.fds)} descriptors")
         self.fds, self.index_fd, fr.fds = fr.fds[:-1], fr.fds[-1], []
         if reply.device.startswith("GPU-"):
             ordinal = cuda.ordinal_of(reply.device)
@@ -163,8 +168,9 @@ class Publisher:
             return
         raw = _raw_bytes(tensor)
         # A view of the tensor's own memory: no copy, and no numpy needed.
-        data = memoryview((ctypes.c_ubyte * e["nbytes"]).from_address(raw.data_ptr())).cast("B") if e["nbytes"] else b""
-        off, fd = e["offset"], self.fds[e["segment"]]
+        data: Union[memoryview, bytes] = memoryview((ctypes.c_ubyte * e["nbytes"]).from_address(raw.data_ptr())).cast("B") if e["nbytes"] else b""
+        off: int = e["offset"]
+        fd = self.fds[e["segment"]]
         while data:
             n = os.pwrite(fd, data, off)
             data, off = data[n:], off + n
@@ -181,21 +187,24 @@ class Publisher:
             self._write_index()
             self._close_fds()
             req = protocol.Commit(tensors=len(self.entries))
+            if self.conn is None:
+                raise PublishError("commit: publisher is not open")
             try:
                 fr = self.conn.call(req, "committed", timeout=timeout_s)
             except protocol.WireError as e:
                 raise PublishError(f"commit to {self.conn.path}: {e}") from None
-            return fr.body
+            body: dict[str, Any] = fr.body
+            return body
         finally:
             self.close()
 
-    def _write_index(self):
+    def _write_index(self) -> None:
         data = memoryview(index.encode(list(self.entries.values())))
         off = 0
         while off < len(data):
             off += os.pwrite(self.index_fd, data[off:], off)
 
-    def _close_fds(self):
+    def _close_fds(self) -> None:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -212,14 +221,14 @@ class Publisher:
             self.conn.close()
             self.conn = None
 
-    def __enter__(self):
+    def __enter__(self) -> Publisher:
         return self.open()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def publish(model: Union[str, os.PathLike], tensors: Mapping[str, torch.Tensor], engine: str,
+def publish(model: Union[str, os.PathLike[str]], tensors: Mapping[str, torch.Tensor], engine: str,
             engine_version: str = "", **kwargs: Any) -> dict[str, Any]:
     """Publish tensors (name -> tensor, in layout order) in one go; returns
     the daemon's committed reply. Raises BusyError, AlreadyPublished or

@@ -3,11 +3,15 @@ internal/safetensors: capped header, no duplicate keys, known fields and
 dtypes only, sizes that match dtype x shape, and offsets that tile the data
 section exactly (sorted, contiguous, in bounds)."""
 
+from __future__ import annotations
+
 import json
 import mmap
 import os
 import struct
 import warnings
+from collections.abc import Callable
+from typing import Any, Optional
 
 from . import dtypes
 
@@ -22,11 +26,11 @@ class FormatError(ValueError):
 class Entry:
     __slots__ = ("name", "dtype", "shape", "begin", "end")
 
-    def __init__(self, name, dtype, shape, begin, end):
+    def __init__(self, name: str, dtype: str, shape: tuple[int, ...], begin: int, end: int) -> None:
         self.name, self.dtype, self.shape, self.begin, self.end = name, dtype, shape, begin, end
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.end - self.begin
 
 
@@ -34,7 +38,7 @@ class Header:
     """A validated header: tensors sorted by offset, the raw bytes (for the
     checkpoint hash) and where the data section starts."""
 
-    def __init__(self, raw, tensors, metadata):
+    def __init__(self, raw: bytes, tensors: list[Entry], metadata: Optional[dict[str, str]]) -> None:
         self.raw = raw
         self.tensors = tensors
         self.metadata = metadata
@@ -42,9 +46,9 @@ class Header:
         self.by_name = {t.name: t for t in tensors}
 
 
-def _no_duplicates(where):
-    def hook(pairs):
-        seen = {}
+def _no_duplicates(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
         for k, v in pairs:
             if k in seen:
                 raise FormatError(f"{where}: key {k!r} appears twice")
@@ -53,7 +57,7 @@ def _no_duplicates(where):
     return hook
 
 
-def _ints(v, where):
+def _ints(v: Any, where: str) -> list[int]:
     if not isinstance(v, list):
         raise FormatError(f"{where} is not an array")
     for i, x in enumerate(v):
@@ -62,7 +66,7 @@ def _ints(v, where):
     return v
 
 
-def parse_header(raw, data_size, path="<header>"):
+def parse_header(raw: bytes, data_size: int, path: str = "<header>") -> Header:
     """Validate header JSON raw (without its length) of a file whose data
     section is data_size bytes."""
     if len(raw) > MAX_HEADER_SIZE:
@@ -78,12 +82,12 @@ def parse_header(raw, data_size, path="<header>"):
                          parse_constant=lambda c: (_ for _ in ()).throw(FormatError(f"{path}: header is not valid JSON: {c}")))
     except FormatError:
         raise
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":  # Go's wording, which the shared vectors pin
-            raise FormatError(f"{path}: header has data after its JSON object at byte {e.pos}") from None
-        raise FormatError(f"{path}: header is not valid JSON: {e}") from None
-    except ValueError as e:  # an integer too long for int()
-        raise FormatError(f"{path}: header is not valid JSON: {e}") from None
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data":  # Go's wording, which the shared vectors pin
+            raise FormatError(f"{path}: header has data after its JSON object at byte {err.pos}") from None
+        raise FormatError(f"{path}: header is not valid JSON: {err}") from None
+    except ValueError as err:  # an integer too long for int()
+        raise FormatError(f"{path}: header is not valid JSON: {err}") from None
     metadata = None
     tensors = []
     for name, e in obj.items():
@@ -133,7 +137,7 @@ def parse_header(raw, data_size, path="<header>"):
     return Header(raw, tensors, metadata)
 
 
-def read_header(path):
+def read_header(path: str) -> tuple[Header, int]:
     """Read and validate the header of the safetensors file at path."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -150,7 +154,7 @@ def read_header(path):
     return parse_header(raw, size - 8 - n, path), size
 
 
-def map_file(path):
+def map_file(path: str) -> mmap.mmap:
     """A read-only mapping of the whole file, prefaulted where the kernel
     offers it (one sequential pass instead of a fault per page)."""
     flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
@@ -159,7 +163,7 @@ def map_file(path):
         return mmap.mmap(f.fileno(), size, flags=flags, prot=mmap.PROT_READ)
 
 
-def readonly_bytes(buf):
+def readonly_bytes(buf: Any) -> Any:
     """A uint8 tensor over a read-only buffer (a PROT_READ mapping), without
     torch's "buffer is not writable" warning: read-only is the point, and
     nothing writes through these views. (catch_warnings is process-wide

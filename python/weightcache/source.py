@@ -1,5 +1,10 @@
 """Where weights came from, and why not from the daemon."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
 NO_DAEMON = "no_daemon"
 NOT_READY_TIMEOUT = "not_ready_timeout"
 FINGERPRINT_MISMATCH = "fingerprint_mismatch"
@@ -24,7 +29,8 @@ class AttachInfo:
     """source is "hit" or "fallback"; reason, fields (differing fingerprint
     fields as {"field", "want", "got"}) and detail say why it missed."""
 
-    def __init__(self, source, reason="", fields=None, detail="", socket="", device=""):
+    def __init__(self, source: str, reason: str = "", fields: Optional[Sequence[dict[str, str]]] = None,
+                 detail: str = "", socket: str = "", device: str = "") -> None:
         self.source = source
         self.reason = reason
         self.fields = list(fields or [])
@@ -34,15 +40,15 @@ class AttachInfo:
         self.seconds = 0.0
 
     @property
-    def hit(self):
+    def hit(self) -> bool:
         return self.source == "hit"
 
     @property
-    def publish_wanted(self):
+    def publish_wanted(self) -> bool:
         """The daemon is empty and waits for an engine to publish."""
         return self.reason == EMPTY
 
-    def __str__(self):
+    def __str__(self) -> str:
         if self.hit:
             return f"hit from {self.socket}"
         msg = self.reason
@@ -55,7 +61,8 @@ class AttachInfo:
     __repr__ = __str__
 
 
-def miss(reason, detail="", fields=None, socket=""):
+def miss(reason: str, detail: Any = "", fields: Optional[Sequence[dict[str, str]]] = None,
+         socket: str = "") -> AttachInfo:
     return AttachInfo("fallback", reason, fields, str(detail), socket)
 
 
@@ -63,7 +70,7 @@ class MissError(Exception):
     """attach with fallback=False when the daemon cannot serve; .reason and
     .info say why."""
 
-    def __init__(self, info):
+    def __init__(self, info: AttachInfo) -> None:
         super().__init__(f"weight cache miss, {info}")
         self.info = info
         self.reason = info.reason
