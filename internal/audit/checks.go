@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -30,6 +31,12 @@ func (s *fileScan) checks() {
 			}
 		case "differs":
 			s.differs(r)
+		case "unset":
+			for i := range s.facts.Commands {
+				s.unset(r, i)
+			}
+		case "unknown-env":
+			s.unknownEnv(r)
 		}
 	}
 	for i, c := range s.facts.Commands {
@@ -39,7 +46,7 @@ func (s *fileScan) checks() {
 	}
 }
 
-// combination reports the conflicts on command i when it, or the
+// combination reports command i when it has every conflict and it, or the
 // environment it runs in, has a trigger.
 func (s *fileScan) combination(r *Rule, i int) {
 	c := &s.facts.Commands[i]
@@ -51,14 +58,22 @@ func (s *fileScan) combination(r *Rule, i int) {
 		return
 	}
 	flags := s.flags[i]
-	for j := range flags {
-		fu := &flags[j]
-		for k := range r.Conflicts {
-			if r.Conflicts[k].matchesFlag(fu) {
-				s.add(r, fu.pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", spell(fu), trigger))
-			}
+	var found []*flagUse
+	for k := range r.Conflicts {
+		j := slices.IndexFunc(flags, func(fu flagUse) bool { return r.Conflicts[k].matchesFlag(&fu) })
+		if j < 0 {
+			return
 		}
+		found = append(found, &flags[j])
 	}
+	slices.SortFunc(found, func(a, b *flagUse) int {
+		return cmp.Or(cmp.Compare(a.pos.Line, b.pos.Line), cmp.Compare(a.pos.Col, b.pos.Col))
+	})
+	spelled := make([]string, len(found))
+	for k, fu := range found {
+		spelled[k] = spell(fu)
+	}
+	s.add(r, found[0].pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", strings.Join(spelled, " with "), trigger))
 }
 
 func (s *fileScan) firstTrigger(ms []Match, i int) string {
@@ -83,6 +98,22 @@ func (s *fileScan) firstTrigger(ms []Match, i int) string {
 		}
 	}
 	return ""
+}
+
+// unset reports a whole vLLM command line (one that names its program)
+// that does not set the rule's flag: the default it runs with changed.
+// Fragments of flags and keyword arguments are not whole.
+func (s *fileScan) unset(r *Rule, i int) {
+	c := &s.facts.Commands[i]
+	if c.Comment || c.prog != progVLLM || c.args == 0 || !r.appliesTo(c) {
+		return
+	}
+	for j := range s.flags[i] {
+		if slices.Contains(r.flagNames(), s.flags[i][j].name) {
+			return
+		}
+	}
+	s.add(r, c.Words[c.args-1].Pos, false, "")
 }
 
 // spell writes a flag use back as an operator would read it.
@@ -171,7 +202,8 @@ func (s *fileScan) loader(flags []flagUse) {
 		}
 	}
 	for _, r := range s.rs.Rules {
-		if r.Check != "loader-conflict" || !s.active[r.idx] || (len(r.Modes) > 0 && (!modeKnown || !slices.Contains(r.Modes, mode))) {
+		if r.Check != "loader-conflict" || !s.active[r.idx] || (len(r.Modes) > 0 && (!modeKnown || !slices.Contains(r.Modes, mode))) ||
+			(len(r.LoadFormats) > 0 && !slices.Contains(r.LoadFormats, lf.value)) {
 			continue
 		}
 		for j := range flags {
@@ -234,6 +266,21 @@ func (l *Loader) checkKey(k string, raw json.RawMessage) string {
 		var f float64
 		if json.Unmarshal(raw, &f) != nil || f <= 0 {
 			return fmt.Sprintf("%s is %s, not a positive number of seconds", k, raw)
+		}
+	case "number":
+		var f float64
+		if json.Unmarshal(raw, &f) != nil {
+			return fmt.Sprintf("%s is %s, not a number", k, raw)
+		}
+	case "string":
+		var v string
+		if json.Unmarshal(raw, &v) != nil {
+			return fmt.Sprintf("%s is %s, not a string", k, raw)
+		}
+	case "choice":
+		var v string
+		if json.Unmarshal(raw, &v) != nil || !slices.Contains(l.Choices[k], v) {
+			return fmt.Sprintf("%s is %s, not one of %s", k, raw, strings.Join(l.Choices[k], ", "))
 		}
 	}
 	return ""

@@ -42,7 +42,9 @@ func newPrefilter(rs *RuleSet) *prefilter {
 		i := pf.n
 		ids[s] = i
 		pf.n++
-		if isToken(s) && len(s) < 64 {
+		if prefix, ok := strings.CutSuffix(s, "*"); ok {
+			pf.substrings[i] = []byte(prefix) // a prefix: any name that starts with it
+		} else if isToken(s) && len(s) < 64 {
 			pf.tokens[s] = i
 			pf.lens[s[0]] |= 1 << len(s)
 		} else {
@@ -102,6 +104,10 @@ func (r *Rule) needleGroups(rs *RuleSet) [][]string {
 		return [][]string{namesOf(r.Triggers), namesOf(r.Conflicts)}
 	case "differs":
 		return [][]string{(&Match{Flag: r.Flag}).names(), (&Match{Flag: r.DiffersFrom}).names()}
+	case "unset":
+		return [][]string{{"vllm"}} // any vLLM command line
+	case "unknown-env":
+		return [][]string{{envPrefix + "*"}}
 	default: // loader checks: --load-format and one of the loaders
 		formats := make([]string, 0, len(rs.Loaders))
 		for f := range rs.Loaders {
