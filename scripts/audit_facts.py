@@ -178,6 +178,9 @@ def env_elsewhere(root: str, known: set[str]) -> list[str]:
     return sorted(names - known)
 
 
+MAIN = ("__name__ == '__main__'", '__name__ == "__main__"')
+
+
 def modules(root: str) -> list[dict]:
     """Entry points under vllm/entrypoints that run as python -m, and the
     DeprecationWarning each prints."""
@@ -188,12 +191,12 @@ def modules(root: str) -> list[dict]:
             if not f.endswith(".py"):
                 continue
             path = os.path.join(d, f)
-            src = open(path).read()
-            if '__name__ == "__main__"' not in src and "__name__ == '__main__'" not in src:
+            tree = ast.parse(open(path).read())
+            if not any(isinstance(n, ast.If) and ast.unparse(n.test) in MAIN for n in tree.body):
                 continue
             name = rel(path, root)[:-3].replace("/", ".")
             m: dict[str, Any] = {"name": name, "file": rel(path, root), "line": 1}
-            for node in ast.walk(ast.parse(src)):
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and "DeprecationWarning" in ast.unparse(node) \
                         and getattr(node.func, "attr", getattr(node.func, "id", "")) == "warn":
                     text = " ".join(ast.literal_eval(a) for a in node.args if _is_str(a))

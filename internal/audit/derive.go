@@ -35,7 +35,28 @@ func deriveRules(rels []*release) []*Rule {
 		out = append(out, envChanges(a, b)...)
 		out = append(out, moduleChanges(a, b)...)
 	}
+	keepDeprecations(out, rels)
 	return mergeSubcommands(out)
+}
+
+// keepDeprecations keeps a deprecation in force past the release it
+// announced the removal for when that release still accepts the flag
+// (0.33 kept --log-config-file): the facts, not the announcement, decide.
+func keepDeprecations(rules []*Rule, rels []*release) {
+	for _, r := range rules {
+		if r.Kind != kindDeprecated || r.Until == "" || r.Flag == "" {
+			continue
+		}
+		for _, rel := range rels {
+			if minor(rel.v) != r.Until {
+				continue
+			}
+			if o, _ := rel.option(normalizeFlag(r.Flag)); o != nil {
+				r.Message += "; " + rel.Version + " still accepts it"
+				r.Until = ""
+			}
+		}
+	}
 }
 
 // flagChanges: spellings, choices and defaults of each subcommand's

@@ -30,10 +30,17 @@ type prefilter struct {
 	// always holds needles that make a file worth parsing whatever the
 	// rules: references to environment files to follow.
 	always []int
+	// unknownEnv is the needle of a VLLM_ name no release reads (-1: no
+	// rule wants it); a known name does not make a file worth parsing.
+	unknownEnv int
+	// riders are rules that apply only to files parsed for another rule:
+	// a changed default concerns every vLLM command line, and parsing
+	// every file that has one would cost the audit its speed.
+	riders []bool
 }
 
 func newPrefilter(rs *RuleSet) *prefilter {
-	pf := &prefilter{tokens: map[string]int{}, substrings: map[int][]byte{}}
+	pf := &prefilter{tokens: map[string]int{}, substrings: map[int][]byte{}, unknownEnv: -1}
 	ids := map[string]int{}
 	id := func(s string) int {
 		if i, ok := ids[s]; ok {
@@ -42,8 +49,8 @@ func newPrefilter(rs *RuleSet) *prefilter {
 		i := pf.n
 		ids[s] = i
 		pf.n++
-		if prefix, ok := strings.CutSuffix(s, "*"); ok {
-			pf.substrings[i] = []byte(prefix) // a prefix: any name that starts with it
+		if s == unknownEnvNeedle {
+			pf.unknownEnv = i // found by the token scan
 		} else if isToken(s) && len(s) < 64 {
 			pf.tokens[s] = i
 			pf.lens[s[0]] |= 1 << len(s)
@@ -65,6 +72,7 @@ func newPrefilter(rs *RuleSet) *prefilter {
 			req = append(req, group(g))
 		}
 		pf.reqs = append(pf.reqs, req)
+		pf.riders = append(pf.riders, r.Check == "unset")
 	}
 	pf.always = group([]string{"EnvironmentFile", "env_file", "env-file"})
 	return pf
@@ -85,6 +93,9 @@ func isToken(s string) bool {
 	}
 	return s != ""
 }
+
+// unknownEnvNeedle stands for a VLLM_ name no release reads.
+const unknownEnvNeedle = "VLLM_?"
 
 // needleGroups lists what must appear in a file for the rule to match:
 // names are searched without their dashes so that keyword (a_b) and flag
@@ -107,7 +118,7 @@ func (r *Rule) needleGroups(rs *RuleSet) [][]string {
 	case "unset":
 		return [][]string{{"vllm"}} // any vLLM command line
 	case "unknown-env":
-		return [][]string{{envPrefix + "*"}}
+		return [][]string{{unknownEnvNeedle}}
 	default: // loader checks: --load-format and one of the loaders
 		formats := make([]string, 0, len(rs.Loaders))
 		for f := range rs.Loaders {
@@ -165,6 +176,9 @@ func (pf *prefilter) found(src []byte) []bool {
 			j++
 		}
 		pf.lookup(src[i:j], seen)
+		if pf.unknownEnv >= 0 && j-i > len(envPrefix) && string(src[i:i+len(envPrefix)]) == envPrefix && !knownEnv[string(src[i:j])] {
+			seen[pf.unknownEnv] = true
+		}
 		if src[i] == '-' {
 			pf.lookup(bytes.TrimLeft(src[i:j], "-"), seen)
 		}
@@ -207,7 +221,10 @@ func (pf *prefilter) active(src []byte) ([]bool, bool) {
 			}
 		}
 		act[r] = ok
-		any = any || ok
+		any = any || (ok && !pf.riders[r])
+	}
+	for r := range act {
+		act[r] = act[r] && (any || !pf.riders[r])
 	}
 	return act, any
 }

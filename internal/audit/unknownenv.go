@@ -3,6 +3,7 @@ package audit
 import (
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // A VLLM_ variable that no release reads is most likely a typo or a name
@@ -57,9 +58,22 @@ func (s *fileScan) unknownEnv(r *Rule) {
 	}
 }
 
+// closest remembers closestEnv's answers: a tree repeats its names, and
+// each answer costs an edit distance to every known name.
+var closest sync.Map
+
 // closestEnv is the known name nearest to name in edit distance, when it
 // is near enough to be a typo of it: at most one edit in four characters.
 func closestEnv(name string) string {
+	if v, ok := closest.Load(name); ok {
+		return v.(string)
+	}
+	near := nearestEnv(name)
+	closest.Store(name, near)
+	return near
+}
+
+func nearestEnv(name string) string {
 	best, bestD := "", len(name)/4+1
 	for k := range knownEnv {
 		if d := editDistance(name, k, bestD); d < bestD || (d == bestD && best != "" && k < best) {
