@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -100,12 +101,13 @@ func (s *fileScan) firstTrigger(ms []Match, i int) string {
 	return ""
 }
 
-// unset reports a whole vLLM command line (one that names its program)
-// that does not set the rule's flag: the default it runs with changed.
-// Fragments of flags and keyword arguments are not whole.
+// unset reports a whole command line that starts vLLM's server and does
+// not set the rule's flag: the default it runs with changed. Fragments of
+// flags and keyword arguments are not whole; other vLLM programs (run_batch,
+// bench) have their own options.
 func (s *fileScan) unset(r *Rule, i int) {
 	c := &s.facts.Commands[i]
-	if c.Comment || c.prog != progVLLM || c.args == 0 || !r.appliesTo(c) {
+	if c.Comment || c.prog != progVLLM || !servesWhole(c) || !r.appliesTo(c) {
 		return
 	}
 	for j := range s.flags[i] {
@@ -115,6 +117,23 @@ func (s *fileScan) unset(r *Rule, i int) {
 	}
 	s.add(r, c.Words[c.args-1].Pos, false, "")
 }
+
+// servesWhole: vllm serve, python -m vllm.entrypoints.openai.api_server,
+// or a vLLM image's own entrypoint, written out whole.
+func servesWhole(c *Command) bool {
+	switch {
+	case c.args == 0 || c.args > len(c.Words):
+		return false
+	case c.module >= 0:
+		return c.Words[c.module].Text == apiServerModule
+	case path.Base(c.Words[c.args-1].Text) == "vllm": // the CLI
+		return c.args < len(c.Words) && c.Words[c.args].Text == "serve"
+	}
+	return isVLLMImage(c.Words[c.args-1].Text)
+}
+
+// apiServerModule is the module vLLM's image runs.
+const apiServerModule = "vllm.entrypoints.openai.api_server"
 
 // spell writes a flag use back as an operator would read it.
 func spell(fu *flagUse) string {

@@ -1,6 +1,9 @@
 package audit
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestLoaderChecks(t *testing.T) {
 	const serve = "vllm serve m --load-format "
@@ -37,6 +40,41 @@ func TestLoaderChecks(t *testing.T) {
 		{"yaml config map", "c.yaml", "load_format: ipc_cache\nmodel_loader_extra_config:\n  fallback: false\n  mode: copy\nenable_sleep_mode: true\n", nil},
 		{"other loader", "a.sh", "vllm serve m --load-format safetensors --model-loader-extra-config '{}'\n", nil},
 	})
+}
+
+// TestChangedDefault: a changed default is noted where a whole command line
+// starts the server without the flag, at the releases that have the change.
+func TestChangedDefault(t *testing.T) {
+	rs, err := LoadRules(nil, "", "0.32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const note = "changed-default/--allowed-origins@0.32"
+	cases := []struct {
+		name, file, src string
+		want            []string
+	}{
+		{"serve", "a.sh", "vllm serve m --tokenizer-mode slow\n", []string{"1:1 " + note, "1:14 tokenizer-mode-slow"}},
+		{"set", "a.sh", "vllm serve m --tokenizer-mode slow --allowed-origins '[]'\n", []string{"1:14 tokenizer-mode-slow"}},
+		{"api server module", "a.sh", "python -m vllm.entrypoints.openai.api_server --tokenizer-mode slow\n", []string{"1:11 " + note, "1:11 deprecated-module/vllm.entrypoints.openai.api_server@0.29", "1:46 tokenizer-mode-slow"}},
+		{"other programs", "a.sh", "vllm bench serve --tokenizer-mode slow\nvllm preload --model m --tokenizer-mode slow\n", []string{"1:18 tokenizer-mode-slow", "2:24 tokenizer-mode-slow"}},
+		{"fragment", "a.sh", "VLLM_ARGS='--tokenizer-mode slow'\n", []string{"1:12 tokenizer-mode-slow"}},
+		{"nothing else to report", "a.sh", "vllm serve m\n", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := brief(rs, scanSource(t, rs, c.file, c.src))
+			if c.want == nil {
+				c.want = []string{}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+	if rs31, _ := LoadRules(nil, "", "0.31"); slices.ContainsFunc(rs31.Rules, func(r *Rule) bool { return r.ID == note }) {
+		t.Errorf("%s in force at 0.31", note)
+	}
 }
 
 func TestCombinationAndDiffers(t *testing.T) {
