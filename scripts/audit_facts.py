@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import enum
 import hashlib
 import json
 import os
@@ -63,11 +64,16 @@ def record_calls(root: str) -> dict[int, tuple[str, int]]:
 
 
 def jsonable(v: Any) -> Any:
+    """A default as JSON; a config object by its type only (<EPLBConfig>):
+    its repr changes with every field vLLM adds, which is not a change of
+    the option."""
+    if isinstance(v, enum.Enum):
+        return jsonable(v.value)
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float, str)) for x in v):
         return list(v)
-    return repr(v)
+    return "<%s>" % type(v).__name__
 
 
 def options(parser: argparse.ArgumentParser, where: dict, deprecated: set) -> list[dict]:
