@@ -198,11 +198,14 @@ def modules(root: str) -> list[dict]:
                 continue
             path = os.path.join(d, f)
             tree = ast.parse(open(path).read())
-            if not any(isinstance(n, ast.If) and ast.unparse(n.test) in MAIN for n in tree.body):
+            main = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) in MAIN]
+            if not main:
                 continue
             name = rel(path, root)[:-3].replace("/", ".")
             m: dict[str, Any] = {"name": name, "file": rel(path, root), "line": 1}
-            for node in ast.walk(tree):
+            # What python -m prints comes first: the warning of the main
+            # block, then one the module prints when imported.
+            for node in [*ast.walk(main[0]), *ast.walk(tree)]:
                 if isinstance(node, ast.Call) and "DeprecationWarning" in ast.unparse(node) \
                         and getattr(node.func, "attr", getattr(node.func, "id", "")) == "warn":
                     text = " ".join(ast.literal_eval(a) for a in node.args if _is_str(a))

@@ -135,10 +135,15 @@ func spellingGone(a, b *release, sub string, o, n *option, f string) *Rule {
 
 func choiceGone(a, b *release, sub string, o, n *option, c string) *Rule {
 	flag := o.Flags[0]
+	fix := "choose one of " + strings.Join(n.Choices, ", ")
+	if n.Nargs == "+" || n.Nargs == "*" {
+		// The option takes a list: its items are separate words.
+		fix = "give one or more of " + strings.Join(n.Choices, ", ") + ", each a word of its own"
+	}
 	return &Rule{ID: fmt.Sprintf("removed-choice/%s=%s@%s", flag, c, minor(b.v)), Release: minor(b.v), Severity: "error", Kind: kindRemoved,
 		Match:   Match{Flag: flag, Aliases: o.Flags[1:], Values: []string{c}},
 		Message: fmt.Sprintf("%s %s is no longer a choice; vLLM refuses it at start (invalid choice)", flag, c),
-		Fix:     "choose one of " + strings.Join(n.Choices, ", "),
+		Fix:     fix,
 		Source:  fmt.Sprintf("%s lists %s among the choices of %s; %s does not (%s:%d)", a.cite(o.File, o.Line), c, flag, b.Version, n.File, n.Line),
 		Sub:     []string{sub}}
 }
@@ -209,10 +214,14 @@ func deprecations(a, b *release) []*Rule {
 		if m.Deprecated == "" || (a != nil && a.module(m.Name) != nil && a.module(m.Name).Deprecated != "") {
 			continue
 		}
+		fix := "run what the deprecation names instead of python -m " + m.Name
+		if m.Name == apiServerModule { // its message names `vllm server`, which does not exist
+			fix = "start the server with `vllm serve MODEL [flags]`"
+		}
 		r := &Rule{ID: "deprecated-module/" + m.Name + "@" + minor(b.v), Release: minor(b.v), Severity: "warning", Kind: kindDeprecated,
 			Match:   Match{Module: m.Name},
 			Message: m.Name + " is deprecated: " + m.Deprecated,
-			Fix:     "start the server with `vllm serve MODEL [flags]`",
+			Fix:     fix,
 			Source:  b.cite(m.File, m.Line)}
 		announce(r, m.RemovedIn, b)
 		out = append(out, r)

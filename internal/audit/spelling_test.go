@@ -154,6 +154,7 @@ func TestEnvNearMisses(t *testing.T) {
 	runSpellings(t, []spelling{
 		// A VLLM_ name no release reads is not the removed variable, but a likely typo of it.
 		{"longer name", "a.sh", "export MY_VLLM_PLE_CPU_OFFLOAD=1 VLLM_PLE_CPU_OFFLOAD_V2=1\n", []string{"1:34 unknown-vllm-env"}},
+		{"the deploy's own variables", "a.sh", "VLLM_ARGS='--port 8000'\nVLLM_MODEL=m\nvllm serve $VLLM_MODEL $VLLM_ARGS\n", nil},
 		{"longer reference", "a.sh", `echo "$VLLM_PLE_CPU_OFFLOAD_OLD ${MY_VLLM_PLE_CPU_OFFLOAD}"` + "\n", nil},
 		{"python longer", "a.py", `os.getenv("VLLM_PLE_CPU_OFFLOAD_OLD")` + "\n", nil},
 		{"yaml longer", "k.yaml", "env:\n  - name: XVLLM_PLE_CPU_OFFLOAD\n", nil},

@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -21,8 +22,9 @@ func unknownEnvRule() *Rule {
 		Source:  "the variables each release's vllm/envs.py defines, and the VLLM_ names its code reads elsewhere (facts/)"}
 }
 
-// knownEnv is every VLLM_ variable some release reads.
-var knownEnv = func() map[string]bool {
+// knownEnv is every variable some release reads; knownVLLM the VLLM_
+// ones, sorted, which a typo is matched against.
+var knownEnv, knownVLLM = func() (map[string]bool, []string) {
 	m := map[string]bool{}
 	for _, r := range releases {
 		for _, e := range r.Env {
@@ -32,7 +34,14 @@ var knownEnv = func() map[string]bool {
 			m[n] = true
 		}
 	}
-	return m
+	var names []string
+	for n := range m {
+		if strings.HasPrefix(n, envPrefix) {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return m, names
 }()
 
 // unknownEnv reports the VLLM_ variables the file sets that no release
@@ -75,13 +84,10 @@ func closestEnv(name string) string {
 
 func nearestEnv(name string) string {
 	best, bestD := "", len(name)/4+1
-	for k := range knownEnv {
-		if d := editDistance(name, k, bestD); d < bestD || (d == bestD && best != "" && k < best) {
+	for _, k := range knownVLLM {
+		if d := editDistance(name, k, bestD); d < bestD {
 			best, bestD = k, d
 		}
-	}
-	if bestD > len(name)/4 {
-		return ""
 	}
 	return best
 }
