@@ -5,7 +5,8 @@ environment after it (scripts/audit-facts.sh does); prints JSON:
 
 - every option of `vllm serve` and `vllm preload` as the release's parser
   builds it (choices, default, whether it takes a value, deprecation), with
-  the file and line of its add_argument call;
+  the file and line of its add_argument call, and the deprecations the
+  parser prints while it reads a command line;
 - every variable envs.py reads, with a hash of its definition (its own name
   blanked: renames are found by comparing definitions across releases) and
   choices where it declares them;
@@ -134,6 +135,31 @@ def parsers(root: str) -> dict[str, list[dict]]:
     out = {}
     for name, p in cmds.items():
         out[name] = options(p, where, getattr(p, "_deprecated", set()))
+    return out
+
+
+FLAG = re.compile(r"`?(--[a-z][a-z0-9-]+)`?")
+
+
+def cli_deprecations(root: str) -> list[dict]:
+    """Deprecations the argument parser itself prints while it reads the
+    command line (FlexibleArgumentParser.parse_args), not in an option's
+    help: `vllm serve --model m` warns that --model will go."""
+    path = os.path.join(root, "vllm", "utils", "argparse_utils.py")
+    out = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("warning", "warn", "warning_once")):
+            continue
+        text = " ".join(ast.literal_eval(a) for a in node.args if _is_str(a))
+        if not re.search(r"deprecated|will be removed", text):
+            continue
+        flags = FLAG.findall(text)
+        if not flags:
+            continue
+        d: dict[str, Any] = {"flag": flags[-1], "message": " ".join(text.split()), "file": rel(path, root), "line": node.lineno}
+        if "`vllm serve`" in text:
+            d["command"] = "serve"
+        out.append(d)
     return out
 
 
@@ -357,6 +383,7 @@ def main() -> None:
         "version": version,
         "package": package,
         "commands": parsers(root),
+        "cli_deprecations": cli_deprecations(root),
         "env": env,
         "env_elsewhere": env_elsewhere(root, {e["name"] for e in env}),
         "modules": modules(root),

@@ -77,6 +77,20 @@ func TestChangedDefault(t *testing.T) {
 	}
 }
 
+// TestCLIDeprecation: vllm serve --model warns (the parser prints it);
+// the server module and images take --model as their way to name it.
+func TestCLIDeprecation(t *testing.T) {
+	const dep = "deprecated-flag/serve/--model@0.29"
+	runSpellings(t, []spelling{
+		{"vllm serve --model", "a.sh", "vllm serve --model m\n", []string{"1:12 " + dep}},
+		{"positional", "a.sh", "vllm serve m\n", nil},
+		{"preload", "a.sh", "vllm preload --model m\n", nil},
+		{"server module", "a.sh", "python3 -m vllm.entrypoints.openai.api_server --model m\n", []string{"1:12 deprecated-module/vllm.entrypoints.openai.api_server@0.29"}},
+		{"image", "a.sh", "docker run vllm/vllm-openai --model m\n", nil},
+		{"expanded into vllm serve", "a.sh", "ARGS='--model m'\nvllm serve $ARGS\n", []string{"1:7 " + dep}},
+	})
+}
+
 func TestCombinationAndDiffers(t *testing.T) {
 	runSpellings(t, []spelling{
 		{"v1 by mamba all with pp", "a.sh", "vllm serve m --mamba-cache-mode all -pp 2 --async-scheduling\n",

@@ -210,6 +210,20 @@ func deprecations(a, b *release) []*Rule {
 			out = append(out, deprecated(b, sub, n))
 		}
 	}
+	for _, d := range b.CLIDeprecations {
+		if a != nil && slices.ContainsFunc(a.CLIDeprecations, func(p cliDeprecation) bool { return p.Flag == d.Flag && p.Command == d.Command }) {
+			continue
+		}
+		r := &Rule{ID: "deprecated-flag/" + d.Command + "/" + d.Flag + "@" + minor(b.v), Release: minor(b.v), Severity: "warning", Kind: kindDeprecated,
+			Match: Match{Flag: d.Flag}, CLI: true,
+			Message: fmt.Sprintf("vllm %s %s is deprecated: %s", d.Command, d.Flag, d.Message),
+			Fix:     "give the setting as vLLM's message says",
+			Source:  b.cite(d.File, d.Line)}
+		if d.Command != "" {
+			r.Sub = []string{d.Command}
+		}
+		out = append(out, r)
+	}
 	for _, m := range b.Modules {
 		if m.Deprecated == "" || (a != nil && a.module(m.Name) != nil && a.module(m.Name).Deprecated != "") {
 			continue

@@ -113,7 +113,9 @@ func factProblems(r *Rule) []string {
 	}
 	if r.Kind == kindDeprecated && r.Flag != "" {
 		for _, rel := range force {
-			if o, _ := accepts(rel, r, r.Flag); o == nil || o.Deprecated == "" {
+			o, _ := accepts(rel, r, r.Flag)
+			byParser := slices.ContainsFunc(rel.CLIDeprecations, func(d cliDeprecation) bool { return d.Flag == r.Flag })
+			if o == nil || (o.Deprecated == "" && !byParser) {
 				bad("%s does not deprecate %s", rel.Version, r.Flag)
 			}
 		}

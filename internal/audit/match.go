@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,6 +193,9 @@ func subcommand(c *Command) string {
 // appliesTo reports whether a rule limited to some subcommands applies to
 // the command line.
 func (r *Rule) appliesTo(c *Command) bool {
+	if r.CLI && !(c.args > 0 && c.args < len(c.Words) && path.Base(c.Words[c.args-1].Text) == "vllm") {
+		return false
+	}
 	return len(r.Sub) == 0 || slices.Contains(r.Sub, subcommand(c))
 }
 

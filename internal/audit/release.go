@@ -23,7 +23,9 @@ type release struct {
 	Version  string
 	Package  string
 	Commands map[string][]option // serve, preload
-	Env      []envVar
+	// CLIDeprecations are printed by the parser as it reads a command line.
+	CLIDeprecations []cliDeprecation `json:"cli_deprecations"`
+	Env             []envVar
 	// EnvElsewhere are VLLM_ variables read outside envs.py.
 	EnvElsewhere []string `json:"env_elsewhere"`
 	Modules      []module
@@ -45,6 +47,15 @@ type option struct {
 	RemovedIn  string `json:"removed_in"`
 	File       string
 	Line       int
+}
+
+// cliDeprecation is a deprecation of a flag on one subcommand of the CLI.
+type cliDeprecation struct {
+	Flag    string
+	Message string
+	Command string
+	File    string
+	Line    int
 }
 
 // envVar is one variable envs.py reads; Definition is a hash of its

@@ -56,6 +56,9 @@ type Rule struct {
 	// Sub limits a flag rule to vLLM subcommands (serve, preload) whose
 	// parser changed; empty is every one.
 	Sub []string `yaml:"commands"`
+	// CLI limits a flag rule to the vllm command itself (vllm serve), not
+	// the server module or an image's entrypoint that take the same flags.
+	CLI bool `yaml:"cli"`
 	// Literal names the config type (facts: literals) whose values a
 	// rule's values are, for options the parser takes as plain strings.
 	Literal string `yaml:"literal"`

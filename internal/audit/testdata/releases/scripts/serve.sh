@@ -14,3 +14,4 @@ vllm serve "$MODEL" --no-enable-bf16x3-router-gemm --collect-detailed-traces=wor
 vllm preload --model "$MODEL" -pp 2
 vllm serve "$MODEL" --enable-dbo -pp 2 --async-scheduling --allowed-origins '["*"]'
 python -m vllm.entrypoints.openai.api_server --model "$MODEL" --allowed-origins '["*"]'
+vllm serve --model "$MODEL" --allowed-origins '["*"]'
