@@ -104,6 +104,11 @@ func (r *Rule) needleGroups(rs *RuleSet) [][]string {
 	switch r.Check {
 	case "":
 		groups := [][]string{r.Match.names()}
+		if r.CLI {
+			// Only the vllm command's own spelling counts (--model, not
+			// model: in a YAML file), and tokens keep their dashes.
+			groups[0] = r.flagNames()
+		}
 		if len(r.Values) > 0 {
 			groups = append(groups, r.Values)
 		}
