@@ -43,9 +43,11 @@ var grepArgs = []string{
 // The target: auditing 10,000 files takes at most 3 times as long as grep
 // over the same tree, on 2 cores, with the whole rule table (every release
 // the facts cover: 99 rules in force at 0.33 against the grep's 10
-// patterns). yaml.v3 meets it, with the GC target Run sets. With the rules derived from
-// vLLM's releases the median ratio was 2.0 here and 1.4 on the realistic
-// tree, on 2 cores shared with other work (grep itself took 0.2 to 0.4 s).
+// patterns). yaml.v3 meets it, with the GC target Run sets. With the rules
+// derived from vLLM's releases the median ratio was 1.9 to 2.0 here and
+// 0.87 to 0.92 on the realistic tree, against 1.5 to 1.8 and 0.73 for the
+// field report's 18 rules at 0.31, run alternately on the same 2 shared
+// cores; at load averages of 6 to 9 on them this tree read 2.5 to 3.3.
 // The tree's current settings once included VLLM_ATTENTION_BACKEND, which
 // no release from 0.29 reads: the audit reports it in a third of the files
 // (unknown-vllm-env) and the ratio was 3.5 with those reports; a variable
