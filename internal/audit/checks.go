@@ -270,7 +270,11 @@ func (l *Loader) checkKey(k string, raw json.RawMessage) string {
 			known = append(known, name)
 		}
 		sort.Strings(known)
-		return fmt.Sprintf("unknown key %q for --load-format %s (known: %s)", k, l.LoadFormat, strings.Join(known, ", "))
+		msg := fmt.Sprintf("unknown key %q for --load-format %s (known: %s", k, l.LoadFormat, strings.Join(known, ", "))
+		if l.Source != "" {
+			msg += "; from " + l.Source
+		}
+		return msg + ")"
 	case "mode":
 		var m string
 		if json.Unmarshal(raw, &m) != nil || !slices.Contains(l.Modes, m) {
