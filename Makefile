@@ -68,6 +68,12 @@ test-vllm: build vllm-env
 	@$(VLLM_PY) -c 'import importlib.metadata as m; d = m.distribution("weightcache"); print("test-vllm: testing weightcache", d.version, "installed at", d.locate_file("weightcache"))'
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
 
+# Facts of each vLLM release for weightcache audit (internal/audit/facts/),
+# read from the releases' own code; the wheels are cached (scripts/audit-facts.sh).
+.PHONY: audit-facts
+audit-facts: vllm-env
+	scripts/audit-facts.sh
+
 # The chart, rendered manifests, systemd unit and image, tested in their own
 # Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
 test-deploy: deploy-deps $(TESTREPORT)

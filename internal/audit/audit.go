@@ -40,7 +40,7 @@ func newFinding(path string, r *Rule, p Pos, comment bool, detail string) Findin
 	if comment {
 		sev, msg = Note, "in a comment: "+msg
 	}
-	if r.Release != "" {
+	if r.Release != "" && r.Kind != "unknown" { // an unknown name has no release
 		msg += " (vLLM " + r.Release + ")"
 	}
 	return Finding{Path: path, Line: p.Line, Column: p.Col, Rule: r.ID, Severity: sev, Message: msg, Fix: r.Fix, InComment: comment}

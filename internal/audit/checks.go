@@ -1,8 +1,10 @@
 package audit
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -30,6 +32,12 @@ func (s *fileScan) checks() {
 			}
 		case "differs":
 			s.differs(r)
+		case "unset":
+			for i := range s.facts.Commands {
+				s.unset(r, i)
+			}
+		case "unknown-env":
+			s.unknownEnv(r)
 		}
 	}
 	for i, c := range s.facts.Commands {
@@ -39,7 +47,7 @@ func (s *fileScan) checks() {
 	}
 }
 
-// combination reports the conflicts on command i when it, or the
+// combination reports command i when it has every conflict and it, or the
 // environment it runs in, has a trigger.
 func (s *fileScan) combination(r *Rule, i int) {
 	c := &s.facts.Commands[i]
@@ -51,14 +59,22 @@ func (s *fileScan) combination(r *Rule, i int) {
 		return
 	}
 	flags := s.flags[i]
-	for j := range flags {
-		fu := &flags[j]
-		for k := range r.Conflicts {
-			if r.Conflicts[k].matchesFlag(fu) {
-				s.add(r, fu.pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", spell(fu), trigger))
-			}
+	var found []*flagUse
+	for k := range r.Conflicts {
+		j := slices.IndexFunc(flags, func(fu flagUse) bool { return r.Conflicts[k].matchesFlag(&fu) })
+		if j < 0 {
+			return
 		}
+		found = append(found, &flags[j])
 	}
+	slices.SortFunc(found, func(a, b *flagUse) int {
+		return cmp.Or(cmp.Compare(a.pos.Line, b.pos.Line), cmp.Compare(a.pos.Col, b.pos.Col))
+	})
+	spelled := make([]string, len(found))
+	for k, fu := range found {
+		spelled[k] = spell(fu)
+	}
+	s.add(r, found[0].pos, false, fmt.Sprintf("%s here, and Model Runner V1 is selected by %s", strings.Join(spelled, " with "), trigger))
 }
 
 func (s *fileScan) firstTrigger(ms []Match, i int) string {
@@ -84,6 +100,40 @@ func (s *fileScan) firstTrigger(ms []Match, i int) string {
 	}
 	return ""
 }
+
+// unset reports a whole command line that starts vLLM's server and does
+// not set the rule's flag: the default it runs with changed. Fragments of
+// flags and keyword arguments are not whole; other vLLM programs (run_batch,
+// bench) have their own options.
+func (s *fileScan) unset(r *Rule, i int) {
+	c := &s.facts.Commands[i]
+	if c.Comment || c.prog != progVLLM || !servesWhole(c) || !r.appliesTo(c) {
+		return
+	}
+	for j := range s.flags[i] {
+		if slices.Contains(r.flagNames(), s.flags[i][j].name) {
+			return
+		}
+	}
+	s.add(r, c.Words[c.args-1].Pos, false, "")
+}
+
+// servesWhole: vllm serve, python -m vllm.entrypoints.openai.api_server,
+// or a vLLM image's own entrypoint, written out whole.
+func servesWhole(c *Command) bool {
+	switch {
+	case c.args == 0 || c.args > len(c.Words):
+		return false
+	case c.module >= 0:
+		return c.Words[c.module].Text == apiServerModule
+	case path.Base(c.Words[c.args-1].Text) == "vllm": // the CLI
+		return c.args < len(c.Words) && c.Words[c.args].Text == "serve"
+	}
+	return isVLLMImage(c.Words[c.args-1].Text)
+}
+
+// apiServerModule is the module vLLM's image runs.
+const apiServerModule = "vllm.entrypoints.openai.api_server"
 
 // spell writes a flag use back as an operator would read it.
 func spell(fu *flagUse) string {
@@ -171,7 +221,8 @@ func (s *fileScan) loader(flags []flagUse) {
 		}
 	}
 	for _, r := range s.rs.Rules {
-		if r.Check != "loader-conflict" || !s.active[r.idx] || (len(r.Modes) > 0 && (!modeKnown || !slices.Contains(r.Modes, mode))) {
+		if r.Check != "loader-conflict" || !s.active[r.idx] || (len(r.Modes) > 0 && (!modeKnown || !slices.Contains(r.Modes, mode))) ||
+			(len(r.LoadFormats) > 0 && !slices.Contains(r.LoadFormats, lf.value)) {
 			continue
 		}
 		for j := range flags {
@@ -219,7 +270,11 @@ func (l *Loader) checkKey(k string, raw json.RawMessage) string {
 			known = append(known, name)
 		}
 		sort.Strings(known)
-		return fmt.Sprintf("unknown key %q for --load-format %s (known: %s)", k, l.LoadFormat, strings.Join(known, ", "))
+		msg := fmt.Sprintf("unknown key %q for --load-format %s (known: %s", k, l.LoadFormat, strings.Join(known, ", "))
+		if l.Source != "" {
+			msg += "; from " + l.Source
+		}
+		return msg + ")"
 	case "mode":
 		var m string
 		if json.Unmarshal(raw, &m) != nil || !slices.Contains(l.Modes, m) {
@@ -234,6 +289,21 @@ func (l *Loader) checkKey(k string, raw json.RawMessage) string {
 		var f float64
 		if json.Unmarshal(raw, &f) != nil || f <= 0 {
 			return fmt.Sprintf("%s is %s, not a positive number of seconds", k, raw)
+		}
+	case "number":
+		var f float64
+		if json.Unmarshal(raw, &f) != nil {
+			return fmt.Sprintf("%s is %s, not a number", k, raw)
+		}
+	case "string":
+		var v string
+		if json.Unmarshal(raw, &v) != nil {
+			return fmt.Sprintf("%s is %s, not a string", k, raw)
+		}
+	case "choice":
+		var v string
+		if json.Unmarshal(raw, &v) != nil || !slices.Contains(l.Choices[k], v) {
+			return fmt.Sprintf("%s is %s, not one of %s", k, raw, strings.Join(l.Choices[k], ", "))
 		}
 	}
 	return ""

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,7 +45,7 @@ func (m *Match) matchesFlag(fu *flagUse) bool {
 	if !slices.Contains(m.flagNames(), fu.name) {
 		return false
 	}
-	if len(m.Values) == 0 && m.Contains == "" && m.Above == nil {
+	if len(m.Values) == 0 && m.Contains == "" && m.Above == nil && !m.NotInteger {
 		return m.present(fu)
 	}
 	return fu.hasVal && !fu.opaque && m.valueOK(fu.value)
@@ -68,6 +69,10 @@ func (m *Match) present(fu *flagUse) bool {
 }
 
 func (m *Match) valueOK(v string) bool {
+	if m.NotInteger {
+		_, err := strconv.Atoi(strings.TrimSpace(v))
+		return err != nil
+	}
 	if len(m.Values) > 0 && !slices.Contains(m.Values, v) {
 		return false
 	}
@@ -87,7 +92,7 @@ func (m *Match) matchesEnv(e *EnvUse) bool {
 	if e.Name != m.Env {
 		return false
 	}
-	if len(m.Values) == 0 && m.Contains == "" && m.Above == nil {
+	if len(m.Values) == 0 && m.Contains == "" && m.Above == nil && !m.NotInteger {
 		return true
 	}
 	return e.HasValue && m.valueOK(e.Value)
@@ -133,7 +138,7 @@ func (s *fileScan) evaluate() []Finding {
 			for j := range s.flags[i] {
 				fu := &s.flags[i][j]
 				for _, r := range s.rs.byFlag[fu.name] {
-					if s.active[r.idx] && r.matchesFlag(fu) {
+					if s.active[r.idx] && r.appliesTo(c) && r.matchesFlag(fu) {
 						s.add(r, fu.pos, c.Comment, "")
 					}
 				}
@@ -173,6 +178,25 @@ func (s *fileScan) evaluate() []Finding {
 	}
 	s.checks()
 	return s.out
+}
+
+// subcommand is the vLLM subcommand a command line runs: preload, or
+// serve for everything else, fragments of flags and engine keywords
+// included (they configure a server).
+func subcommand(c *Command) string {
+	if c.args > 0 && c.args < len(c.Words) && c.Words[c.args].Text == "preload" {
+		return "preload"
+	}
+	return "serve"
+}
+
+// appliesTo reports whether a rule limited to some subcommands applies to
+// the command line.
+func (r *Rule) appliesTo(c *Command) bool {
+	if r.CLI && !(c.args > 0 && c.args < len(c.Words) && path.Base(c.Words[c.args-1].Text) == "vllm") {
+		return false
+	}
+	return len(r.Sub) == 0 || slices.Contains(r.Sub, subcommand(c))
 }
 
 // module matches "vllm.entrypoints.openai.api_server" as a word (python -m,

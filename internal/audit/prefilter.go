@@ -30,10 +30,17 @@ type prefilter struct {
 	// always holds needles that make a file worth parsing whatever the
 	// rules: references to environment files to follow.
 	always []int
+	// unknownEnv is the needle of a VLLM_ name no release reads (-1: no
+	// rule wants it); a known name does not make a file worth parsing.
+	unknownEnv int
+	// riders are rules that apply only to files parsed for another rule:
+	// a changed default concerns every vLLM command line, and parsing
+	// every file that has one would cost the audit its speed.
+	riders []bool
 }
 
 func newPrefilter(rs *RuleSet) *prefilter {
-	pf := &prefilter{tokens: map[string]int{}, substrings: map[int][]byte{}}
+	pf := &prefilter{tokens: map[string]int{}, substrings: map[int][]byte{}, unknownEnv: -1}
 	ids := map[string]int{}
 	id := func(s string) int {
 		if i, ok := ids[s]; ok {
@@ -42,7 +49,9 @@ func newPrefilter(rs *RuleSet) *prefilter {
 		i := pf.n
 		ids[s] = i
 		pf.n++
-		if isToken(s) && len(s) < 64 {
+		if s == unknownEnvNeedle {
+			pf.unknownEnv = i // found by the token scan
+		} else if isToken(s) && len(s) < 64 {
 			pf.tokens[s] = i
 			pf.lens[s[0]] |= 1 << len(s)
 		} else {
@@ -63,6 +72,7 @@ func newPrefilter(rs *RuleSet) *prefilter {
 			req = append(req, group(g))
 		}
 		pf.reqs = append(pf.reqs, req)
+		pf.riders = append(pf.riders, r.Check == "unset")
 	}
 	pf.always = group([]string{"EnvironmentFile", "env_file", "env-file"})
 	return pf
@@ -84,6 +94,9 @@ func isToken(s string) bool {
 	return s != ""
 }
 
+// unknownEnvNeedle stands for a VLLM_ name no release reads.
+const unknownEnvNeedle = "VLLM_?"
+
 // needleGroups lists what must appear in a file for the rule to match:
 // names are searched without their dashes so that keyword (a_b) and flag
 // (--a-b) spellings both pass.
@@ -91,6 +104,11 @@ func (r *Rule) needleGroups(rs *RuleSet) [][]string {
 	switch r.Check {
 	case "":
 		groups := [][]string{r.Match.names()}
+		if r.CLI {
+			// Only the vllm command's own spelling counts (--model, not
+			// model: in a YAML file), and tokens keep their dashes.
+			groups[0] = r.flagNames()
+		}
 		if len(r.Values) > 0 {
 			groups = append(groups, r.Values)
 		}
@@ -102,6 +120,10 @@ func (r *Rule) needleGroups(rs *RuleSet) [][]string {
 		return [][]string{namesOf(r.Triggers), namesOf(r.Conflicts)}
 	case "differs":
 		return [][]string{(&Match{Flag: r.Flag}).names(), (&Match{Flag: r.DiffersFrom}).names()}
+	case "unset":
+		return [][]string{{"vllm"}} // any vLLM command line
+	case "unknown-env":
+		return [][]string{{unknownEnvNeedle}}
 	default: // loader checks: --load-format and one of the loaders
 		formats := make([]string, 0, len(rs.Loaders))
 		for f := range rs.Loaders {
@@ -159,6 +181,9 @@ func (pf *prefilter) found(src []byte) []bool {
 			j++
 		}
 		pf.lookup(src[i:j], seen)
+		if pf.unknownEnv >= 0 && j-i > len(envPrefix) && string(src[i:i+len(envPrefix)]) == envPrefix && !knownEnv[string(src[i:j])] {
+			seen[pf.unknownEnv] = true
+		}
 		if src[i] == '-' {
 			pf.lookup(bytes.TrimLeft(src[i:j], "-"), seen)
 		}
@@ -201,7 +226,10 @@ func (pf *prefilter) active(src []byte) ([]bool, bool) {
 			}
 		}
 		act[r] = ok
-		any = any || ok
+		any = any || (ok && !pf.riders[r])
+	}
+	for r := range act {
+		act[r] = act[r] && (any || !pf.riders[r])
 	}
 	return act, any
 }

@@ -30,6 +30,9 @@ type Match struct {
 	Values   []string `yaml:"values"`
 	Contains string   `yaml:"contains"`
 	Above    *float64 `yaml:"above"`
+	// NotInteger matches a value that is not an integer: vLLM reads some
+	// variables with int(), and anything else stops it at start.
+	NotInteger bool `yaml:"not_integer"`
 	// ExceptCalls names functions whose keyword arguments are not the key.
 	ExceptCalls []string `yaml:"except_calls"`
 
@@ -44,17 +47,34 @@ type Rule struct {
 	Message  string `yaml:"message"`
 	Fix      string `yaml:"fix"`
 	Source   string `yaml:"source"`
-	Match    `yaml:",inline"`
+	// Until is the release from which the rule no longer applies: a
+	// deprecation gives way to the removal it announced.
+	Until string `yaml:"until"`
+	// Kind is removed, renamed, deprecated or default for rules derived
+	// from the facts, semantic for the hand-written ones.
+	Kind string `yaml:"kind"`
+	// Sub limits a flag rule to vLLM subcommands (serve, preload) whose
+	// parser changed; empty is every one.
+	Sub []string `yaml:"commands"`
+	// CLI limits a flag rule to the vllm command itself (vllm serve), not
+	// the server module or an image's entrypoint that take the same flags.
+	CLI bool `yaml:"cli"`
+	// Literal names the config type (facts: literals) whose values a
+	// rule's values are, for options the parser takes as plain strings.
+	Literal string `yaml:"literal"`
+	Match   `yaml:",inline"`
 	// Check names a rule whose logic lives in checks.go.
-	Check       string   `yaml:"check"`
-	Modes       []string `yaml:"modes"`
+	Check string   `yaml:"check"`
+	Modes []string `yaml:"modes"`
+	// LoadFormats limits a loader check to these --load-format values.
+	LoadFormats []string `yaml:"load_formats"`
 	Triggers    []Match  `yaml:"triggers"`
 	Conflicts   []Match  `yaml:"conflicts"`
 	DiffersFrom string   `yaml:"differs_from"`
 
-	sev   Severity
-	since version
-	idx   int // position in RuleSet.Rules, for per-file active lists
+	sev          Severity
+	since, until version
+	idx          int // position in RuleSet.Rules, for per-file active lists
 }
 
 // Loader is a --load-format whose --model-loader-extra-config is checked.
@@ -63,7 +83,16 @@ type Loader struct {
 	DefaultMode string            `yaml:"default_mode"`
 	Modes       []string          `yaml:"modes"`
 	Keys        map[string]string `yaml:"keys"`
+	// Choices are the values of each key of type choice.
+	Choices map[string][]string `yaml:"choices"`
+	// Source says where the keys come from.
+	Source string `yaml:"source"`
 }
+
+// keyTypes are the types a loader key may have: mode (one of Modes),
+// choice (one of its Choices), bool, seconds (a positive number), number,
+// string, any.
+var keyTypes = []string{"mode", "choice", "bool", "seconds", "number", "string", "any"}
 
 type ruleFile struct {
 	Rules   []*Rule   `yaml:"rules"`
@@ -71,7 +100,7 @@ type ruleFile struct {
 }
 
 // checkNames are the checks written in checks.go.
-var checkNames = map[string]bool{"combination": true, "loader-config": true, "loader-fallback": true, "loader-conflict": true, "differs": true}
+var checkNames = map[string]bool{"combination": true, "loader-config": true, "loader-fallback": true, "loader-conflict": true, "differs": true, "unset": true, "unknown-env": true}
 
 // RuleSet is the rules in force for one run, indexed for matching.
 type RuleSet struct {
@@ -83,18 +112,37 @@ type RuleSet struct {
 	pre                            *prefilter
 }
 
-// LoadRules returns the built-in rules, with those of extra (read from the
-// file named extraName) added or replacing built-ins of the same id, keeping
-// the rules whose first release is at or before target.
+// LoadRules returns the rules derived from the facts of each release and
+// the built-in hand-written ones, with those of extra (read from the file
+// named extraName) added or replacing rules of the same id, keeping the
+// rules in force at target: first release at or before it, and no later
+// release (until) that retires them. The loaders' keys come from the facts
+// of the newest release at or before target and from the weightcache
+// plugin.
 func LoadRules(extra []byte, extraName, target string) (*RuleSet, error) {
+	if factsErr != nil {
+		return nil, fmt.Errorf("%w: built-in facts: %v", ErrRules, factsErr)
+	}
 	tv, err := parseVersion(target)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --target-version %q: %v", ErrRules, target, err)
+	}
+	newest := releases[len(releases)-1]
+	if tv.after(newest.v) && minor(tv) != minor(newest.v) {
+		return nil, fmt.Errorf("%w: --target-version %s: the facts cover vLLM %s to %s (make audit-facts adds a release)", ErrRules, target, minor(releases[0].v), minor(newest.v))
 	}
 	base, err := decodeRules(builtinRules, "rules.yaml (built in)")
 	if err != nil {
 		return nil, err
 	}
+	derived := &ruleFile{Rules: append(deriveRules(releases), unknownEnvRule())}
+	for _, r := range derived.Rules {
+		if err := r.validate(); err != nil {
+			return nil, fmt.Errorf("%w: derived rule %q: %v", ErrRules, r.ID, err)
+		}
+	}
+	base = merge(derived, base)
+	base.Loaders = append(factLoaders(tv), base.Loaders...)
 	if extra != nil {
 		more, err := decodeRules(extra, extraName)
 		if err != nil {
@@ -107,7 +155,7 @@ func LoadRules(extra []byte, extraName, target string) (*RuleSet, error) {
 		rs.Loaders[l.LoadFormat] = l
 	}
 	for _, r := range base.Rules {
-		if !r.since.after(tv) {
+		if !r.since.after(tv) && (r.Until == "" || r.until.after(tv)) {
 			rs.Rules = append(rs.Rules, r)
 		}
 	}
@@ -170,8 +218,8 @@ func decodeRules(data []byte, name string) (*ruleFile, error) {
 			return nil, fmt.Errorf("%w: %s: a loader needs load_format and keys", ErrRules, name)
 		}
 		for k, t := range l.Keys {
-			if t != "mode" && t != "bool" && t != "seconds" {
-				return nil, fmt.Errorf("%w: %s: loader %s: key %s has type %q, not mode, bool or seconds", ErrRules, name, l.LoadFormat, k, t)
+			if !slices.Contains(keyTypes, t) {
+				return nil, fmt.Errorf("%w: %s: loader %s: key %s has type %q, not one of %s", ErrRules, name, l.LoadFormat, k, t, strings.Join(keyTypes, ", "))
 			}
 		}
 	}
@@ -188,6 +236,14 @@ func (r *Rule) validate() error {
 	}
 	if r.since, err = parseVersion(r.Release); err != nil {
 		return fmt.Errorf("release: %v", err)
+	}
+	if r.Until != "" {
+		if r.until, err = parseVersion(r.Until); err != nil {
+			return fmt.Errorf("until: %v", err)
+		}
+	}
+	if r.Kind == "" {
+		r.Kind = kindSemantic
 	}
 	if r.Message == "" || r.Fix == "" || r.Source == "" {
 		return errors.New("message, fix and source are required")
@@ -232,6 +288,10 @@ func (r *Rule) validateCheck() error {
 		if r.Flag == "" || r.DiffersFrom == "" {
 			return errors.New("check differs needs flag and differs_from")
 		}
+	case "unset":
+		if r.Flag == "" {
+			return errors.New("check unset needs flag")
+		}
 	}
 	for _, ms := range [][]Match{r.Triggers, r.Conflicts} {
 		for i := range ms {
@@ -240,8 +300,8 @@ func (r *Rule) validateCheck() error {
 			}
 		}
 	}
-	if r.Flag != "" { // differs
-		r.flags = (&Match{Flag: r.Flag}).normalized()
+	if r.Flag != "" { // differs, unset
+		r.flags = r.Match.normalized()
 	}
 	return nil
 }

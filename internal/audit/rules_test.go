@@ -2,6 +2,7 @@ package audit
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -14,11 +15,14 @@ func ids(rs *RuleSet) string {
 	return strings.Join(out, " ")
 }
 
+// citation is how a rule names the code that decides it.
+var citation = regexp.MustCompile(`vLLM \d+\.\d+\.\d+ vllm/[\w/]+\.py:\d+`)
+
 func TestBuiltinRulesHaveSources(t *testing.T) {
 	for _, r := range builtin(t).Rules {
 		t.Run(r.ID, func(t *testing.T) {
-			if !strings.Contains(r.Source, `"`) || r.Release == "" {
-				t.Errorf("rule %s: release %q, source %q: want a release and a quote from the notes", r.ID, r.Release, r.Source)
+			if r.Kind != "unknown" && !citation.MatchString(r.Source) {
+				t.Errorf("rule %s: source %q cites no vLLM file and line", r.ID, r.Source)
 			}
 		})
 	}
@@ -29,11 +33,15 @@ func TestTargetVersion(t *testing.T) {
 		target      string
 		has, hasNot string
 	}{
-		{"0.31", "runner-v1-refused", ""},
-		{"0.30", "mamba-cache-mode-all", "runner-v1-refused"},
-		{"0.29", "tokenizer-mode-slow", "mamba-cache-mode-all"},
-		{"0.28", "", "tokenizer-mode-slow"},
+		{"0.33", "runner-v1-refused-0.32", "runner-v1-refused"},
+		{"0.32", "removed-choice/--mamba-cache-mode=all@0.32", "mamba-cache-mode-all-deprecated"},
+		{"0.31", "runner-v1-refused", "runner-v1-refused-0.32"},
+		{"0.31", "deprecated-flag/--log-config-file@0.31", "removed-choice/--mamba-cache-mode=all@0.32"},
+		{"0.30", "mamba-cache-mode-all-deprecated", "runner-v1-refused"},
+		{"0.29", "loader-config-invalid", "tokenizer-mode-slow"},
+		{"0.29", "deprecated-module/vllm.entrypoints.openai.api_server@0.29", "renamed-env/VLLM_MM_HASHER_ALGORITHM@0.30"},
 		{"0.31.2", "weight-cache-master-port", ""},
+		{"0.33.1", "tokenizer-mode-slow", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.target, func(t *testing.T) {
@@ -49,6 +57,9 @@ func TestTargetVersion(t *testing.T) {
 				t.Errorf("target %s has %s: %s", c.target, c.hasNot, got)
 			}
 		})
+	}
+	if _, err := LoadRules(nil, "", "0.34"); !errors.Is(err, ErrRules) || !strings.Contains(err.Error(), "0.29 to 0.33") {
+		t.Errorf("a target past the facts: %v", err)
 	}
 }
 
@@ -102,7 +113,7 @@ func TestRulesFileErrors(t *testing.T) {
 		{"release", "rules:\n  - id: x\n    release: latest\n    severity: error\n    env: X\n    message: m\n    fix: f\n    source: s\n", "release"},
 		{"check", "rules:\n  - id: x\n    release: '0.31'\n    severity: error\n    check: magic\n    message: m\n    fix: f\n    source: s\n", "unknown check"},
 		{"no source", "rules:\n  - id: x\n    release: '0.31'\n    severity: error\n    env: X\n    message: m\n    fix: f\n", "source"},
-		{"loader type", "loaders:\n  - load_format: x\n    keys: {a: string}\n", "not mode, bool or seconds"},
+		{"loader type", "loaders:\n  - load_format: x\n    keys: {a: text}\n", "not one of mode, choice"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -77,18 +77,18 @@ func TestFlagSpellings(t *testing.T) {
 		{"python kwarg", "a.py", `llm = LLM(model="m", tokenizer_mode="slow")` + "\n", []string{"1:22 tokenizer-mode-slow"}},
 		{"python dict as keywords", "a.py", `kw = {"quantization": "fp8"}` + "\nllm = LLM(model=\"m\", **kw)\n", []string{"1:7 quantization-fp8-redirect"}},
 		{"python command string", "a.py", `cmd = "vllm serve m --quantization fp8"` + "\n", []string{"1:21 quantization-fp8-redirect"}},
-		{"python shlex", "a.py", "args = shlex.split('''vllm serve m\n    --enable-mamba-fine-grained-prefix-cache''')\n", []string{"2:5 mamba-fine-grained-prefix-cache"}},
+		{"python shlex", "a.py", "args = shlex.split('''vllm serve m\n    --enable-mamba-fine-grained-prefix-cache''')\n", []string{"2:5 removed-flag/--enable-mamba-fine-grained-prefix-cache@0.31"}},
 		{"yaml args", "d.yaml", "args:\n  - --quantization\n  - fp8\n", []string{"2:5 quantization-fp8-redirect"}},
-		{"yaml flow args", "d.yaml", `args: ["--collect-detailed-traces", "model,worker"]` + "\n", []string{"1:8 collect-detailed-traces-list"}},
+		{"yaml flow args", "d.yaml", `args: ["--collect-detailed-traces", "model,worker"]` + "\n", []string{"1:8 removed-choice/--collect-detailed-traces=model,worker@0.31"}},
 		{"yaml command string", "docker-compose.yml", "services:\n  e:\n    command: vllm serve m --tokenizer-mode slow\n", []string{"3:27 tokenizer-mode-slow"}},
 		{"yaml config key", "c.yaml", "tokenizer_mode: slow\nquantization: fp8\n", []string{"1:1 tokenizer-mode-slow", "2:1 quantization-fp8-redirect"}},
 		{"yaml folded block", "d.yaml", "cmd: >\n  vllm serve m\n  --quantization fp8\n", []string{"3:3 quantization-fp8-redirect"}},
 		{"dockerfile exec", "Dockerfile", "FROM vllm/vllm-openai:v0.31.0\n" + `CMD ["--model", "m", "--quantization", "fp8"]` + "\n", []string{"2:22 quantization-fp8-redirect"}},
 		{"dockerfile shell", "Dockerfile", "CMD vllm serve m \\\n  --tokenizer-mode=slow\n", []string{"2:3 tokenizer-mode-slow"}},
-		{"unit exec", "v.service", "[Service]\nExecStart=/usr/bin/vllm serve m \\\n  --enable-mamba-fine-grained-prefix-cache\n", []string{"3:3 mamba-fine-grained-prefix-cache"}},
-		{"bool kwarg true", "a.py", "EngineArgs(enable_mamba_fine_grained_prefix_cache=True)\n", []string{"1:12 mamba-fine-grained-prefix-cache"}},
-		{"traces equals quoted", "a.sh", `vllm serve m --collect-detailed-traces="model,worker"` + "\n", []string{"1:14 collect-detailed-traces-list"}},
-		{"mamba all", "a.py", `LLM(mamba_cache_mode="all")` + "\n", []string{"1:5 mamba-cache-mode-all"}},
+		{"unit exec", "v.service", "[Service]\nExecStart=/usr/bin/vllm serve m \\\n  --enable-mamba-fine-grained-prefix-cache\n", []string{"3:3 removed-flag/--enable-mamba-fine-grained-prefix-cache@0.31"}},
+		{"bool kwarg true", "a.py", "EngineArgs(enable_mamba_fine_grained_prefix_cache=True)\n", []string{"1:12 removed-flag/--enable-mamba-fine-grained-prefix-cache@0.31"}},
+		{"traces equals quoted", "a.sh", `vllm serve m --collect-detailed-traces="model,worker"` + "\n", []string{"1:14 removed-choice/--collect-detailed-traces=model,worker@0.31"}},
+		{"mamba all", "a.py", `LLM(mamba_cache_mode="all")` + "\n", []string{"1:5 mamba-cache-mode-all-deprecated"}},
 		{"shell comment", "a.sh", "#   vllm serve m --tokenizer-mode slow\n", []string{"1:18 tokenizer-mode-slow note"}},
 		{"python comment", "a.py", `# LLM(model="m", quantization="fp8")` + "\n", []string{"1:18 quantization-fp8-redirect note"}},
 		{"yaml comment", "d.yaml", "a: 1 # --quantization fp8 was ours\n", []string{"1:8 quantization-fp8-redirect note"}},
@@ -115,7 +115,7 @@ func TestFlagNearMisses(t *testing.T) {
 
 func TestEnvSpellings(t *testing.T) {
 	const x = "VLLM_PLE_CPU_OFFLOAD"
-	hit := func(lc string) []string { return []string{lc + " env-ple-cpu-offload"} }
+	hit := func(lc string) []string { return []string{lc + " removed-env/VLLM_PLE_CPU_OFFLOAD@0.31"} }
 	runSpellings(t, []spelling{
 		{"export", "a.sh", "export " + x + "=1\n", hit("1:8")},
 		{"prefix assignment", "a.sh", x + "=1 vllm serve m\n", hit("1:1")},
@@ -123,7 +123,7 @@ func TestEnvSpellings(t *testing.T) {
 		{"declare", "a.sh", "declare -x " + x + "\n", hit("1:12")},
 		{"docker -e", "a.sh", "docker run -e " + x + " --env=X img\n", hit("1:15")},
 		{"unit Environment", "v.service", "[Service]\nEnvironment=\"" + x + "=1\" B=2\n", hit("2:13")},
-		{"unit UnsetEnvironment is a mention", "v.service", "[Service]\nUnsetEnvironment=" + x + "\n", []string{"2:18 env-ple-cpu-offload note"}},
+		{"unit UnsetEnvironment is a mention", "v.service", "[Service]\nUnsetEnvironment=" + x + "\n", []string{"2:18 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
 		{"dockerfile ENV", "Dockerfile", "ENV A=1 " + x + "=1\n", hit("1:9")},
 		{"dockerfile legacy ENV", "Dockerfile", "ENV " + x + " 1\n", hit("1:5")},
 		{"compose list", "compose.yml", "environment:\n  - " + x + "=1\n", hit("2:5")},
@@ -131,28 +131,30 @@ func TestEnvSpellings(t *testing.T) {
 		{"k8s name value", "k.yaml", "env:\n  - name: " + x + "\n    value: \"1\"\n", hit("2:11")},
 		{".env", ".env", x + "=1\n", hit("1:1")},
 		{"python environ set", "a.py", `os.environ["` + x + `"] = "1"` + "\n", hit("1:12")},
-		{"python environ get is a mention", "a.py", `os.environ.get("` + x + `")` + "\n", []string{"1:16 env-ple-cpu-offload note"}},
-		{"python getenv is a mention", "a.py", `os.getenv("` + x + `", "0")` + "\n", []string{"1:11 env-ple-cpu-offload note"}},
+		{"python environ get is a mention", "a.py", `os.environ.get("` + x + `")` + "\n", []string{"1:16 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
+		{"python getenv is a mention", "a.py", `os.getenv("` + x + `", "0")` + "\n", []string{"1:11 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
 		{"python env dict", "a.py", `subprocess.run(cmd, env={"` + x + `": "1"})` + "\n", hit("1:26")},
 		{"python dict kwarg", "a.py", "env = dict(os.environ, " + x + "=\"1\")\n", hit("1:24")},
-		{"comment", "a.sh", "# " + x + " is gone\n", []string{"1:3 env-ple-cpu-offload note"}},
-		{"reference is a mention", "a.sh", `echo "${` + x + `:-0}"` + "\n", []string{"1:7 env-ple-cpu-offload note"}},
-		{"unset is a mention", "a.sh", "unset " + x + "\n", []string{"1:7 env-ple-cpu-offload note"}},
-		{"test is a mention", "a.sh", `[ -n "$` + x + `" ] && echo on` + "\n", []string{"1:7 env-ple-cpu-offload note"}},
-		{"python read is a mention", "a.py", `v = os.environ["` + x + `"]` + "\n", []string{"1:16 env-ple-cpu-offload note"}},
+		{"comment", "a.sh", "# " + x + " is gone\n", []string{"1:3 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
+		{"reference is a mention", "a.sh", `echo "${` + x + `:-0}"` + "\n", []string{"1:7 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
+		{"unset is a mention", "a.sh", "unset " + x + "\n", []string{"1:7 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
+		{"test is a mention", "a.sh", `[ -n "$` + x + `" ] && echo on` + "\n", []string{"1:7 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
+		{"python read is a mention", "a.py", `v = os.environ["` + x + `"]` + "\n", []string{"1:16 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
 		{"python setdefault", "a.py", `os.environ.setdefault("` + x + `", "1")` + "\n", hit("1:23")},
 		{"k8s value is not a name", "k.yaml", "env:\n  - name: FEATURE\n    value: " + x + "\n", nil},
 		{"python string is not a setting", "a.py", `names = ["` + x + `"]` + "\n", nil},
 		{"echo text", "a.sh", "echo " + x + "=1 is gone\n", nil},
 		{"compose name only", "compose.yml", "services:\n  e:\n    environment:\n      - " + x + "\n", hit("4:9")},
 		{"unit PassEnvironment", "v.service", "[Service]\nPassEnvironment=" + x + "\n", hit("2:17")},
-		{"dockerfile ARG without default", "Dockerfile", "ARG " + x + "\n", []string{"1:5 env-ple-cpu-offload note"}},
+		{"dockerfile ARG without default", "Dockerfile", "ARG " + x + "\n", []string{"1:5 removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 note"}},
 	})
 }
 
 func TestEnvNearMisses(t *testing.T) {
 	runSpellings(t, []spelling{
-		{"longer name", "a.sh", "export MY_VLLM_PLE_CPU_OFFLOAD=1 VLLM_PLE_CPU_OFFLOAD_V2=1\n", nil},
+		// A VLLM_ name no release reads is not the removed variable, but a likely typo of it.
+		{"longer name", "a.sh", "export MY_VLLM_PLE_CPU_OFFLOAD=1 VLLM_PLE_CPU_OFFLOAD_V2=1\n", []string{"1:34 unknown-vllm-env"}},
+		{"the deploy's own variables", "a.sh", "VLLM_ARGS='--port 8000'\nVLLM_MODEL=m\nvllm serve $VLLM_MODEL $VLLM_ARGS\n", nil},
 		{"longer reference", "a.sh", `echo "$VLLM_PLE_CPU_OFFLOAD_OLD ${MY_VLLM_PLE_CPU_OFFLOAD}"` + "\n", nil},
 		{"python longer", "a.py", `os.getenv("VLLM_PLE_CPU_OFFLOAD_OLD")` + "\n", nil},
 		{"yaml longer", "k.yaml", "env:\n  - name: XVLLM_PLE_CPU_OFFLOAD\n", nil},
@@ -162,7 +164,9 @@ func TestEnvNearMisses(t *testing.T) {
 
 func TestModuleAndKeySpellings(t *testing.T) {
 	const m = "vllm.entrypoints.openai.api_server"
-	mod := func(lc string) []string { return []string{lc + " openai-api-server-entrypoint"} }
+	mod := func(lc string) []string {
+		return []string{lc + " deprecated-module/vllm.entrypoints.openai.api_server@0.29"}
+	}
 	runSpellings(t, []spelling{
 		{"python -m", "a.sh", "python -m " + m + " --model m\n", mod("1:11")},
 		{"python3 -m continued", "a.sh", "python3 \\\n  -m " + m + "\n", mod("2:6")},

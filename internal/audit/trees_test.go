@@ -21,11 +21,18 @@ import (
 //     with the true use and the near miss.
 //   - realworld: one deploy file of each kind, shaped like those in public
 //     repositories that launch vLLM.
+//   - releases: audited for the newest release the facts cover, deploy
+//     files of each kind that use what vLLM 0.29 to 0.33 changed, each
+//     change once, written from the facts (valid/ holds what stayed).
 func TestTrees(t *testing.T) {
-	for _, name := range []string{"tricky", "realworld"} {
+	for _, name := range []string{"tricky", "realworld", "releases"} {
 		t.Run(name, func(t *testing.T) {
 			root := filepath.Join("testdata", name)
-			rep, err := Run(context.Background(), []string{root}, builtin(t))
+			rs := builtin(t)
+			if name == "releases" {
+				rs = newestRules(t)
+			}
+			rep, err := Run(context.Background(), []string{root}, rs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,5 +81,37 @@ func TestTrees(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func newestRules(t *testing.T) *RuleSet {
+	t.Helper()
+	_, newest := Covered()
+	rs, err := LoadRules(nil, "", newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// TestReleasesCorpus: every rule in force at the newest release is hit by
+// the releases corpus, and what stayed valid is not reported.
+func TestReleasesCorpus(t *testing.T) {
+	rs := newestRules(t)
+	rep, err := Run(context.Background(), []string{filepath.Join("testdata", "releases")}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit := map[string]bool{}
+	for _, f := range rep.Findings {
+		hit[f.Rule] = true
+		if strings.Contains(f.Path, "valid") {
+			t.Errorf("still-valid setting reported: %s", f)
+		}
+	}
+	for _, r := range rs.Rules {
+		if !hit[r.ID] {
+			t.Errorf("rule %s is not hit by the releases corpus", r.ID)
+		}
 	}
 }

@@ -209,7 +209,7 @@ func TestEnvironmentFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(rulesOf(rep.Findings), " ")
-	want := "docker.env:env-ple-cpu-offload e.vars:env-mm-hasher-algorithm compose.yaml:environment-file engine:env-ple-cpu-offload start.sh:environment-file vllm.service:environment-file vllm.service:environment-file"
+	want := "docker.env:removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 e.vars:renamed-env/VLLM_MM_HASHER_ALGORITHM@0.30 compose.yaml:environment-file engine:removed-env/VLLM_PLE_CPU_OFFLOAD@0.31 start.sh:environment-file vllm.service:environment-file vllm.service:environment-file"
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}

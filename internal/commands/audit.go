@@ -26,7 +26,7 @@ func init() {
 }
 
 // runAudit: weightcache audit [PATH...] [--format text|json|sarif]
-// [--fail-on warning|error] [--rules FILE] [--target-version 0.31]
+// [--fail-on warning|error] [--rules FILE] [--target-version 0.33]
 // [--verbose].
 // Exit 0 when nothing is at or above --fail-on, 1 when something is, 2 on a
 // usage error or a path that cannot be read.
@@ -35,7 +35,8 @@ func runAudit(ctx context.Context, e env, args []string) error {
 	format := fs.String("format", "text", "output format: "+strings.Join(audit.Formats, ", "))
 	failOn := fs.String("fail-on", "error", "exit 1 when a finding is at or above this severity: warning or error")
 	rulesFile := fs.String("rules", "", "YAML `file` of rules that add to or replace the built-in ones by id")
-	target := fs.String("target-version", "0.31", "vLLM `release` being upgraded to: rules from later releases are left out")
+	first, newest := audit.Covered()
+	target := fs.String("target-version", newest, "vLLM `release` being upgraded to, "+first+" to "+newest+": what it refuses is an error, what it deprecates a warning; later changes are left out")
 	verbose := fs.Bool("verbose", false, "also list the files and folders skipped, and why (JSON and SARIF always do)")
 	paths, err := parseInterleaved(fs, args)
 	if err != nil {

@@ -23,7 +23,7 @@ func auditTree(t *testing.T, files map[string]string) string {
 
 func TestAuditExitCodes(t *testing.T) {
 	clean := auditTree(t, map[string]string{"run.sh": "vllm serve m --quantization fp8_per_tensor\n"})
-	warn := auditTree(t, map[string]string{"run.sh": "vllm serve m --quantization fp8\n"})
+	warn := auditTree(t, map[string]string{"run.sh": "VLLM_PLE_CPU_OFFLOAD=1 vllm serve m --quantization fp8\n"})
 	fail := auditTree(t, map[string]string{"run.sh": "vllm serve m --tokenizer-mode slow\n"})
 	comment := auditTree(t, map[string]string{"run.sh": "# vllm serve m --tokenizer-mode slow was ours\nvllm serve m\n"})
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
@@ -38,10 +38,11 @@ func TestAuditExitCodes(t *testing.T) {
 		stderr string
 	}{
 		{"clean", []string{clean}, exitOK, "0 errors, 0 warnings", ""},
-		{"warning below default", []string{warn}, exitOK, "quantization-fp8-redirect", ""},
+		{"warning below default", []string{warn}, exitOK, "removed-env/VLLM_PLE_CPU_OFFLOAD@0.31", ""},
 		{"warning at fail-on warning", []string{warn, "--fail-on", "warning"}, exitFail, "quantization-fp8-redirect", "1 finding at or above warning"},
+		{"removed later than the target", []string{warn, "--target-version", "0.30", "--fail-on", "warning"}, exitOK, "0 errors, 0 warnings", ""},
 		{"error", []string{"--format=text", fail}, exitFail, "tokenizer-mode-slow", "1 finding at or above error"},
-		{"comment is a note", []string{comment, "--fail-on", "warning"}, exitOK, "1 note;", ""},
+		{"comment is a note", []string{comment, "--fail-on", "warning"}, exitOK, "note tokenizer-mode-slow: in a comment", ""},
 		{"flags after paths", []string{fail, "--target-version", "0.28"}, exitOK, "0 errors", ""},
 		{"paths after --", []string{"--fail-on=error", "--", fail}, exitFail, "tokenizer-mode-slow", ""},
 		{"unreadable path", []string{clean, filepath.Join(clean, "missing")}, exitUsage, "", "missing"},
@@ -100,7 +101,7 @@ func TestAuditDefaultPath(t *testing.T) {
 	t.Chdir(auditTree(t, map[string]string{"run.sh": "export VLLM_PLE_CPU_OFFLOAD=1\n"}))
 	var stdout, stderr bytes.Buffer
 	code := run(context.Background(), env{stdout: &stdout, stderr: &stderr}, []string{"audit"})
-	if code != exitOK || !strings.Contains(stdout.String(), "run.sh:1:8: warning env-ple-cpu-offload") {
+	if code != exitOK || !strings.Contains(stdout.String(), "run.sh:1:8: warning removed-env/VLLM_PLE_CPU_OFFLOAD@0.31") {
 		t.Errorf("exit %d: %s %s", code, stdout.String(), stderr.String())
 	}
 }

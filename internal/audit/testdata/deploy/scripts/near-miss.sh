@@ -5,7 +5,7 @@ vllm serve m --quantization=fp8_e4m3 --tokenizer-mode auto
 vllm serve m --tokenizer-mode mistral --collect-detailed-traces all
 vllm serve m --tokenizer slow-tokenizer-repo
 export MY_VLLM_PLE_CPU_OFFLOAD_BACKUP=1
-export VLLM_PLE_CPU_OFFLOAD_V2=1
+export VLLM_LOGGING_LEVEL=INFO
 echo "$VLLM_MM_HASHER_ALGORITHM_OLD"
 python -m vllm.entrypoints.openai.api_server_utils
 python -m vllm.entrypoints.cli.main serve m

@@ -16,7 +16,9 @@ vllm serve "$MODEL" \
   --enable-mamba-fine-grained-prefix-cache \
   --collect-detailed-traces model,worker
 vllm serve "$MODEL" --quantization=fp8 --collect-detailed-traces="model,worker"
-vllm serve "$MODEL" -q 'fp8' --mamba-cache-mode all --pipeline-parallel-size 2
+vllm serve "$MODEL" -q 'fp8' --mamba-cache-mode all --pipeline-parallel-size 2 --async-scheduling
+VLLM_USE_V2_MODEL_RUNNER=false vllm serve "$MODEL"
+vllm preload --model "$MODEL" -pp 2
 python -m vllm.entrypoints.openai.api_server --model "$MODEL"
 python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --async-scheduling && echo started
 uvicorn vllm.entrypoints.openai.api_server:app --port 8000
