@@ -1,8 +1,9 @@
 """weightcache: map LLM weights that a weightcache daemon keeps resident,
 zero-copy, into a PyTorch engine; fall back to disk with a named reason."""
-__version__ = "0.1.0"  # internal/version/VERSION; a Go test holds them equal
 
 from __future__ import annotations
+
+__version__ = "0.1.0"  # internal/version/VERSION; a Go test holds them equal
 
 from .attach import Weights, attach, device_key
 from .checkpoint import CheckpointError, resolve
