@@ -281,9 +281,12 @@ func TestKilledMidTakeover(t *testing.T) {
 			t.Run(side+":"+step, func(t *testing.T) {
 				dir := sockDir(t)
 				fault := "WEIGHTCACHE_FAULT=" + side + ":" + step
-				old := startFaulty(t, side != "succ", fault, tpArgs(model, dir)...)
+				// The dead launcher's ranks drain the held leases for a
+				// moment, not the default 30 s, holding its stderr open.
+				args := append(tpArgs(model, dir), "--drain-timeout", "2s")
+				old := startFaulty(t, side != "succ", fault, args...)
 				held := holdLeases(t, dir, 2, map[string]string{"main": model}, 2)
-				next := startFaulty(t, side == "succ", fault, append(tpArgs(model, dir), "--takeover")...)
+				next := startFaulty(t, side == "succ", fault, append(args, "--takeover")...)
 				victim, survivor := old, next
 				switch side {
 				case "succ":
