@@ -213,7 +213,7 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 // controlPeer is the uid and pid of a control connection's peer
 // (SO_PEERCRED); a variable so that a test can be another uid, which only
 // root could make for real.
-var controlPeer = peerUID
+var controlPeer = protocol.PeerCred
 
 // refuse answers a successor with a refusal; retry says it may ask again
 // (another handover is under way), else it should give up.

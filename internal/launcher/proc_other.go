@@ -4,7 +4,6 @@ package launcher
 
 import (
 	"errors"
-	"net"
 	"syscall"
 )
 
@@ -16,4 +15,3 @@ func controlPair() ([2]int, error) { return [2]int{-1, -1}, errNotSupported }
 
 func rankProcAttr() *syscall.SysProcAttr { return nil }
 
-func peerUID(*net.UnixConn) (int, int, error) { return -1, 0, errNotSupported }
