@@ -94,26 +94,12 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 			return rankOf(0), a
 		}, "segment 0 is not the descriptor bound to it"},
 		{"a resealed copy with one byte changed", func(t *testing.T) (Rank, *Cache) {
-			c := made(t, rankOf(0), ts, data, true)
 			forged := append([]byte(nil), data...)
 			forged[3*4096+7] ^= 1 // a tensor the CRC sample does not read
-			f, err := host.SealedFile("segment", forged)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Files[0].Close()
-			c.Files[0] = f
-			return rankOf(0), c
+			return rankOf(0), resealed(t, made(t, rankOf(0), ts, data, true), forged)
 		}, "segment 0 is not the descriptor bound to it"},
 		{"a faithful copy", func(t *testing.T) (Rank, *Cache) {
-			c := made(t, rankOf(0), ts, data, true)
-			f, err := host.SealedFile("segment", data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.Files[0].Close()
-			c.Files[0] = f
-			return rankOf(0), c
+			return rankOf(0), resealed(t, made(t, rankOf(0), ts, data, true), data)
 		}, "segment 0 is not the descriptor bound to it"},
 		{"segment and index swapped", func(t *testing.T) (Rank, *Cache) {
 			c := made(t, rankOf(0), ts, data, true)
@@ -183,6 +169,18 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resealed puts a new sealed memfd holding data in place of c's segment.
+func resealed(t *testing.T, c *Cache, data []byte) *Cache {
+	t.Helper()
+	f, err := host.SealedFile("segment", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Files[0].Close()
+	c.Files[0] = f
+	return c
 }
 
 // unsealed is a memfd holding data that anyone may still write.
