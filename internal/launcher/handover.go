@@ -254,17 +254,17 @@ var errRefused = errors.New("refused")
 // under its own deadline.
 var predecessorSteps = []struct {
 	name    string
-	timeout func() time.Duration
+	timeout time.Duration
 	run     func(*exchange) error
 }{
-	{"hello", func() time.Duration { return helloTimeout }, (*exchange).readHello},
-	{"offer", func() time.Duration { return stepTimeout }, (*exchange).sendOffer},
-	{"segments", func() time.Duration { return stepTimeout }, (*exchange).sendSegments},
-	{"take", func() time.Duration { return stepTimeout }, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
-	{"sockets", func() time.Duration { return stepTimeout }, (*exchange).sendSockets},
-	{"leases", func() time.Duration { return stepTimeout }, (*exchange).awaitLeases},
-	{"sent", func() time.Duration { return stepTimeout }, (*exchange).sendLeases},
-	{"done", func() time.Duration { return stepTimeout }, func(x *exchange) error { return expectStep(x.conn, typeHandoverDone) }},
+	{"hello", helloTimeout, (*exchange).readHello},
+	{"offer", stepTimeout, (*exchange).sendOffer},
+	{"segments", stepTimeout, (*exchange).sendSegments},
+	{"take", stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
+	{"sockets", stepTimeout, (*exchange).sendSockets},
+	{"leases", stepTimeout, (*exchange).awaitLeases},
+	{"sent", stepTimeout, (*exchange).sendLeases},
+	{"done", stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverDone) }},
 }
 
 // handOver runs one handover as the predecessor. It reports whether the
@@ -272,7 +272,7 @@ var predecessorSteps = []struct {
 func (l *launcher) handOver(conn *protocol.Conn, peer int) bool {
 	x := &exchange{l: l, conn: conn, peer: peer}
 	for _, st := range predecessorSteps {
-		_ = conn.Unix().SetDeadline(time.Now().Add(st.timeout()))
+		_ = conn.Unix().SetDeadline(time.Now().Add(st.timeout))
 		if err := st.run(x); err != nil {
 			return l.handoverFailed(x, fmt.Errorf("handover step %s: %w", st.name, err))
 		}
