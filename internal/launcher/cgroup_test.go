@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -263,5 +264,23 @@ func TestRankKilledBySIGKILLIsExplained(t *testing.T) {
 		if err := p.exitError(); !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.script, err, tc.want)
 		}
+	}
+}
+
+// A rank that dies during start-up after the OOM killer's count rose
+// ends preload with an error that says so, not a bare exit code.
+func TestStartupDeathAfterAnOOMKillSaysSo(t *testing.T) {
+	root := fakeRoot(t, map[string]string{"proc/self/cgroup": "0::/pod\n", "sys/fs/cgroup/pod/memory.events": "oom_kill 0\n"})
+	l := &launcher{oom: watchOOM(root)}
+	if err := os.WriteFile(filepath.Join(root, "sys/fs/cgroup/pod/memory.events"), []byte("oom_kill 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	died := &ExitError{Code: 137, Err: errors.New("rank host:0 was killed by SIGKILL")}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(died)
+	err := l.cause(context.Background(), ctx, errors.New("stopped"))
+	var ee *ExitError
+	if !errors.Is(err, ErrOOMKilled) || !errors.As(err, &ee) || ee.Code != 137 {
+		t.Fatalf("start-up ended by a rank's death after an OOM kill: %v, want OOM-killed with the rank's exit code", err)
 	}
 }

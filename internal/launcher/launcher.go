@@ -76,6 +76,7 @@ type launcher struct {
 
 	stopping atomic.Bool    // stop began: exits are not restarted
 	own      ownership      // of the sockets: restarts, handovers, removal
+	oom      oomWatch       // the memory cgroup's OOM kills since start
 	outMu    sync.Mutex     // event lines on stdout
 	pred     *predecessor   // --takeover: the preload taken over (takeover.go)
 	ctlSock  *daemon.Socket // where successors ask for the cache (handover.go)
@@ -103,6 +104,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := l.checkCgroupMemory(); err != nil {
 		return err
 	}
+	l.oom = watchOOM(cgroupRoot)
 	if cfg.HealthAddr != "" {
 		if l.health, err = metrics.Serve(cfg.HealthAddr, l, l.log); err != nil {
 			return err
@@ -285,9 +287,9 @@ func (l *launcher) cause(parent, ctx context.Context, err error) error {
 		return fmt.Errorf("interrupted while loading %s", l.cfg.Groups[0].Model)
 	}
 	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
-		return c
+		return l.oom.explain(c)
 	}
-	return err
+	return l.oom.explain(err)
 }
 
 func (l *launcher) progress() (int64, int64) {
@@ -516,7 +518,7 @@ func (l *launcher) serve(ctx context.Context) error {
 				continue
 			}
 			alive--
-			err := p.exitError()
+			err := l.oom.explain(p.exitError())
 			l.log.Error("rank exited; its socket is let go, the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)
 			p.giveUp(true)
 			if alive == 0 {

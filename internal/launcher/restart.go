@@ -50,7 +50,7 @@ func (l *launcher) restartable(p *proc) bool {
 func (l *launcher) restart(ctx context.Context, old *proc) {
 	defer l.own.endRestart()
 	begin := time.Now()
-	reason := old.exitError().Error()
+	reason := l.oom.explain(old.exitError()).Error()
 	old.mu.Lock()
 	failures := old.failures
 	old.mu.Unlock()
