@@ -84,7 +84,7 @@ func TestImage(t *testing.T) {
 	id := strings.TrimSpace(string(run("create", image)))
 	defer func() { _ = exec.Command(podman, append(pod, "rm", id)...).Run() }()
 	files := tarFiles(t, run("export", id))
-	for _, want := range []string{"usr/local/bin/weightcache", "etc/passwd", "etc/group", "opt/weightcache/python/weightcache/vllm.py", "opt/weightcache/python/weightcache-0.1.0.dist-info/entry_points.txt"} {
+	for _, want := range []string{"usr/local/bin/weightcache", "etc/passwd", "etc/group", "opt/weightcache/python/weightcache/vllm/__init__.py", "opt/weightcache/python/weightcache/vllm/loader.py", "opt/weightcache/python/weightcache-0.1.0.dist-info/entry_points.txt"} {
 		if _, ok := files[want]; !ok {
 			t.Errorf("image lacks /%s", want)
 		}

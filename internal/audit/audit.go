@@ -60,6 +60,13 @@ var (
 		Message: "file skipped: it could not be parsed",
 		Fix:     "correct the syntax so that the file can be audited (and deployed)",
 		Source:  "weightcache audit: a malformed YAML or unit file is reported and skipped"}
+	// A chart's template is YAML only once rendered: one whose actions,
+	// blanked, still leave no YAML (both branches of an if, say) is not a
+	// defect of the file.
+	ruleUnparsedTemplate = &Rule{ID: "unparsed-template", sev: Note,
+		Message: "template skipped: it is not YAML until rendered",
+		Fix:     "audit the rendered files (helm template CHART --output-dir DIR, then weightcache audit DIR)",
+		Source:  "weightcache audit: template actions are blanked before parsing, which does not make every template YAML"}
 	ruleUnreadable = &Rule{ID: "unreadable-file", sev: Warning,
 		Message: "file skipped: it could not be read",
 		Fix:     "make the file readable to the user running the audit",
@@ -72,7 +79,7 @@ var (
 		Message: "line ignored by the program that reads the file",
 		Fix:     "correct or remove the line",
 		Source:  "weightcache audit: systemd logs a malformed unit line and ignores it; the rest of the unit is audited"}
-	diagnostics = []*Rule{ruleBadLine, ruleEnvFile, ruleUnparsed, ruleUnreadable}
+	diagnostics = []*Rule{ruleBadLine, ruleEnvFile, ruleUnparsed, ruleUnparsedTemplate, ruleUnreadable}
 )
 
 // Report is the outcome of one audit.

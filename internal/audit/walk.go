@@ -360,7 +360,11 @@ func (a *auditor) scan(path string, k kind, src []byte, active []bool) (out []Fi
 		if errors.As(err, &pr) {
 			p = pr.Pos
 		}
-		return []Finding{newFinding(path, ruleUnparsed, p, false, err.Error())}
+		r := ruleUnparsed
+		if isTemplate(src) {
+			r = ruleUnparsedTemplate
+		}
+		return []Finding{newFinding(path, r, p, false, err.Error())}
 	}
 	s := &fileScan{rs: a.rs, path: path, facts: f, active: active}
 	out = s.evaluate()

@@ -56,6 +56,21 @@ func TestMalformedIsReportedAndSkipped(t *testing.T) {
 	}
 }
 
+// A chart's template that is not YAML until rendered (both branches of an
+// if stand in the source) is a note that says how to audit it, not a
+// warning about its syntax; a plain file that is not YAML stays a warning.
+func TestUnparsedTemplateIsANote(t *testing.T) {
+	src := "spec:\n  {{- if .Values.a }}\n  strategy: a\n  {{- else }}\n  - strategy: b\n  {{- end }}\n  args: [--tokenizer-mode, slow]\n"
+	got := scanSource(t, builtin(t), "daemonset.yaml", src)
+	if len(got) != 1 || got[0].Rule != ruleUnparsedTemplate.ID || got[0].Severity != Note || !strings.Contains(got[0].Message, "not YAML until rendered") {
+		t.Fatalf("got %v, want one %s note", got, ruleUnparsedTemplate.ID)
+	}
+	plain := strings.NewReplacer("{{- if .Values.a }}", "", "{{- else }}", "", "{{- end }}", "").Replace(src)
+	if got := scanSource(t, builtin(t), "daemonset.yaml", plain); len(got) != 1 || got[0].Rule != ruleUnparsed.ID {
+		t.Fatalf("the same without template actions: %v, want one %s", got, ruleUnparsed.ID)
+	}
+}
+
 // TestMalformedUnitLines: systemd logs a malformed line and ignores it, so
 // the line is a note and the rest of the unit is audited.
 func TestMalformedUnitLines(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 // Kubernetes env name/value pairs, args and command lists and command
 // strings each have a shape the walker recognises wherever they are.
 func parseYAML(src []byte, f *facts) error {
-	if bytes.Contains(src, []byte("{{")) || bytes.Contains(src, []byte("{%")) {
+	if isTemplate(src) {
 		src = blankTemplates(src)
 	}
 	w := &yamlWalker{f: f, src: src}
@@ -62,6 +62,11 @@ func yamlProblem(err error) *problem {
 		}
 	}
 	return p
+}
+
+// isTemplate reports whether src holds template actions (Helm, Jinja).
+func isTemplate(src []byte) bool {
+	return bytes.Contains(src, []byte("{{")) || bytes.Contains(src, []byte("{%"))
 }
 
 // templateFill stands for a template action inside a line's text: a value

@@ -100,7 +100,7 @@ func BenchmarkOutliveTakeovers(b *testing.B) {
 		args := append(tpArgs(model, dir), "--takeover")
 		cur := startPreloadProc(b, true, args...)
 		launchers := []*preloadProc{cur}
-		eng := startEngines(dir, model, 2, 4, false)
+		eng := startEngines(dir, model, 2, 4, false, 0)
 		start := time.Now()
 		for range n {
 			next := startPreloadProc(b, true, args...)

@@ -56,7 +56,9 @@ type engineLoop struct {
 // With every false, each attach checks one tensor, a different one each
 // time, so that attaches to a large model come as fast as engines make
 // them and the gap between hits measures the daemon, not the checksum.
-func startEngines(dir, model string, tp, n int, every bool) *engineLoop {
+// pause spaces one engine's attaches, so that the engines leave the
+// processes under test some of the machine's two cores.
+func startEngines(dir, model string, tp, n int, every bool, pause time.Duration) *engineLoop {
 	e := &engineLoop{stop: make(chan struct{})}
 	e.last.Store(time.Now().UnixNano())
 	for i := range n {
@@ -67,7 +69,7 @@ func startEngines(dir, model string, tp, n int, every bool) *engineLoop {
 				select {
 				case <-e.stop:
 					return
-				default:
+				case <-time.After(pause):
 				}
 				r := k % tp
 				w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithParallel(tp, r, 1, 0),
@@ -224,7 +226,7 @@ func TestSuccessiveTakeovers(t *testing.T) {
 	args := append(tpArgs(model, dir), "--takeover", "--wait-after-handover")
 	cur := startPreloadProc(t, true, args...)
 	held := holdLeases(t, dir, 2, map[string]string{"main": model}, 2)
-	eng := startEngines(dir, model, 2, 2, true)
+	eng := startEngines(dir, model, 2, 2, true, 10*time.Millisecond)
 	var olds []*preloadProc
 	for i := range 30 {
 		next := startPreloadProc(t, true, args...)
@@ -279,6 +281,7 @@ func TestKilledMidTakeover(t *testing.T) {
 	for _, side := range []string{"pred", "succ", "pred-rank"} {
 		for _, step := range steps[side] {
 			t.Run(side+":"+step, func(t *testing.T) {
+				t.Parallel() // each in its own directory; most of each is waiting
 				dir := sockDir(t)
 				fault := "WEIGHTCACHE_FAULT=" + side + ":" + step
 				// The dead launcher's ranks drain the held leases for a
