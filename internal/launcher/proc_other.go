@@ -14,4 +14,3 @@ var errNotSupported = errors.New("launcher: not supported on this platform (Linu
 func controlPair() ([2]int, error) { return [2]int{-1, -1}, errNotSupported }
 
 func rankProcAttr() *syscall.SysProcAttr { return nil }
-
