@@ -29,7 +29,7 @@ $(TESTREPORT): scripts/testreport/*.go
 	$(GO) build -o $@ ./scripts/testreport
 
 test-go: build $(TESTREPORT)
-	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 9m -json ./...
+	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./...
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
 # when they are missing (root and apt): scripts/apt-install.sh lists every

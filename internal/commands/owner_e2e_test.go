@@ -222,6 +222,7 @@ func tpArgs(model, dir string) []string {
 // misses or sees a wrong byte; then SIGTERM to every old process changes
 // nothing.
 func TestSuccessiveTakeovers(t *testing.T) {
+	t.Parallel() // its own directory; it overlaps the others' waits
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	args := append(tpArgs(model, dir), "--takeover", "--wait-after-handover")
 	cur := startPreloadProc(t, true, args...)
@@ -346,6 +347,7 @@ func startFaulty(t *testing.T, faulty bool, fault string, args ...string) *prelo
 // (engines are refused, not left waiting), the other rank serves on, and
 // a takeover loads that rank afresh while it adopts the other.
 func TestTakeoverOfALauncherWithAGivenUpRank(t *testing.T) {
+	t.Parallel() // its own directory; it overlaps the others' waits
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, tpArgs(model, dir)...)
 	rank0 := int(readyRanks(t, old)[0]["pid"].(float64))
@@ -555,6 +557,7 @@ func TestHostileControlClients(t *testing.T) {
 // drain, /health) until their engines let go, through restart after
 // restart.
 func TestLeasesCountedAcrossRankRestarts(t *testing.T) {
+	t.Parallel() // its own directory; it overlaps the others' waits
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	var held []*client.Weights
@@ -563,7 +566,6 @@ func TestLeasesCountedAcrossRankRestarts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer w.Close()
 		held = append(held, w)
 	}
 	rank := int(readyRanks(t, p)[0]["pid"].(float64))
@@ -581,6 +583,8 @@ func TestLeasesCountedAcrossRankRestarts(t *testing.T) {
 		held = held[:len(held)-1]
 		waitFor(t, "a lease ended on the replacement", func() bool { return leasesIn(t, dir) == want-1 })
 	}
+	_ = held[0].Close()
+	waitFor(t, "the last lease ended", func() bool { return leasesIn(t, dir) == 0 })
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Fatalf("preload exit %d: %s", code, p.stderr)
 	}
