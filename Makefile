@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
+.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -67,6 +67,13 @@ vllm-env:
 test-vllm: build vllm-env
 	@$(VLLM_PY) -c 'import importlib.metadata as m; d = m.distribution("weightcache"); print("test-vllm: testing weightcache", d.version, "installed at", d.locate_file("weightcache"))'
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
+
+# vLLM 0.31.0, the release before, pinned in python/requirements-vllm-0.31.txt:
+# a second 3 GB download the first time, cached and shared as the first is;
+# .venv/vllm-0.31 is this clone's venv over it.
+VLLM_031_PY := .venv/vllm-0.31/bin/python
+vllm-env-0.31:
+	scripts/vllm-env.sh python/requirements-vllm-0.31.txt .venv/vllm-0.31
 
 # Facts of each vLLM release for weightcache audit (internal/audit/facts/),
 # read from the releases' own code; the wheels are cached (scripts/audit-facts.sh).
