@@ -27,14 +27,19 @@ import (
 // What it cannot use it takes out of the store (FDSTOREREMOVE=1), so
 // that the memory goes.
 type fdStore struct {
+	adoption
 	// stalled: the last datagram timed out on the receiver's full queue.
 	stalled atomic.Bool
 
-	notify  string            // NOTIFY_SOCKET
-	names   map[string]string // stored descriptor name -> socket path, for sockets
-	sockets map[string]*daemon.Socket
-	adopted []*handover.Cache // verified segments for every rank, in procs order
-	reason  string            // why none were adopted
+	notify  string                    // NOTIFY_SOCKET
+	files   map[string]*os.File       // passed and not yet taken, by name
+	stored  map[string]*daemon.Socket // passed, by path, until Sockets hands them over
+	sockets map[string]*daemon.Socket // handed over, by path, for spawnAll
+	ctl     *daemon.Socket            // the stored control socket, if still the one at its path
+	meta    fdMeta
+	metaErr error // why the description cannot be read
+	want    []handover.Rank
+	handed  map[int]bool // ranks whose cache Files gave out
 }
 
 const fdMetaName = "wc-meta"
@@ -61,115 +66,191 @@ func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
 	return sock
 }
 
-// adoptStore takes what systemd passed (LISTEN_FDS) and keeps what still
-// fits this launch.
+// adoptStore takes what systemd passed (LISTEN_FDS) and, if anything was,
+// takes from it, as from a predecessor, what still fits this launch: its
+// caches, then its sockets and ownership at once (nobody else serves
+// them).
 func (l *launcher) adoptStore() error {
-	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*daemon.Socket{}}
+	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), stored: map[string]*daemon.Socket{}, sockets: map[string]*daemon.Socket{}, want: l.handoverRanks()}
 	files := listenFiles(l.log)
 	if len(files) == 0 {
 		return nil
 	}
-	want := l.handoverRanks()
-	take := func(name string) *os.File {
-		f := files[name]
-		delete(files, name)
-		return f
+	s := l.store
+	s.files = files
+	s.takeSockets(l)
+	s.meta, s.metaErr = readMeta(s.take(fdMetaName))
+	if s.metaErr != nil {
+		l.log.Warn("fd store: ignoring the stored segments", "err", s.metaErr)
+		s.drop(fdMetaName)
 	}
-	// Sockets first, by this launch's own paths, whatever the description
-	// says or whether it is readable: systemd holds their locks, so a
-	// socket not adopted here could not be taken again while the store
-	// keeps it.
-	for i, r := range want {
-		ln, lock := take(fdName(i, "listen")), take(fdName(i, "lock"))
+	a, err := l.adopt(s)
+	if err != nil {
+		return err
+	}
+	s.adoption = a
+	if a.caches == nil {
+		l.log.Warn("fd store: loading from the checkpoint", "reason", a.reason)
+	} else {
+		l.log.Info("fd store: serving the stored segments", "binary", s.meta.Binary, "ranks", len(s.meta.Ranks))
+	}
+	return nil
+}
+
+// ownStore runs the store's sockets and claim steps, and ends its
+// exchange (it has no leases).
+func (l *launcher) ownStore() error {
+	s := l.store
+	req, err := l.socketRequest()
+	if err != nil {
+		return err
+	}
+	socks, err := s.succ.Own(req)
+	if err != nil {
+		s.succ.Abort(err)
+		return err
+	}
+	for i, sock := range socks.Ranks {
+		if sock != nil {
+			s.sockets[req.Ranks[i]] = sock
+		}
+	}
+	if l.ctlSock == nil {
+		l.ctlSock = socks.Control
+	} else if socks.Control != nil {
+		socks.Control.Close()
+	}
+	_, err = s.succ.Finish(nil)
+	return err
+}
+
+func (s *fdStore) take(name string) *os.File {
+	f := s.files[name]
+	delete(s.files, name)
+	return f
+}
+
+// takeSockets takes the stored sockets by this launch's own paths, whatever
+// the description says or whether it is readable: systemd holds their
+// locks, so a socket not adopted here could not be taken again while the
+// store keeps it.
+func (s *fdStore) takeSockets(l *launcher) {
+	for i, r := range s.want {
+		ln, lock := s.take(fdName(i, "listen")), s.take(fdName(i, "lock"))
 		if ln == nil || lock == nil {
 			continue
 		}
-		if s, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
-			l.store.sockets[r.Socket] = s
+		if sock, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
+			s.stored[r.Socket] = sock
 		} else {
 			// Removed from the directory when its rank stopped, or another
 			// layout's: taken afresh, and the store's copy let go.
 			l.log.Info("fd store: socket not adopted; taking it afresh", "socket", r.Socket, "err", err)
-			l.store.drop(fdName(i, "listen"))
-			l.store.drop(fdName(i, "lock"))
+			s.drop(fdName(i, "listen"))
+			s.drop(fdName(i, "lock"))
 		}
 	}
-	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
-		path, err := l.controlPath()
-		if err == nil {
-			if s, err := daemon.SocketFromFiles(path, ln, lock); err == nil {
-				l.ctlSock = s
+	if ln, lock := s.take("wc-ctl-listen"), s.take("wc-ctl-lock"); ln != nil && lock != nil {
+		if path, err := l.controlPath(); err == nil {
+			if sock, err := daemon.SocketFromFiles(path, ln, lock); err == nil {
+				s.ctl = sock
 			}
 		}
 	}
-	meta, err := readMeta(take(fdMetaName))
-	if err != nil {
-		l.store.reason = "fd store: " + err.Error()
-		l.log.Warn("fd store: ignoring the stored segments", "err", err)
-		l.store.drop(fdMetaName)
-		l.store.forget(files)
-		return nil
-	}
-	l.store.reason = l.storeCaches(meta, want, take)
-	if l.store.reason != "" {
-		l.log.Warn("fd store: loading from the checkpoint", "reason", l.store.reason)
-	} else {
-		l.log.Info("fd store: serving the stored segments", "binary", meta.Binary, "ranks", len(meta.Ranks))
-	}
-	l.store.forget(files)
-	return nil
 }
 
-// storeCaches adopts the stored segments if they are this launch's and
-// intact, returning why not otherwise.
-func (l *launcher) storeCaches(meta fdMeta, want []handover.Rank, take func(string) *os.File) string {
-	var caches []*handover.Cache
-	files := func(i int, m daemon.RankSegments) []*os.File {
-		var out []*os.File
-		for k := range m.Segments {
-			out = append(out, take(fdName(i, "seg-"+strconv.Itoa(k))))
-		}
-		return append(out, take(fdName(i, "index")))
-	}
-	reason := ""
-	if meta.Version != handoverVersion {
-		reason = fmt.Sprintf("stored by %s in handover version %d; this binary reads %d", meta.Binary, meta.Version, handoverVersion)
-	} else if len(meta.Ranks) != len(want) || len(meta.Caches) != len(want) {
-		reason = fmt.Sprintf("stored for %s; this launch serves %s", describeRanks(meta.Ranks), describeRanks(want))
-	}
-	for i := range meta.Caches {
-		c := &handover.Cache{Msg: meta.Caches[i], Files: files(i, meta.Caches[i])}
-		caches = append(caches, c)
-		if reason != "" {
-			continue
-		}
-		for _, f := range c.Files {
-			if f == nil {
-				reason = fmt.Sprintf("rank %s: the store lacks some of its segments", want[i].Device)
+// Offer implements handover.Source: the stored description, if it is
+// this launch's.
+func (s *fdStore) Offer() (handover.Offer, error) {
+	o := handover.Offer{From: fmt.Sprintf("the fd store (stored by %s)", s.meta.Binary)}
+	switch {
+	case s.metaErr != nil:
+		o.Reason = "fd store: " + s.metaErr.Error()
+	case s.meta.Version != handoverVersion:
+		o.Reason = fmt.Sprintf("stored by %s in handover version %d; this binary reads %d", s.meta.Binary, s.meta.Version, handoverVersion)
+	case len(s.meta.Ranks) != len(s.want) || len(s.meta.Caches) != len(s.want):
+		o.Reason = fmt.Sprintf("stored for %s; this launch serves %s", describeRanks(s.meta.Ranks), describeRanks(s.want))
+	default:
+		o.Ranks = s.meta.Ranks
+		for i := range s.meta.Caches {
+			var m *daemon.RankSegments
+			if len(s.meta.Caches[i].Segments) > 0 || s.meta.Caches[i].Tensors > 0 {
+				m = &s.meta.Caches[i]
 			}
+			o.Caches = append(o.Caches, m)
 		}
-		if reason != "" {
-			continue
-		}
-		refuse, stale := handover.Fits(meta.Ranks[i], c, want[i], l.cfg.Groups[l.groupIndex(want[i].Group)].Checkpoint.Identity)
-		if reason = refuse + stale; reason != "" {
-			continue
-		}
-		if reason == "" {
-			if err := handover.Verify(want[i], c); err != nil {
-				reason = fmt.Sprintf("rank %s: %v", want[i].Device, err)
+	}
+	return o, nil
+}
+
+// Files implements handover.Source: rank's stored segments and index.
+func (s *fdStore) Files(rank int) ([]*os.File, error) {
+	m := s.meta.Caches[rank]
+	if s.handed == nil {
+		s.handed = map[int]bool{}
+	}
+	s.handed[rank] = true
+	var out []*os.File
+	for k := range m.Segments {
+		out = append(out, s.take(fdName(rank, "seg-"+strconv.Itoa(k))))
+	}
+	out = append(out, s.take(fdName(rank, "index")))
+	for _, f := range out {
+		if f == nil {
+			for _, g := range out {
+				if g != nil {
+					_ = g.Close()
+				}
 			}
+			return nil, fmt.Errorf("the store lacks some of its segments")
 		}
 	}
-	if reason != "" {
-		for i, c := range caches {
-			l.store.remove(i, c)
-			c.Close()
+	return out, nil
+}
+
+// Taken implements handover.Source: what was not taken leaves the store,
+// so that its memory goes: the caches given out and refused, and every
+// descriptor never given out.
+func (s *fdStore) Taken(taken []bool) {
+	for i, m := range s.meta.Caches {
+		if s.handed[i] && (i >= len(taken) || !taken[i]) {
+			s.remove(i, m)
 		}
-		return reason
 	}
-	l.store.adopted = caches
-	return ""
+	s.forget()
+}
+
+// Sockets implements handover.Source: the stored ones, taken at start.
+// The store holds no generation: the successor claims the next after the
+// owner file's record.
+func (s *fdStore) Sockets(req handover.SocketRequest) (handover.Sockets, error) {
+	out := handover.Sockets{Ranks: make([]*daemon.Socket, len(req.Ranks))}
+	for i, path := range req.Ranks {
+		out.Ranks[i] = s.stored[path]
+		delete(s.stored, path)
+	}
+	if s.ctl != nil && s.ctl.Path == req.Control {
+		out.Control, s.ctl = s.ctl, nil
+	}
+	return out, nil
+}
+
+// Leases implements handover.Source: the store keeps no engine
+// connection.
+func (s *fdStore) Leases(handover.Deliver) (int, error) { return 0, nil }
+
+// Close implements handover.Source: whatever was passed and not taken
+// is let go.
+func (s *fdStore) Close(error) {
+	s.forget()
+	for path, sock := range s.stored {
+		sock.Close()
+		delete(s.stored, path)
+	}
+	if s.ctl != nil {
+		s.ctl.Close()
+		s.ctl = nil
+	}
 }
 
 // listenFiles are the descriptors systemd passed, by name, close-on-exec
@@ -281,16 +362,19 @@ func readMeta(f *os.File) (fdMeta, error) {
 	return m, nil
 }
 
-// forget closes descriptors nobody uses and takes them out of the store.
-func (s *fdStore) forget(files map[string]*os.File) {
-	for name, f := range files {
+// forget closes the passed descriptors nobody took and takes them out of
+// the store.
+func (s *fdStore) forget() {
+	for name, f := range s.files {
 		s.drop(name)
 		_ = f.Close()
+		delete(s.files, name)
 	}
 }
 
-func (s *fdStore) remove(rank int, c *handover.Cache) {
-	for k := range c.Msg.Segments {
+// remove takes rank's cache, as m describes it, out of the store.
+func (s *fdStore) remove(rank int, m daemon.RankSegments) {
+	for k := range m.Segments {
 		s.drop(fdName(rank, "seg-"+strconv.Itoa(k)))
 	}
 	s.drop(fdName(rank, "index"))
@@ -411,7 +495,7 @@ func (l *launcher) closeStore(handed bool) {
 		s.drop(fdName(i, "listen"))
 		s.drop(fdName(i, "lock"))
 		if handed && p.cache != nil {
-			s.remove(i, p.cache)
+			s.remove(i, p.cache.Msg)
 		}
 	}
 	s.drop("wc-ctl-listen")

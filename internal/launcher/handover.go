@@ -90,6 +90,9 @@ type handoverOffer struct {
 	// none (a rank given up): the successor loads that one afresh. A
 	// segments frame follows for each that is not null.
 	Segments []*daemon.RankSegments `json:"segments,omitempty"`
+	// Ranks are the predecessor's ranks, which the successor fits its own
+	// against as it does a store's (absent from older predecessors).
+	Ranks []handover.Rank `json:"ranks,omitempty"`
 }
 
 // handoverSockets carries every rank's listener and lock (those of ranks
@@ -187,7 +190,7 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 			conn := protocol.NewConn(uc, maxSuccessorFrame)
 			uid, pid, err := controlPeer(uc)
 			if err != nil || uid != os.Geteuid() {
-				refuse(conn, false, "preload pid %d hands over to its own uid %d only (the peer is uid %d: %v)", os.Getpid(), os.Geteuid(), uid, err)
+				_ = refuse(conn, false, "preload pid %d hands over to its own uid %d only (the peer is uid %d: %v)", os.Getpid(), os.Geteuid(), uid, err)
 				return
 			}
 			t := time.NewTimer(handoverTimeout)
@@ -195,10 +198,10 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 			select {
 			case turn <- struct{}{}:
 			case <-t.C:
-				refuse(conn, true, "preload pid %d is handing over to another successor already", os.Getpid())
+				_ = refuse(conn, true, "preload pid %d is handing over to another successor already", os.Getpid())
 				return
 			case <-ctx.Done():
-				refuse(conn, true, "preload pid %d has stopped answering (it handed over, or stops)", os.Getpid())
+				_ = refuse(conn, true, "preload pid %d has stopped answering (it handed over, or stops)", os.Getpid())
 				return
 			}
 			defer func() { <-turn }()
@@ -216,10 +219,13 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 var controlPeer = protocol.PeerCred
 
 // refuse answers a successor with a refusal; retry says it may ask again
-// (another handover is under way), else it should give up.
-func refuse(conn *protocol.Conn, retry bool, format string, args ...any) {
+// (another handover is under way), else it should give up. It returns the
+// refusal as an errRefused.
+func refuse(conn *protocol.Conn, retry bool, format string, args ...any) error {
+	reason := fmt.Sprintf(format, args...)
 	_ = conn.Unix().SetWriteDeadline(time.Now().Add(helloTimeout))
-	_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: fmt.Sprintf(format, args...), Versions: handoverVersions, Retry: retry})
+	_ = conn.Send(handoverRefused{Head: headOf(typeHandoverRefused), Reason: reason, Versions: handoverVersions, Retry: retry})
+	return fmt.Errorf("%w: %s", errRefused, reason)
 }
 
 // faultAt names a point of a handover at which this process kills itself,
@@ -248,41 +254,52 @@ type exchange struct {
 
 // errRefused ends an exchange the predecessor refused: it was said to the
 // successor already, and nothing changed.
-var errRefused = errors.New("refused")
+var errRefused = errors.New("refused the successor")
 
 // predecessorSteps is the exchange from the predecessor's side, each step
-// under its own deadline.
+// under its own deadline (read when the step begins, so that a test may
+// shorten it).
 var predecessorSteps = []struct {
 	name    string
-	timeout time.Duration
+	timeout *time.Duration
 	run     func(*exchange) error
 }{
-	{"hello", helloTimeout, (*exchange).readHello},
-	{"offer", stepTimeout, (*exchange).sendOffer},
-	{"segments", stepTimeout, (*exchange).sendSegments},
-	{"take", stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
-	{"sockets", stepTimeout, (*exchange).sendSockets},
-	{"leases", stepTimeout, (*exchange).awaitLeases},
-	{"sent", stepTimeout, (*exchange).sendLeases},
-	{"done", stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverDone) }},
+	{"hello", &helloTimeout, (*exchange).readHello},
+	{"offer", &stepTimeout, (*exchange).sendOffer},
+	{"segments", &stepTimeout, (*exchange).sendSegments},
+	{"take", &stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverTake) }},
+	{"sockets", &stepTimeout, (*exchange).sendSockets},
+	{"leases", &stepTimeout, (*exchange).awaitLeases},
+	{"sent", &stepTimeout, (*exchange).sendLeases},
+	{"done", &stepTimeout, func(x *exchange) error { return expectStep(x.conn, typeHandoverDone) }},
 }
 
 // handOver runs one handover as the predecessor. It reports whether the
 // successor owns everything now, so that this launcher should stop.
 func (l *launcher) handOver(conn *protocol.Conn, peer int) bool {
+	x, err := l.runSteps(conn, peer)
+	if err != nil {
+		return l.handoverFailed(x, err)
+	}
+	l.event(handedOver{Event: "handed_over", SuccessorPID: x.hello.PID, Successor: x.hello.Binary, Adopted: x.offer.Adopt, Reason: x.offer.Reason, Generation: x.gen + 1})
+	return true
+}
+
+// runSteps runs predecessorSteps in order; an error is a
+// *handover.StepError naming the step that failed.
+func (l *launcher) runSteps(conn *protocol.Conn, peer int) (*exchange, error) {
 	x := &exchange{l: l, conn: conn, peer: peer}
 	for _, st := range predecessorSteps {
-		_ = conn.Unix().SetDeadline(time.Now().Add(st.timeout))
+		_ = conn.Unix().SetDeadline(time.Now().Add(*st.timeout))
 		if err := st.run(x); err != nil {
-			return l.handoverFailed(x, fmt.Errorf("handover step %s: %w", st.name, err))
+			return x, &handover.StepError{Step: st.name, Err: err}
 		}
 		fault("pred:" + st.name)
 		if faultAt == "pred-rank:"+st.name {
 			_ = l.procsSnapshot()[0].cmd.Process.Kill()
 		}
 	}
-	l.event(handedOver{Event: "handed_over", SuccessorPID: x.hello.PID, Successor: x.hello.Binary, Adopted: x.offer.Adopt, Reason: x.offer.Reason, Generation: x.gen + 1})
-	return true
+	return x, nil
 }
 
 func (x *exchange) readHello() error {
@@ -292,12 +309,10 @@ func (x *exchange) readHello() error {
 	}
 	fr.CloseFiles()
 	if fr.Type != typeHandoverHello || fr.Version != protocol.Version || fr.Decode(&x.hello) != nil {
-		refuse(x.conn, false, "expected a %s frame of protocol version %d, got %q version %d", typeHandoverHello, protocol.Version, fr.Type, fr.Version)
-		return errRefused
+		return refuse(x.conn, false, "expected a %s frame of protocol version %d, got %q version %d", typeHandoverHello, protocol.Version, fr.Type, fr.Version)
 	}
 	if x.hello.PID != x.peer {
-		refuse(x.conn, false, "the hello names pid %d; the connection is pid %d's", x.hello.PID, x.peer)
-		return errRefused
+		return refuse(x.conn, false, "the hello names pid %d; the connection is pid %d's", x.hello.PID, x.peer)
 	}
 	return nil
 }
@@ -309,8 +324,7 @@ func (x *exchange) sendOffer() error {
 	x.offer, refusal, retry = l.offer(x.hello, l.procsSnapshot())
 	if refusal != "" {
 		l.log.Warn("takeover refused", "successor_pid", x.hello.PID, "reason", refusal)
-		refuse(x.conn, retry, "%s", refusal)
-		return errRefused
+		return refuse(x.conn, retry, "%s", refusal)
 	}
 	l.log.Info("handing over to a successor", "successor_pid", x.hello.PID, "successor", x.hello.Binary, "adopt", x.offer.Adopt, "reason", x.offer.Reason)
 	return x.conn.Send(x.offer)
@@ -454,7 +468,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refus
 			adopt, reason = false, stale
 		}
 	}
-	o = handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason}
+	o = handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason, Ranks: mine}
 	if adopt {
 		for _, p := range procs {
 			var m *daemon.RankSegments

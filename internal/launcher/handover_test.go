@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
@@ -57,30 +58,11 @@ func TestControlSocketRefusesAnotherUID(t *testing.T) {
 }
 
 // A leases frame naming a rank this launch does not have is refused
-// (logged, nothing moved), never an index out of range mid-takeover,
-// after the predecessor's ranks stopped.
+// (named, nothing more delivered), never an index out of range
+// mid-takeover, after the predecessor's ranks stopped.
 func TestLeasesForAnUnknownRank(t *testing.T) {
-	pair := func() (*protocol.Conn, *protocol.Conn) {
-		fds, err := controlPair()
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn := func(fd int) *protocol.Conn {
-			f := os.NewFile(uintptr(fd), "pair")
-			c, err := net.FileConn(f)
-			f.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return protocol.NewConn(c.(*net.UnixConn), protocol.MaxReplyFrame)
-		}
-		a, b := conn(fds[0]), conn(fds[1])
-		t.Cleanup(func() { a.Close(); b.Close() })
-		return a, b
-	}
-	succ, pred := pair()
-	launcherEnd, rankEnd := pair()
-	l := &launcher{log: slog.New(slog.DiscardHandler), pred: &predecessor{conn: succ}, procs: []*proc{{ctl: launcherEnd}}}
+	succ, pred := connPair(t)
+	pr := &predecessor{conn: succ, ranks: make([]handover.Rank, 1)}
 	go func() {
 		if _, err := pred.Recv(); err != nil { // the ask for leases
 			return
@@ -89,12 +71,37 @@ func TestLeasesForAnUnknownRank(t *testing.T) {
 		_ = pred.Send(handoverLeases{Head: headOf(typeHandoverLeases), Rank: 1, Last: true})
 		_ = pred.Send(protocol.NewHead(typeHandoverSent))
 	}()
-	l.finishTakeover()
-	fr, err := rankEnd.Recv()
-	if err != nil || fr.Type != daemon.TypeRankLeases {
-		t.Fatalf("rank 0's leases not forwarded: %v %v", fr, err)
+	var got []int
+	_, err := pr.Leases(func(rank int, _ []daemon.HandedLease, _ []*os.File, _ bool) error {
+		got = append(got, rank)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "rank 1 of 1") {
+		t.Fatalf("leases for rank 1 of 1: %v", err)
 	}
-	if l.report.leases != 0 {
-		t.Fatalf("%d leases counted", l.report.leases)
+	if len(got) != 1 || got[0] != 0 {
+		t.Fatalf("delivered to ranks %v, want [0]", got)
 	}
+}
+
+// connPair is a connected pair of control connections, closed at the
+// test's end.
+func connPair(t *testing.T) (*protocol.Conn, *protocol.Conn) {
+	t.Helper()
+	fds, err := controlPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *protocol.Conn {
+		f := os.NewFile(uintptr(fd), "pair")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return protocol.NewConn(c.(*net.UnixConn), protocol.MaxReplyFrame)
+	}
+	a, b := conn(fds[0]), conn(fds[1])
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
 }

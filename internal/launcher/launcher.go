@@ -128,21 +128,36 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // prepare finds where this launch's segments come from before any rank
-// starts: a predecessor (--takeover), systemd's fd store, or the
-// checkpoint; and takes the control socket successors will ask.
+// starts: systemd's fd store, a predecessor (--takeover), or the
+// checkpoint; and takes the control socket successors will ask. A source
+// goes through the one sequence of handover.Successor: the store's
+// sockets and ownership are taken here, since nobody else serves them; a
+// predecessor's only once this launch's ranks can serve them
+// (takeSockets).
 func (l *launcher) prepare() error {
 	if err := l.adoptStore(); err != nil {
 		return err
 	}
-	if l.cfg.Takeover && l.store.adopted == nil {
+	passed := l.store.succ != nil
+	if l.cfg.Takeover && l.store.caches == nil {
 		pr, none, err := l.findPredecessor()
 		if err != nil {
+			if passed {
+				l.store.succ.Abort(err)
+			}
 			return err
 		}
 		if pr == nil {
 			l.log.Info("takeover: loading from the checkpoint", "reason", none)
 			l.report.reason = none
 		} else {
+			if passed {
+				l.store.succ.Abort(fmt.Errorf("preload pid %d serves the device: taken over instead", pr.offer.PID))
+				passed = false
+			}
+			if pr.adoption, err = l.adopt(pr); err != nil {
+				return err
+			}
 			l.pred = pr
 			l.report.reason = pr.reason
 			if pr.caches != nil {
@@ -150,10 +165,13 @@ func (l *launcher) prepare() error {
 			} else {
 				l.log.Warn("takeover: loading afresh", "pid", pr.offer.PID, "reason", pr.reason)
 			}
+			return nil // the control socket and ownership come with the others
 		}
 	}
-	if l.pred != nil || l.own.holds() {
-		return nil // the control socket and ownership come with the others, or came
+	if passed {
+		if err := l.ownStore(); err != nil {
+			return err
+		}
 	}
 	path, err := l.controlPath()
 	if err != nil {
@@ -163,6 +181,9 @@ func (l *launcher) prepare() error {
 		if l.ctlSock, err = daemon.TakeSocket(path); err != nil {
 			return fmt.Errorf("control socket: %w", err)
 		}
+	}
+	if l.own.holds() {
+		return nil // claimed with the store's sockets
 	}
 	// Whoever holds the control socket's lock may own: a dead owner's lock
 	// went with it. One still held is a launcher that handed over and has
@@ -210,8 +231,8 @@ func (l *launcher) start(parent context.Context) error {
 	}
 	var err error
 	switch {
-	case l.store.adopted != nil:
-		err = l.adoptCaches(ctx, l.store.adopted)
+	case l.store.caches != nil:
+		err = l.adoptCaches(ctx, l.store.caches)
 	case l.pred != nil && l.pred.caches != nil:
 		err = l.adoptCaches(ctx, l.pred.caches)
 	default:

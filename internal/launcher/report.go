@@ -109,7 +109,7 @@ func (l *launcher) printReady() error {
 	}
 	line.Source, line.Reason, line.Leases, line.Generation = SourceCheckpoint, r.reason, r.leases, l.own.generation()
 	switch {
-	case l.store.adopted != nil:
+	case l.store.caches != nil:
 		line.Source = SourceFDStore
 	case l.pred != nil && l.pred.caches != nil:
 		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.offer.PID, l.pred.offer.Binary
