@@ -78,7 +78,7 @@ func fakeRank(t *testing.T, r Rank, id handover.Rank, cached bool) *proc {
 	}
 	t.Cleanup(sock.Close)
 	mine, theirs := connPair(t)
-	p := &proc{Rank: r, group: id.Group, ctl: mine, frames: newFrameQueue(), done: make(chan struct{}), sock: sock, state: StateReady}
+	p := &proc{Rank: r, group: id.Group, ctl: mine, frames: newFrameQueue(), done: make(chan struct{}), sock: sock, state: rankReady}
 	if cached {
 		p.cache = boundCache(t, id)
 	}

@@ -379,9 +379,7 @@ func (x *exchange) awaitLeases() error {
 func (x *exchange) sendLeases() error {
 	procs := x.l.procsSnapshot()
 	for _, p := range procs {
-		p.mu.Lock()
-		p.handed = true
-		p.mu.Unlock()
+		p.move(rankReady, rankHanding) // a rank not serving has nothing to hand
 	}
 	if err := x.l.collectLeases(x.conn, procs, x.offer.Adopt); err != nil {
 		return err
@@ -411,12 +409,12 @@ func (l *launcher) handoverFailed(x *exchange, err error) bool {
 	l.log.Error("handover did not finish and the successor does not own the sockets: took ownership back", "err", err, "generation", l.own.generation())
 	for _, p := range l.procsSnapshot() {
 		p.mu.Lock()
-		p.handed = false
+		p.moveLocked(rankHanding, rankReady) // not reaped yet: its exit comes as any rank's
+		p.moveLocked(rankHanded, rankExited) // stopped for the successor: restarted
+		exited := p.state == rankExited      // or died meanwhile, while not owning
 		p.mu.Unlock()
-		select {
-		case <-p.done:
-			l.exited <- p // stopped for the successor: restarted
-		default:
+		if exited {
+			l.exited <- p
 		}
 	}
 	return false

@@ -377,7 +377,7 @@ func (l *launcher) awaitListening(ctx context.Context, procs []*proc) error {
 		p.mu.Lock()
 		p.socket = m.Socket
 		p.mu.Unlock()
-		p.setState(StateLoading)
+		p.move(rankStarting, rankLoading)
 	}
 	return nil
 }
@@ -524,20 +524,25 @@ func (l *launcher) serve(ctx context.Context) error {
 			l.stop()
 			return nil
 		case p := <-l.exited:
-			if l.stopping.Load() || p.wasHanded() || !p.claimExit() {
-				continue
+			if l.stopping.Load() || p.current() != rankExited {
+				continue // handed over, or its exit handled already
 			}
 			if l.restartable(p) && l.own.beginRestart() {
-				p.mu.Lock()
-				p.state = StateRestarting // until its replacement takes the slot
-				p.mu.Unlock()
-				go l.restart(ctx, p)
+				// Restarting until its replacement takes the slot.
+				if p.move(rankExited, rankRestarting) {
+					go l.restart(ctx, p)
+				} else {
+					l.own.endRestart()
+				}
 				continue
 			}
 			if !l.own.holds() {
 				// Ceded to a successor: its ranks serve this device now.
+				// The exit stays unhandled, for this launcher to restart
+				// if it takes ownership back (handoverFailed).
 				continue
 			}
+			p.move(rankExited, rankDead)
 			alive--
 			err := l.oom.explain(p.exitError())
 			l.log.Error("rank exited; its socket is let go, the other ranks keep serving", "rank", p.String(), "pid", p.pid, "err", err, "ranks_left", alive)

@@ -48,10 +48,10 @@ func (p *proc) pong() {
 
 // liveState is state as /health shows it; callers hold p.mu.
 func (p *proc) liveState() string {
-	if p.state == StateReady && p.pinging && time.Since(p.lastPong) > livenessTimeout {
+	if p.state == rankReady && p.pinging && time.Since(p.lastPong) > livenessTimeout {
 		return StateUnresponsive
 	}
-	return p.state
+	return p.state.display(p.restarts)
 }
 
 // reportProgress sends progress to procs every pingEvery until stop is

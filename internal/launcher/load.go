@@ -141,7 +141,7 @@ func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 		l.report.mu.Lock()
 		l.report.rankLoadSeconds = max(l.report.rankLoadSeconds, r.LoadSeconds)
 		l.report.mu.Unlock()
-		p.setState(StateReady)
+		p.move(rankLoading, rankReady)
 		l.log.Info("rank ready", "rank", p.String(), "socket", p.socket, "bytes", r.Bytes)
 	}
 	return nil

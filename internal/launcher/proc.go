@@ -17,12 +17,13 @@ import (
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
-// Rank states, as /health reports them.
+// Rank states, as /health reports them (rankState.display).
 const (
 	StateStarting = "starting" // process started, socket not yet taken
 	StateLoading  = "loading"  // serving its socket, segments being filled
 	StateReady    = "ready"
 	StateExited   = "exited"
+	StateStopping = "stopping" // killed by the launcher, not yet reaped
 	// A rank that died after ready, replaced on the same socket with the
 	// same segments; engines that connect meanwhile wait in the backlog.
 	StateRestarting = "restarting"
@@ -46,17 +47,15 @@ type proc struct {
 	// restarts that died before serving (restart.go).
 	restarts, failures int
 
-	mu          sync.Mutex
-	state       string
-	socket      string
-	pid         int
-	bytes       int64 // resident, once ready
-	exitCode    int
-	exitErr     error
-	signal      syscall.Signal // what ended it, when a signal did
-	killed      bool           // by the launcher itself
-	handed      bool           // stopped for a successor (handover.go)
-	exitClaimed bool           // claimExit
+	mu       sync.Mutex
+	state    rankState // rankstate.go: every move
+	socket   string
+	pid      int
+	bytes    int64 // resident, once ready
+	exitCode int
+	exitErr  error
+	signal   syscall.Signal // what ended it, when a signal did
+	exitFrom rankState      // the state it was reaped in: rankKilling when the launcher killed it
 	// held are the rank's leases, each with a copy of its connection
 	// (daemon.LeaseWatcher): they outlive the rank, for its replacement.
 	held     map[uint64]heldLease
@@ -89,7 +88,7 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer, sock *dae
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = rankProcAttr()
 	p := &proc{Rank: r, group: spec.Group, cmd: cmd, ctl: protocol.NewConn(fc.(*net.UnixConn), protocol.MaxReplyFrame),
-		frames: newFrameQueue(), done: make(chan struct{}), state: StateStarting, spec: spec}
+		frames: newFrameQueue(), done: make(chan struct{}), spec: spec}
 	if err := cmd.Start(); err != nil {
 		_ = fc.Close()
 		return nil, fmt.Errorf("start %s: %w", p, err)
@@ -139,7 +138,12 @@ func (p *proc) wait(read <-chan struct{}) {
 	<-read
 	_ = p.ctl.Close()
 	p.mu.Lock()
-	p.state, p.exitCode, p.exitErr, p.signal = StateExited, code, err, sig
+	p.exitCode, p.exitErr, p.signal, p.exitFrom = code, err, sig, p.state
+	to := rankExited
+	if p.state == rankHanding {
+		to = rankHanded
+	}
+	p.moveLocked(p.state, to)
 	p.mu.Unlock()
 	close(p.done)
 }
@@ -201,19 +205,11 @@ func (p *proc) ended(err error) error {
 	return err
 }
 
-func (p *proc) setState(s string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.state != StateExited {
-		p.state = s
-	}
-}
-
 // exitError describes how the rank ended, carrying its exit code.
 func (p *proc) exitError() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.signal == syscall.SIGKILL && !p.killed {
+	if p.signal == syscall.SIGKILL && p.exitFrom != rankKilling {
 		// Nothing in weightcache sends SIGKILL to a rank but the launcher.
 		return &ExitError{Code: p.exitCode, Err: fmt.Errorf("%s was killed by SIGKILL (exit code %d), most likely by the OOM killer: "+
 			"check `dmesg` and the memory cgroup's memory.max against the checkpoint size", p, p.exitCode)}
@@ -233,7 +229,9 @@ func (p *proc) terminate(grace time.Duration) {
 
 func (p *proc) kill() {
 	p.mu.Lock()
-	p.killed = true
+	if p.state.alive() && p.state != rankKilling {
+		p.moveLocked(p.state, rankKilling)
+	}
 	p.mu.Unlock()
 	_ = p.cmd.Process.Kill()
 	<-p.done
@@ -254,7 +252,7 @@ func (p *proc) rankState() metrics.RankState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rs := metrics.RankState{Group: p.group, Device: p.Device, TPRank: p.TPRank, DPRank: p.DPRank, State: p.liveState(), PID: p.pid, Socket: p.socket, Restarts: p.restarts}
-	if p.state == StateExited {
+	if rs.State == StateExited {
 		code := p.exitCode
 		rs.ExitCode = &code
 	}
@@ -297,19 +295,6 @@ func (p *proc) giveUp(owner bool) {
 		c.Close()
 	}
 	p.dropLeases()
-}
-
-// claimExit reports, once per process, that its exit is handled: a rank's
-// exit can reach the serve loop twice (a handover given up puts it back),
-// and must be restarted once.
-func (p *proc) claimExit() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.exitClaimed {
-		return false
-	}
-	p.exitClaimed = true
-	return true
 }
 
 // next is the rank's next frame, within timeout.

@@ -77,7 +77,7 @@ func (l *launcher) restart(ctx context.Context, old *proc) {
 			// one more failure, so that the loop tries again or gives up.
 			old.mu.Lock()
 			old.failures = failures + 1
-			old.exitClaimed = false
+			old.moveLocked(rankRestarting, rankExited)
 			old.mu.Unlock()
 			l.exited <- old
 		}
@@ -114,8 +114,8 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 	if err != nil {
 		return nil, false, err
 	}
+	// A replacement shows as restarting until it serves (display).
 	p.cache, p.restarts, p.failures = old.cache, old.restarts+1, failures+1
-	p.setState(StateRestarting)
 	l.pmu.Lock()
 	for i, q := range l.procs {
 		if q == old {
@@ -136,7 +136,6 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 		if err := l.awaitListening(ctx, procs); err != nil {
 			return p, false, err
 		}
-		p.setState(StateRestarting)
 		if p.cache != nil {
 			if err := p.sendCache(); err != nil {
 				return p, false, err
@@ -171,10 +170,4 @@ func (l *launcher) event(v any) {
 	l.outMu.Lock()
 	defer l.outMu.Unlock()
 	_, _ = fmt.Fprintf(l.cfg.Stdout, "%s\n", b)
-}
-
-func (p *proc) wasHanded() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.handed
 }
