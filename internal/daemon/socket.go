@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,7 +37,7 @@ type listener struct {
 // two daemons starting at once; a socket file left by a dead daemon (connect
 // refused) is replaced, never trusted.
 func listen(path string) (*listener, error) {
-	lock, err := lockFile(path + ".lock")
+	lock, err := LockFile(path+".lock", pidRecord())
 	if err != nil {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s", ErrDeviceServed, describeLive(path))
@@ -100,7 +99,16 @@ func (l *listener) stopAccepting() {
 // the daemon truncates and writes.
 var ErrSymlink = errors.New("is a symlink")
 
-func lockFile(path string) (*os.File, error) {
+// LockFile takes the lock file at path for this process: it opens it
+// (creating it, never through a symlink, a regular file only), flocks it
+// without waiting (one held by another open file is syscall.EWOULDBLOCK,
+// unwrapped), and checks that the file it locked is still the one at path:
+// a holder removes the file before it unlocks, so one locked after its
+// removal is another file's lock, and is tried again on the new one. Then,
+// unless record is nil, it writes record over the file (WriteRecord).
+// The socket lock files and the owner file (internal/handover) are taken
+// so.
+func LockFile(path string, record []byte) (*os.File, error) {
 	// A file replaced at every try means something keeps removing or
 	// recreating it: say so rather than spin.
 	const tries = 100
@@ -116,12 +124,12 @@ func lockFile(path string) (*os.File, error) {
 			}
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
-		// The previous holder removes the file before it unlocks; if we
-		// locked a file that is no longer at path, try again on the new one.
-		var held, now syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Lstat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
-			if err := f.Truncate(0); err == nil {
-				_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		if sameFile(f, path) {
+			if record != nil {
+				if err := WriteRecord(f, record); err != nil {
+					_ = f.Close()
+					return nil, err
+				}
 			}
 			return f, nil
 		}
@@ -131,6 +139,23 @@ func lockFile(path string) (*os.File, error) {
 		}
 	}
 }
+
+// WriteRecord puts record at the start of the lock file f in one write,
+// then cuts whatever a longer record left after it: a reader never finds
+// the file empty, and, records being of one width, never half of one.
+func WriteRecord(f *os.File, record []byte) error {
+	if _, err := f.WriteAt(record, 0); err != nil {
+		return fmt.Errorf("lock file %s: %w", f.Name(), err)
+	}
+	if err := f.Truncate(int64(len(record))); err != nil {
+		return fmt.Errorf("lock file %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// pidRecord is what a socket's lock file says: the pid that serves it, of
+// a fixed width (describeLive trims it).
+func pidRecord() []byte { return fmt.Appendf(nil, "%10d\n", os.Getpid()) }
 
 // openNoFollow opens a file of the socket directory, refusing a symlink
 // (O_NOFOLLOW) and anything but a regular file (a FIFO would block a read).
@@ -152,8 +177,14 @@ func openNoFollow(path string, flag int) (*os.File, error) {
 	return f, nil
 }
 
+// unlock lets go of a lock file this process took, removing it first
+// (while still locked, so that nobody locks a file on its way out) if it
+// is still the file at its path: a file put there since is another
+// process's lock, never this one's to remove.
 func unlock(f *os.File) {
-	_ = os.Remove(f.Name())
+	if sameFile(f, f.Name()) {
+		_ = os.Remove(f.Name())
+	}
 	_ = f.Close()
 }
 
@@ -356,9 +387,7 @@ func socketListener(s *Socket) (*listener, error) {
 	ul.SetUnlinkOnClose(false)
 	// The lock file records who serves the device, for the message a
 	// second daemon gets.
-	if err := s.Lock.Truncate(0); err == nil {
-		_, _ = s.Lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
+	_ = WriteRecord(s.Lock, pidRecord())
 	return &listener{UnixListener: ul, path: s.Path, lock: s.Lock, shared: s}, nil
 }
 

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/daemon"
 )
 
 // ErrOwned means another live process owns the device's sockets.
@@ -39,7 +41,7 @@ type Owner struct {
 func Claim(path string, after uint64, wait time.Duration) (*Owner, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		f, err := lockOwner(path)
+		f, err := daemon.LockFile(path, nil) // the record once its generation is known
 		if err == nil {
 			rec, _, _ := parseRecord(f)
 			o := &Owner{path: path, f: f, gen: max(rec, after) + 1}
@@ -60,34 +62,14 @@ func Claim(path string, after uint64, wait time.Duration) (*Owner, error) {
 	}
 }
 
-// write puts the record in one write of a fixed width, over the last: a
-// reader never sees half of one, nor an empty file.
+// write puts the record, of a fixed width, over the last
+// (daemon.WriteRecord): a reader never sees half of one, nor an empty
+// file.
 func (o *Owner) write() error {
-	if _, err := o.f.WriteAt([]byte(fmt.Sprintf("%020d %010d\n", o.gen, os.Getpid())), 0); err != nil {
+	if err := daemon.WriteRecord(o.f, fmt.Appendf(nil, "%020d %010d\n", o.gen, os.Getpid())); err != nil {
 		return fmt.Errorf("owner file %s: %w", o.path, err)
 	}
 	return nil
-}
-
-// lockOwner opens path (never through a symlink) and flocks it without
-// waiting; a file removed or replaced at path meanwhile is tried again.
-// A held lock is syscall.EWOULDBLOCK.
-func lockOwner(path string) (*os.File, error) {
-	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-		if err != nil {
-			return nil, err
-		}
-		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-			_ = f.Close()
-			return nil, err
-		}
-		var held, now syscall.Stat_t
-		if syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Lstat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
-			return f, nil
-		}
-		_ = f.Close()
-	}
 }
 
 // Generation is this ownership's number.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
@@ -176,11 +177,18 @@ func notifySystemd(addr string) error {
 		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w", addr, err)
 	}
 	defer c.Close()
+	// A notify socket nobody reads fills its queue, and a write to it
+	// blocks: a preload that serves must not wait on that for ever.
+	_ = c.SetWriteDeadline(time.Now().Add(notifyTimeout))
 	if _, err := c.Write([]byte("READY=1")); err != nil {
-		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w", addr, err)
+		return fmt.Errorf("notify systemd on NOTIFY_SOCKET %s: %w (is systemd reading its notify socket?)", addr, err)
 	}
 	return nil
 }
+
+// notifyTimeout bounds the READY=1 datagram's wait for room in a full
+// notify socket queue.
+var notifyTimeout = 10 * time.Second
 
 // tensors is the main group's tensor count, as its first rank's segments
 // hold it: every rank holds a part of every tensor, and a checkpoint
