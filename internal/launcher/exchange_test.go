@@ -429,3 +429,18 @@ func TestExchangePredecessorDiesAfterCeding(t *testing.T) {
 		t.Fatalf("successor holds %v at generation %d, want generation 2", own.holds(), own.generation())
 	}
 }
+
+// A segments frame labelled for another rank than the one whose turn it
+// is is refused, naming both: descriptors are never taken for a rank
+// on the strength of their order alone.
+func TestSegmentsFrameForAnotherRank(t *testing.T) {
+	succ, pred := connPair(t)
+	pr := &predecessor{conn: succ, offer: handoverOffer{PID: 7}}
+	if err := pred.Send(handoverLeases{Head: headOf(typeHandoverSegments), Rank: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pr.Files(0)
+	if err == nil || !strings.Contains(err.Error(), `the predecessor (pid 7) sent "handover_segments" for rank 1, want the segments of rank 0`) {
+		t.Fatalf("Files(0) of a frame for rank 1: %v", err)
+	}
+}
