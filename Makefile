@@ -146,7 +146,7 @@ bench-scale: build python-deps
 # Every decoder of untrusted bytes, each for FUZZTIME (longer runs: make fuzz FUZZTIME=5m).
 FUZZTIME ?= 10s
 FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/safetensors:FuzzScanStringObject internal/protocol:FuzzRecv client:FuzzMapManifest \
-	internal/plan:FuzzParse internal/daemon:FuzzHandoff internal/audit:FuzzLoadRules
+	internal/plan:FuzzParse internal/rank:FuzzHandoff internal/audit:FuzzLoadRules
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -15,6 +15,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Attach gets the weights of model (a local checkpoint directory or a hub id
@@ -88,11 +89,11 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}
 	o.device = dev
-	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
+	sock, err := sockets.Path(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, miss(ReasonNoDaemon, "", err)
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
 	w, src := connect(ctx, sock, a, o)

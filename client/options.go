@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Mode says who owns the weights after Attach.
@@ -49,7 +50,7 @@ func defaults() options {
 		fallback:       true,
 		connectTimeout: DefaultConnectTimeout,
 		stateTimeout:   DefaultStateTimeout,
-		socketDir:      protocol.DefaultSocketDir(),
+		socketDir:      sockets.DefaultDir(),
 		device:         "",
 		group:          "main",
 		tpSize:         1,

@@ -12,6 +12,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/safetensors"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Errors of Publish, for errors.Is.
@@ -88,11 +89,11 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	if o.device, err = resolveDevice(key); err != nil {
 		return nil, err
 	}
-	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
+	sock, err := sockets.Path(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, err
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.connectTimeout)

@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // errNoRankDaemon: no daemon in the socket directory serves the engine's
@@ -32,11 +32,15 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 	if o.tpSize <= 1 && o.dpSize <= 1 {
 		return "host", "", nil
 	}
-	guess, err := protocol.SocketPath(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.dpRank, 0)*o.tpSize+o.tpRank))
+	guess, err := sockets.Path(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.dpRank, 0)*o.tpSize+o.tpRank))
 	if err != nil {
 		return "", "", err
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
+		return "", guess, err
+	}
+	plain, err := sockets.Path(o.socketDir, o.group, "host")
+	if err != nil {
 		return "", guess, err
 	}
 	st, err := statsWithin(ctx, guess, o)
@@ -68,7 +72,6 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 			replies <- reply{s, st, err}
 		}()
 	}
-	plain, _ := protocol.SocketPath(o.socketDir, o.group, "host")
 	plainAnswered := false
 	for range asked {
 		r := <-replies

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // stalled is a socket whose daemon takes connections and answers none
@@ -146,7 +147,7 @@ func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
 // Ranks that cannot be are refused before any daemon is asked for them.
 func TestBadRanksAskNoDaemon(t *testing.T) {
 	dir := socketDir(t)
-	path, _ := protocol.SocketPath(dir, "main", "host:0")
+	path, _ := sockets.Path(dir, "main", "host:0")
 	asked := rankDaemon(t, path, "host:0", 2, 0)
 	_, err := Attach(context.Background(), synth(t), WithSocketDir(dir), WithParallel(2, 2, 1, 0))
 	if err == nil || !strings.Contains(err.Error(), "tp_rank 2 of tp_size 2") {

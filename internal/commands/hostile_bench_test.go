@@ -28,6 +28,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // BenchmarkHostileClients prints the daemon's RssAnon and descriptors above
@@ -176,7 +177,7 @@ func symlinkLockAttack(b *testing.B, model string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sock, err := protocol.SocketPath(r.dir, "main", "host")
+	sock, err := sockets.Path(r.dir, "main", "host")
 	if err != nil {
 		b.Fatal(err)
 	}

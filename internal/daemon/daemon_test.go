@@ -21,6 +21,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func synth(t *testing.T) string {
@@ -277,7 +278,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
 	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
-	if !errors.Is(err, ErrDeviceServed) || !strings.Contains(err.Error(), d.Socket()) || !strings.Contains(err.Error(), "pid") {
+	if !errors.Is(err, sockets.ErrDeviceServed) || !strings.Contains(err.Error(), d.Socket()) || !strings.Contains(err.Error(), "pid") {
 		t.Fatalf("second Start = %v, want ErrDeviceServed naming the live daemon", err)
 	}
 	// The live daemon still serves.
@@ -332,7 +333,7 @@ func TestSymlinkLockFileRefused(t *testing.T) {
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
 	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
-	if !errors.Is(err, ErrSymlink) || !strings.Contains(err.Error(), lock) {
+	if !errors.Is(err, sockets.ErrSymlink) || !strings.Contains(err.Error(), lock) {
 		t.Fatalf("Start = %v, want ErrSymlink naming %s", err, lock)
 	}
 	if b, _ := os.ReadFile(victim); string(b) != "precious" {
@@ -350,7 +351,7 @@ func TestUnsafeSocketDirRefused(t *testing.T) {
 	}
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
-	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, protocol.ErrSocketDir) {
+	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, sockets.ErrDir) {
 		t.Fatalf("Start = %v, want ErrSocketDir", err)
 	}
 }

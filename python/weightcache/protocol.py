@@ -95,7 +95,7 @@ def _join(directory, name):
 
 
 def socket_path(directory, group, device):
-    """The socket of one daemon group on one device, as protocol.SocketPath names it."""
+    """The socket of one daemon group on one device, as Go's sockets.Path names it."""
     p = _join(directory, f"{group}-{_sanitize(device)}.sock")
     if len(p.encode()) <= _MAX_SOCKET_PATH:
         return p
