@@ -29,10 +29,10 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 	if o.device != "" {
 		return o.device, "", nil
 	}
-	if o.tpSize <= 1 && o.dpSize <= 1 {
+	if o.req.TPSize <= 1 && o.req.DPSize <= 1 {
 		return "host", "", nil
 	}
-	guess, err := sockets.Path(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.dpRank, 0)*o.tpSize+o.tpRank))
+	guess, err := sockets.Path(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.req.DPRank, 0)*o.req.TPSize+o.req.TPRank))
 	if err != nil {
 		return "", "", err
 	}
@@ -91,7 +91,7 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 		notes = append(notes[:9], fmt.Sprintf("%d more", len(notes)-9))
 	}
 	return "", guess, fmt.Errorf("%w: group %s tp_rank %d of %d, dp_rank %d of %d in %s (%s)",
-		errNoRankDaemon, o.group, o.tpRank, o.tpSize, o.dpRank, max(o.dpSize, 1), o.socketDir, strings.Join(notes, "; "))
+		errNoRankDaemon, o.group, o.req.TPRank, o.req.TPSize, o.req.DPRank, max(o.req.DPSize, 1), o.socketDir, strings.Join(notes, "; "))
 }
 
 // statsWithin asks one socket within the connect timeout.
@@ -103,8 +103,8 @@ func statsWithin(ctx context.Context, sock string, o options) (*DaemonStatus, er
 
 func servesRanks(st *DaemonStatus, o options) bool {
 	fp := st.Fingerprint
-	return st.Group == o.group && fp.TPSize == o.tpSize && fp.TPRank == o.tpRank &&
-		max(fp.DPSize, 1) == max(o.dpSize, 1) && fp.DPRank == o.dpRank
+	return st.Group == o.group && fp.TPSize == o.req.TPSize && fp.TPRank == o.req.TPRank &&
+		max(fp.DPSize, 1) == max(o.req.DPSize, 1) && fp.DPRank == o.req.DPRank
 }
 
 // said is what a socket answered, short: its ranks, or why it did not.

@@ -41,7 +41,7 @@ import (
 func BenchmarkHostileClients(b *testing.B) {
 	const tensors, stalled, readers = 100_000, 1000, 300
 	model, dir := manyTensorModel(b, tensors), sockDir(b)
-	fp, err := checkpoint.QuickFingerprint(model, "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(model))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -605,7 +605,7 @@ func engineAttach(model, dir string, opts ...client.Opt) engineResult {
 
 // hostileFingerprint is model's as engine "hostile" publishes it.
 func hostileFingerprint(b *testing.B, model string) checkpoint.Fingerprint {
-	fp, err := checkpoint.QuickFingerprint(model, "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(model))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -819,7 +819,7 @@ func TestHostileClientProcess(t *testing.T) {
 	}
 	sock := os.Getenv("WC_ATTACK_SOCK")
 	n, _ := strconv.Atoi(os.Getenv("WC_ATTACK_CONNS"))
-	fp, err := checkpoint.QuickFingerprint(os.Getenv("WC_ATTACK_MODEL"), "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(os.Getenv("WC_ATTACK_MODEL")))
 	if err != nil {
 		t.Fatal(err)
 	}

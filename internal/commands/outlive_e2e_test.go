@@ -578,7 +578,7 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp, err := ckpt.Fingerprint(checkpoint.NewRequest(""))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -431,7 +431,7 @@ func walkerHello(t *testing.T, model, dir string) map[string]any {
 	}
 	var ranks []map[string]any
 	for r := range 2 {
-		fp, err := ckpt.Fingerprint("", 2, r, 1, 0)
+		fp, err := ckpt.Fingerprint(checkpoint.Request{TPSize: 2, TPRank: r, DPSize: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -53,13 +53,20 @@ func start(t *testing.T, model, dir, device string, mut func(*Config)) *Daemon {
 	return startCheckpoint(t, ckpt, model, dir, device, mut)
 }
 
-// startCheckpoint is start for a checkpoint resolved already.
-func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+// fingerprintOf is ckpt's fingerprint as one rank serves it whole.
+func fingerprintOf(t *testing.T, ckpt *checkpoint.Checkpoint) checkpoint.Fingerprint {
 	t.Helper()
-	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp, err := ckpt.Fingerprint(checkpoint.NewRequest(ckpt.Dir))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fp
+}
+
+// startCheckpoint is start for a checkpoint resolved already.
+func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+	t.Helper()
+	fp := fingerprintOf(t, ckpt)
 	be, err := host.New(device)
 	if err != nil {
 		t.Fatal(err)

@@ -180,7 +180,7 @@ func (l *launcher) identities() ([]handover.Rank, error) {
 	var out []handover.Rank
 	for _, g := range l.cfg.Groups {
 		for _, r := range l.ranks {
-			fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
+			fp, err := g.Checkpoint.Fingerprint(checkpoint.Request{Model: g.Model, DType: g.DType, TPSize: l.cfg.Layout.TP, TPRank: r.TPRank, DPSize: l.cfg.Layout.DP, DPRank: r.DPRank})
 			if err != nil {
 				return nil, fmt.Errorf("group %s, rank %s: %w", g.Name, r.Device, err)
 			}
