@@ -359,7 +359,7 @@ func TestUnsafeSocketDirRefused(t *testing.T) {
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
 	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, sockets.ErrDir) {
-		t.Fatalf("Start = %v, want ErrSocketDir", err)
+		t.Fatalf("Start = %v, want sockets.ErrDir", err)
 	}
 }
 
