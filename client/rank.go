@@ -48,11 +48,10 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 		return st.Device, guess, nil
 	}
 	notes := []string{filepath.Base(guess) + ": " + said(st, err)}
-	socks, err := filepath.Glob(filepath.Join(o.socketDir, "*.sock"))
+	socks, err := sockets.List(o.socketDir)
 	if err != nil {
-		return "", guess, fmt.Errorf("list sockets in %s: %w", o.socketDir, err)
+		return "", guess, err
 	}
-	sort.Strings(socks)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the others stop asking once one serves the ranks
 	type reply struct {

@@ -5,24 +5,28 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
 // maxSocketPath is sizeof(sockaddr_un.sun_path) minus the terminating NUL.
 const maxSocketPath = 107
 
+// sockSuffix ends every rank socket's name, and only theirs.
+const sockSuffix = ".sock"
+
 // Path names the socket of one daemon group on one device, e.g.
 // main-host.sock. When the directory is so long that the path would not fit
 // in a sockaddr_un, the name is shortened to a hash of the same parts, so the
 // path stays derivable by every client.
 func Path(dir, group, device string) (string, error) {
-	name := group + "-" + sanitize(device) + ".sock"
+	name := group + "-" + sanitize(device) + sockSuffix
 	p := filepath.Join(dir, name)
 	if len(p) <= maxSocketPath {
 		return p, nil
 	}
 	sum := sha256.Sum256([]byte(group + "\x00" + device))
-	p = filepath.Join(dir, "wc-"+hex.EncodeToString(sum[:6])+".sock")
+	p = filepath.Join(dir, "wc-"+hex.EncodeToString(sum[:6])+sockSuffix)
 	if len(p) > maxSocketPath {
 		return "", fmt.Errorf("socket directory %s is too long: a socket path there would exceed %d bytes", dir, maxSocketPath)
 	}
@@ -34,13 +38,24 @@ func Path(dir, group, device string) (string, error) {
 // so that clients listing the directory's rank sockets skip it.
 func ControlPath(dir, device string) (string, error) {
 	p, err := Path(dir, "handover", device)
-	return strings.TrimSuffix(p, ".sock") + ".ctl", err
+	return strings.TrimSuffix(p, sockSuffix) + ".ctl", err
 }
 
 // OwnerPath is the owner file of the launch whose control socket is ctl
 // (internal/handover): the one launcher that may restart, hand over or
 // remove that launch's sockets holds its lock.
 func OwnerPath(ctl string) string { return ctl + ".owner" }
+
+// List is every rank socket in dir, sorted: what Path names, not the
+// control sockets (which end in .ctl) nor the lock and owner files.
+func List(dir string) ([]string, error) {
+	socks, err := filepath.Glob(filepath.Join(dir, "*"+sockSuffix))
+	if err != nil {
+		return nil, fmt.Errorf("list sockets in %s: %w", dir, err)
+	}
+	slices.Sort(socks)
+	return socks, nil
+}
 
 // LockPath is the lock file beside socket sock: whoever holds its flock
 // serves the socket.

@@ -6,10 +6,8 @@ package status
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
@@ -95,11 +93,10 @@ func All(ctx context.Context, dir string) ([]Daemon, error) {
 		}
 		return nil, err
 	}
-	socks, err := filepath.Glob(filepath.Join(dir, "*.sock"))
+	socks, err := sockets.List(dir)
 	if err != nil {
-		return nil, fmt.Errorf("list sockets in %s: %w", dir, err)
+		return nil, err
 	}
-	sort.Strings(socks)
 	out := make([]Daemon, 0, len(socks))
 	for _, s := range socks {
 		st, err := Of(ctx, s)
