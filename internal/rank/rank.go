@@ -1,3 +1,8 @@
+// Package rank is the rank process (`weightcache daemon`, started by the
+// launcher once per device and group): it takes the socket its launcher
+// hands it, runs the device server (internal/daemon) on it, and speaks the
+// control channel on fd 3 (control.go) for as long as it lives: segments
+// in, ready out, pings, leases, and its side of a handover.
 package rank
 
 import (
