@@ -12,8 +12,9 @@ import (
 	"syscall"
 
 	"github.com/weightcache/weightcache/internal/backend/host"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Under systemd (NOTIFY_SOCKET set), preload stores every descriptor it
@@ -32,7 +33,7 @@ type fdStore struct {
 
 	notify  string            // NOTIFY_SOCKET
 	names   map[string]string // stored descriptor name -> socket path, for sockets
-	sockets map[string]*daemon.Socket
+	sockets map[string]*sockets.Socket
 	adopted []*handover.Cache // verified segments for every rank, in procs order
 	reason  string            // why none were adopted
 }
@@ -41,17 +42,17 @@ const fdMetaName = "wc-meta"
 
 // fdMeta is what the stored descriptors are.
 type fdMeta struct {
-	Version int                   `json:"version"` // handoverVersion
-	Binary  string                `json:"binary"`
-	Ranks   []handover.Rank       `json:"ranks"`
-	Caches  []daemon.RankSegments `json:"caches"` // per rank; zero Segments and Tensors: none kept
-	Control string                `json:"control"`
+	Version int             `json:"version"` // handoverVersion
+	Binary  string          `json:"binary"`
+	Ranks   []handover.Rank `json:"ranks"`
+	Caches  []rank.Segments `json:"caches"` // per rank; zero Segments and Tensors: none kept
+	Control string          `json:"control"`
 }
 
 func fdName(rank int, what string) string { return fmt.Sprintf("wc-%d-%s", rank, what) }
 
 // socket is the stored socket for spec's rank, if one was adopted.
-func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
+func (s *fdStore) socket(spec rank.Spec) *sockets.Socket {
 	path, err := socketPath(spec)
 	if err != nil {
 		return nil
@@ -64,7 +65,7 @@ func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
 // adoptStore takes what systemd passed (LISTEN_FDS) and keeps what still
 // fits this launch.
 func (l *launcher) adoptStore() error {
-	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*daemon.Socket{}}
+	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), sockets: map[string]*sockets.Socket{}}
 	files := listenFiles(l.log)
 	if len(files) == 0 {
 		return nil
@@ -84,7 +85,7 @@ func (l *launcher) adoptStore() error {
 		if ln == nil || lock == nil {
 			continue
 		}
-		if s, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
+		if s, err := sockets.FromFiles(r.Socket, ln, lock); err == nil {
 			l.store.sockets[r.Socket] = s
 		} else {
 			// Removed from the directory when its rank stopped, or another
@@ -97,7 +98,7 @@ func (l *launcher) adoptStore() error {
 	if ln, lock := take("wc-ctl-listen"), take("wc-ctl-lock"); ln != nil && lock != nil {
 		path, err := l.controlPath()
 		if err == nil {
-			if s, err := daemon.SocketFromFiles(path, ln, lock); err == nil {
+			if s, err := sockets.FromFiles(path, ln, lock); err == nil {
 				l.ctlSock = s
 			}
 		}
@@ -124,7 +125,7 @@ func (l *launcher) adoptStore() error {
 // intact, returning why not otherwise.
 func (l *launcher) storeCaches(meta fdMeta, want []handover.Rank, take func(string) *os.File) string {
 	var caches []*handover.Cache
-	files := func(i int, m daemon.RankSegments) []*os.File {
+	files := func(i int, m rank.Segments) []*os.File {
 		var out []*os.File
 		for k := range m.Segments {
 			out = append(out, take(fdName(i, "seg-"+strconv.Itoa(k))))
@@ -363,7 +364,7 @@ func (l *launcher) storeFDs() {
 		if p.sock != nil && !(put(fdName(i, "listen"), p.sock.Listener) && put(fdName(i, "lock"), p.sock.Lock)) {
 			return
 		}
-		var m daemon.RankSegments
+		var m rank.Segments
 		if p.cache != nil {
 			m = p.cache.Msg
 			for k, f := range p.cache.Files {

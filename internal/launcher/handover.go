@@ -15,6 +15,8 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Handover (`preload --takeover`): a successor started beside a running
@@ -89,7 +91,7 @@ type handoverOffer struct {
 	// Segments, with Adopt, is every rank's, null for a rank that kept
 	// none (a rank given up): the successor loads that one afresh. A
 	// segments frame follows for each that is not null.
-	Segments []*daemon.RankSegments `json:"segments,omitempty"`
+	Segments []*rank.Segments `json:"segments,omitempty"`
 }
 
 // handoverSockets carries every rank's listener and lock (those of ranks
@@ -120,12 +122,12 @@ type handoverLeases struct {
 // rank's device. It does not end in .sock: clients that list the
 // directory's rank sockets (status, finding a rank) skip it.
 func (l *launcher) controlPath() (string, error) {
-	return protocol.ControlPath(l.cfg.SocketDir, l.ranks[0].Device)
+	return sockets.ControlPath(l.cfg.SocketDir, l.ranks[0].Device)
 }
 
 // socketPath is the socket of the rank spec describes.
-func socketPath(spec daemon.RankSpec) (string, error) {
-	return protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+func socketPath(spec rank.Spec) (string, error) {
+	return sockets.Path(spec.SocketDir, spec.Group, spec.Device)
 }
 
 // Every step of a handover has a deadline on both sides, and every frame a
@@ -457,7 +459,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refus
 	o = handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason}
 	if adopt {
 		for _, p := range procs {
-			var m *daemon.RankSegments
+			var m *rank.Segments
 			if c := p.cacheKept(); c != nil {
 				m = &c.Msg
 			}
@@ -477,7 +479,7 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			continue
 		default:
 		}
-		if err := p.ctl.Send(daemon.RankHandover{Head: headOf(daemon.TypeRankHandover), Leases: adopt}); err != nil {
+		if err := p.ctl.Send(rank.Handover{Head: headOf(rank.TypeHandover), Leases: adopt}); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		if !adopt {
@@ -488,7 +490,7 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			if err != nil {
 				return err
 			}
-			m, err := daemon.DecodeLeases(fr)
+			m, err := rank.DecodeLeases(fr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
 			}

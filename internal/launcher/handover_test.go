@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // A control connection from another uid is refused before anything of
@@ -19,7 +20,7 @@ import (
 func TestControlSocketRefusesAnotherUID(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "handover-host.ctl")
-	sock, err := daemon.TakeSocket(path)
+	sock, err := sockets.Take(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestLeasesForAnUnknownRank(t *testing.T) {
 	}()
 	l.finishTakeover()
 	fr, err := rankEnd.Recv()
-	if err != nil || fr.Type != daemon.TypeRankLeases {
+	if err != nil || fr.Type != rank.TypeLeases {
 		t.Fatalf("rank 0's leases not forwarded: %v %v", fr, err)
 	}
 	if l.report.leases != 0 {

@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // predecessor is the preload a --takeover launch takes over (handover.go
@@ -60,12 +61,12 @@ func (l *launcher) findPredecessor() (*predecessor, string, error) {
 		case none == "":
 			return pr, "", nil
 		}
-		s, err := daemon.TakeSocket(path)
+		s, err := sockets.Take(path)
 		if err == nil {
 			l.ctlSock = s
-			return nil, none, l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
+			return nil, none, l.own.claim(sockets.OwnerPath(path), 0, stepTimeout)
 		}
-		if !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+		if !errors.Is(err, sockets.ErrDeviceServed) || time.Now().After(deadline) {
 			return nil, "", fmt.Errorf("--takeover: control socket: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -231,7 +232,7 @@ func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
 // sockets asks for and checks every rank's socket and the control socket,
 // then claims ownership after the predecessor's generation: until it holds
 // it, none of them is served here.
-func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, error) {
+func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*sockets.Socket, error) {
 	if pr.conn == nil {
 		for deadline := time.Now().Add(handoverTimeout); ; {
 			none, retry, err := pr.contact(l, true)
@@ -270,13 +271,13 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 		return nil, fmt.Errorf("the predecessor sent %d descriptors for %d ranks (%d missing), want %d", len(fr.Files), len(procs), len(m.Missing), want)
 	}
 	files := fr.Files
-	take := func(path string) (*daemon.Socket, error) {
-		s, err := daemon.SocketFromFiles(path, files[0], files[1])
+	take := func(path string) (*sockets.Socket, error) {
+		s, err := sockets.FromFiles(path, files[0], files[1])
 		files = files[2:]
 		return s, err
 	}
-	out := make([]*daemon.Socket, len(procs))
-	fail := func(err error) ([]*daemon.Socket, error) {
+	out := make([]*sockets.Socket, len(procs))
+	fail := func(err error) ([]*sockets.Socket, error) {
 		for _, s := range out {
 			if s != nil {
 				s.Close()
@@ -303,7 +304,7 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 	if err != nil {
 		return fail(err)
 	}
-	if err := l.own.claim(protocol.OwnerPath(pr.path), m.Generation, stepTimeout); err != nil {
+	if err := l.own.claim(sockets.OwnerPath(pr.path), m.Generation, stepTimeout); err != nil {
 		ctl.Close()
 		return fail(err)
 	}
@@ -326,10 +327,10 @@ func (pr *predecessor) sockets(l *launcher, procs []*proc) ([]*daemon.Socket, er
 
 // takeFresh takes the socket at path as a first launch does, waiting
 // until deadline for a dying process to let go of it.
-func takeFresh(ctx context.Context, path string, deadline time.Time) (*daemon.Socket, error) {
+func takeFresh(ctx context.Context, path string, deadline time.Time) (*sockets.Socket, error) {
 	for {
-		s, err := daemon.TakeSocket(path)
-		if err == nil || !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+		s, err := sockets.Take(path)
+		if err == nil || !errors.Is(err, sockets.ErrDeviceServed) || time.Now().After(deadline) {
 			return s, err
 		}
 		select {
@@ -367,7 +368,7 @@ func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
 			return err
 		}
 	}
-	return l.own.claim(protocol.OwnerPath(path), 0, time.Until(deadline))
+	return l.own.claim(sockets.OwnerPath(path), 0, time.Until(deadline))
 }
 
 // finishTakeover, once every rank serves, moves the predecessor's leases
@@ -402,7 +403,7 @@ func (l *launcher) finishTakeover() {
 			l.log.Warn("takeover: unexpected frame while receiving leases", "type", fr.Type)
 			return
 		}
-		err = procs[m.Rank].ctl.Send(daemon.RankLeases{Head: headOf(daemon.TypeRankLeases), Leases: m.Leases, Last: m.Last}, fr.Files...)
+		err = procs[m.Rank].ctl.Send(rank.Leases{Head: headOf(rank.TypeLeases), Leases: m.Leases, Last: m.Last}, fr.Files...)
 		fr.CloseFiles()
 		if err != nil {
 			l.log.Warn("takeover: hand leases to a rank", "rank", procs[m.Rank].String(), "err", err)
