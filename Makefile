@@ -28,8 +28,15 @@ TESTREPORT := bin/testreport
 $(TESTREPORT): scripts/testreport/*.go
 	$(GO) build -o $@ ./scripts/testreport
 
+# The audit is its own module (audit/go.mod), which ./... leaves out as it
+# leaves deploy/ out: it is named by import path, so that its tests run in
+# the same go test as the product's, against the build list that links it
+# into bin/weightcache. Vet from inside it checks that its own go.mod and
+# go.sum suffice.
+AUDIT := github.com/weightcache/weightcache/audit
 test-go: build $(TESTREPORT)
-	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./...
+	$(GO) -C audit vet ./...
+	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./... $(AUDIT)/...
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
 # when they are missing (root and apt): scripts/apt-install.sh lists every
@@ -86,7 +93,7 @@ test-upgrade: build vllm-env vllm-env-0.31
 	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
 	$(VLLM_PYTEST) python/tests_vllm/test_upgrade.py
 
-# Facts of each vLLM release for weightcache audit (internal/audit/facts/),
+# Facts of each vLLM release for weightcache audit (audit/facts/),
 # read from the releases' own code; the wheels are cached (scripts/audit-facts.sh).
 .PHONY: audit-facts
 audit-facts: vllm-env
@@ -130,7 +137,7 @@ demo: build
 	./$(BIN) demo $(DEMO_ARGS)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./... $(AUDIT)/...
 
 # Attach at 1k, 10k and 100k tensors from Go and Python; preload against cp
 # and the preload tree's private memory (TP 1 and TP 4) at each size.
@@ -144,14 +151,16 @@ bench-scale: build python-deps
 	$(PYTHON) python/bench_scale.py --bin $(BIN)
 
 # Every decoder of untrusted bytes, each for FUZZTIME (longer runs: make fuzz FUZZTIME=5m).
+# Each runs from its own folder (go -C): go test refuses -fuzz on a package
+# outside the main module, and the audit is a module of its own.
 FUZZTIME ?= 10s
 FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/safetensors:FuzzScanStringObject internal/protocol:FuzzRecv client:FuzzMapManifest \
-	internal/plan:FuzzParse internal/daemon:FuzzHandoff internal/audit:FuzzLoadRules
+	internal/plan:FuzzParse internal/rank:FuzzHandoff audit:FuzzLoadRules
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*}; \
+		$(GO) -C $${t%%:*} test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) .; \
 	done
 
 # Tags v$(RELEASE) at HEAD (a clean tree, versions in agreement), then

@@ -15,6 +15,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Attach gets the weights of model (a local checkpoint directory or a hub id
@@ -30,25 +31,26 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if o.mode != ZeroCopy && o.mode != Copy {
 		return nil, fmt.Errorf("mode %q: want %s or %s", o.mode, ZeroCopy, Copy)
 	}
+	// The fingerprint's inputs, once: every fingerprint below is of req.
+	o.req.Model = model
+	req := o.req
 	// Bad ranks must not send the engine looking for their daemon.
-	if err := checkpoint.CheckRanks(o.tpSize, o.tpRank, o.dpSize, o.dpRank); err != nil {
+	if err := checkpoint.CheckRanks(req.TPSize, req.TPRank, req.DPSize, req.DPRank); err != nil {
 		return nil, err
 	}
 	// A hit needs only config.json and the files' stat identity; the
 	// headers are hashed only when the files are not the daemon's, and the
 	// full, validated checkpoint is read only for a fallback.
-	fp, dir, err := checkpoint.LightFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	fp, dir, err := checkpoint.LightFingerprint(req)
 	if err != nil {
 		return nil, err
 	}
-	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
 	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)
 	if src.Reason == reasonRehash {
-		full, err := checkpoint.QuickFingerprint(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+		full, err := checkpoint.QuickFingerprint(req)
 		if err != nil {
 			return nil, err
 		}
-		full.Engine, full.EngineVersion = o.engine, o.engineVersion
 		fp = full
 		w, src = attachDaemon(ctx, attempt{fp: full, dir: dir, change: src.Detail}, model, o)
 	}
@@ -60,7 +62,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if !o.fallback {
 		return nil, &MissError{Source: src}
 	}
-	ckpt, err := checkpoint.Resolve(model, o.revision)
+	ckpt, err := checkpoint.Resolve(model, req.Revision)
 	if err != nil {
 		return nil, fmt.Errorf("fallback after %s: %w", src, err)
 	}
@@ -88,11 +90,11 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}
 	o.device = dev
-	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
+	sock, err := sockets.Path(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, miss(ReasonNoDaemon, "", err)
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
 	w, src := connect(ctx, sock, a, o)

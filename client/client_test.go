@@ -13,6 +13,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func synth(t *testing.T) string {
@@ -49,7 +50,7 @@ func socketDir(t *testing.T) string {
 // none exists, and serves every connection with serve.
 func listenFake(t *testing.T, dir string, serve func(c *protocol.Conn)) {
 	t.Helper()
-	path, _ := protocol.SocketPath(dir, "main", "host")
+	path, _ := sockets.Path(dir, "main", "host")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path + ".new", Net: "unix"})
 	if err != nil {
 		t.Fatal(err)

@@ -50,10 +50,10 @@ func filesChange(offered checkpoint.Identity, dir string) string {
 // verifyContent compares the CRC-32C of every tensor, read from the
 // engine's checkpoint as the daemon serves it, with the daemon's.
 func verifyContent(ctx context.Context, w *Weights, model string, o options, dtype string) error {
-	if o.tpSize > 1 {
-		return fmt.Errorf("verify_content is not supported with tensor parallelism (tp_size %d)", o.tpSize)
+	if o.req.TPSize > 1 {
+		return fmt.Errorf("verify_content is not supported with tensor parallelism (tp_size %d)", o.req.TPSize)
 	}
-	ckpt, err := checkpoint.Resolve(model, o.revision)
+	ckpt, err := checkpoint.Resolve(model, o.req.Revision)
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,9 @@ package client
 import (
 	"time"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Mode says who owns the weights after Attach.
@@ -31,16 +33,13 @@ type options struct {
 	socketDir      string
 	device         string
 	group          string
-	dtype          string
-	revision       string
-	tpSize, tpRank int
-	dpSize, dpRank int
-	name           string
-	engine         string        // published layouts: see publish.go
-	engineVersion  string        //
-	publishWait    time.Duration // how long Publish waits for another writer
-	shardingPlan   string        // tensor-parallel fallback on an architecture without a built-in plan
-	verifyContent  bool          // see WithVerifyContent
+	// req is the fingerprint's inputs, which the options below fill
+	// field by field; Attach and Publish name the model and pass it whole.
+	req           checkpoint.Request
+	name          string
+	publishWait   time.Duration // how long Publish waits for another writer
+	shardingPlan  string        // tensor-parallel fallback on an architecture without a built-in plan
+	verifyContent bool          // see WithVerifyContent
 }
 
 func defaults() options {
@@ -49,11 +48,10 @@ func defaults() options {
 		fallback:       true,
 		connectTimeout: DefaultConnectTimeout,
 		stateTimeout:   DefaultStateTimeout,
-		socketDir:      protocol.DefaultSocketDir(),
+		socketDir:      sockets.DefaultDir(),
 		device:         "",
 		group:          "main",
-		tpSize:         1,
-		dpSize:         1,
+		req:            checkpoint.NewRequest(""),
 		name:           "weightcache-go",
 	}
 }
@@ -89,14 +87,16 @@ func WithDevice(key string) Opt { return func(o *options) { o.device = key } }
 func WithGroup(g string) Opt { return func(o *options) { o.group = g } }
 
 // WithDType is the engine's dtype ("auto", "bfloat16", "float16", ...).
-func WithDType(dtype string) Opt { return func(o *options) { o.dtype = dtype } }
+func WithDType(dtype string) Opt { return func(o *options) { o.req.DType = dtype } }
 
 // WithRevision pins the checkpoint revision.
-func WithRevision(rev string) Opt { return func(o *options) { o.revision = rev } }
+func WithRevision(rev string) Opt { return func(o *options) { o.req.Revision = rev } }
 
 // WithParallel sets the engine's tensor- and data-parallel sizes and ranks.
 func WithParallel(tpSize, tpRank, dpSize, dpRank int) Opt {
-	return func(o *options) { o.tpSize, o.tpRank, o.dpSize, o.dpRank = tpSize, tpRank, dpSize, dpRank }
+	return func(o *options) {
+		o.req.TPSize, o.req.TPRank, o.req.DPSize, o.req.DPRank = tpSize, tpRank, dpSize, dpRank
+	}
 }
 
 // WithClientName is reported to the daemon in hello, for its logs.

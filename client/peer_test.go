@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // A socket that another uid listens on, moved into this user's own 0700
@@ -63,7 +63,7 @@ while True:
 		t.Fatalf("foreign listener: %q, %v", lines.Text(), lines.Err())
 	}
 	dir := socketDir(t)
-	sock, err := protocol.SocketPath(dir, "main", "host")
+	sock, err := sockets.Path(dir, "main", "host")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/safetensors"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Errors of Publish, for errors.Is.
@@ -28,7 +29,7 @@ var (
 // fingerprint of a published layout: Publish requires them, and Attach
 // must name the same ones to map what that engine published.
 func WithEngine(name, version string) Opt {
-	return func(o *options) { o.engine, o.engineVersion = name, version }
+	return func(o *options) { o.req.Engine, o.req.EngineVersion = name, version }
 }
 
 // WithPublishWait makes Publish wait up to d for another writer to finish
@@ -67,7 +68,7 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.engine == "" {
+	if o.req.Engine == "" {
 		return nil, errors.New("publish: WithEngine is required (a published layout carries the engine's name and version)")
 	}
 	tensors, sizes, err := planPublish(specs)
@@ -76,11 +77,11 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	}
 	// The engine loaded the checkpoint already: its headers are hashed,
 	// not parsed again.
-	fp, identity, err := checkpoint.QuickIdentity(model, o.revision, o.dtype, o.tpSize, o.tpRank, o.dpSize, o.dpRank)
+	o.req.Model = model
+	fp, identity, err := checkpoint.QuickIdentity(o.req)
 	if err != nil {
 		return nil, err
 	}
-	fp.Engine, fp.EngineVersion = o.engine, o.engineVersion
 	key, rankSock, err := rankDevice(ctx, o)
 	if err != nil {
 		return nil, &MissError{Source: miss(ReasonNoDaemon, rankSock, err)}
@@ -88,11 +89,11 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	if o.device, err = resolveDevice(key); err != nil {
 		return nil, err
 	}
-	sock, err := protocol.SocketPath(o.socketDir, o.group, o.device)
+	sock, err := sockets.Path(o.socketDir, o.group, o.device)
 	if err != nil {
 		return nil, err
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.connectTimeout)

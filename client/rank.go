@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // errNoRankDaemon: no daemon in the socket directory serves the engine's
@@ -29,14 +29,18 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 	if o.device != "" {
 		return o.device, "", nil
 	}
-	if o.tpSize <= 1 && o.dpSize <= 1 {
+	if o.req.TPSize <= 1 && o.req.DPSize <= 1 {
 		return "host", "", nil
 	}
-	guess, err := protocol.SocketPath(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.dpRank, 0)*o.tpSize+o.tpRank))
+	guess, err := sockets.Path(o.socketDir, o.group, fmt.Sprintf("host:%d", max(o.req.DPRank, 0)*o.req.TPSize+o.req.TPRank))
 	if err != nil {
 		return "", "", err
 	}
-	if err := protocol.CheckSocketDir(o.socketDir); err != nil {
+	if err := sockets.CheckDir(o.socketDir); err != nil {
+		return "", guess, err
+	}
+	plain, err := sockets.Path(o.socketDir, o.group, "host")
+	if err != nil {
 		return "", guess, err
 	}
 	st, err := statsWithin(ctx, guess, o)
@@ -44,11 +48,10 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 		return st.Device, guess, nil
 	}
 	notes := []string{filepath.Base(guess) + ": " + said(st, err)}
-	socks, err := filepath.Glob(filepath.Join(o.socketDir, "*.sock"))
+	socks, err := sockets.List(o.socketDir)
 	if err != nil {
-		return "", guess, fmt.Errorf("list sockets in %s: %w", o.socketDir, err)
+		return "", guess, err
 	}
-	sort.Strings(socks)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the others stop asking once one serves the ranks
 	type reply struct {
@@ -68,7 +71,6 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 			replies <- reply{s, st, err}
 		}()
 	}
-	plain, _ := protocol.SocketPath(o.socketDir, o.group, "host")
 	plainAnswered := false
 	for range asked {
 		r := <-replies
@@ -88,7 +90,7 @@ func rankDevice(ctx context.Context, o options) (device, sock string, err error)
 		notes = append(notes[:9], fmt.Sprintf("%d more", len(notes)-9))
 	}
 	return "", guess, fmt.Errorf("%w: group %s tp_rank %d of %d, dp_rank %d of %d in %s (%s)",
-		errNoRankDaemon, o.group, o.tpRank, o.tpSize, o.dpRank, max(o.dpSize, 1), o.socketDir, strings.Join(notes, "; "))
+		errNoRankDaemon, o.group, o.req.TPRank, o.req.TPSize, o.req.DPRank, max(o.req.DPSize, 1), o.socketDir, strings.Join(notes, "; "))
 }
 
 // statsWithin asks one socket within the connect timeout.
@@ -100,8 +102,8 @@ func statsWithin(ctx context.Context, sock string, o options) (*DaemonStatus, er
 
 func servesRanks(st *DaemonStatus, o options) bool {
 	fp := st.Fingerprint
-	return st.Group == o.group && fp.TPSize == o.tpSize && fp.TPRank == o.tpRank &&
-		max(fp.DPSize, 1) == max(o.dpSize, 1) && fp.DPRank == o.dpRank
+	return st.Group == o.group && fp.TPSize == o.req.TPSize && fp.TPRank == o.req.TPRank &&
+		max(fp.DPSize, 1) == max(o.req.DPSize, 1) && fp.DPRank == o.req.DPRank
 }
 
 // said is what a socket answered, short: its ranks, or why it did not.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // stalled is a socket whose daemon takes connections and answers none
@@ -94,7 +95,7 @@ func TestRankDaemonFoundAmongStoppedOnes(t *testing.T) {
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
 	o := defaults()
-	o.socketDir, o.tpSize, o.tpRank, o.connectTimeout = dir, 4, 1, time.Minute
+	o.socketDir, o.req.TPSize, o.req.TPRank, o.connectTimeout = dir, 4, 1, time.Minute
 	_, sock, err := rankDevice(context.Background(), o)
 	if !errors.Is(err, errNoRankDaemon) || sock != rankSock || !strings.Contains(err.Error(), "main-host_1.sock: no answer (connection refused)") {
 		t.Fatalf("rankDevice = %s, %v; want a miss naming %s", sock, err, rankSock)
@@ -120,7 +121,7 @@ func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
 	other := rankDaemon(t, filepath.Join(dir, "main-host_0.sock"), "host:0", 2, 0)
 	rankDaemon(t, filepath.Join(dir, "main-host_1.sock"), "host:1", 2, 1)
 	o := defaults()
-	o.socketDir, o.tpSize, o.tpRank = dir, 2, 1
+	o.socketDir, o.req.TPSize, o.req.TPRank = dir, 2, 1
 	dev, sock, err := rankDevice(context.Background(), o)
 	if err != nil || dev != "host:1" || filepath.Base(sock) != "main-host_1.sock" {
 		t.Fatalf("rankDevice = %s on %s, %v", dev, sock, err)
@@ -136,7 +137,7 @@ func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
 	}
 	// No daemon serves the ranks but a plain host one does: its mismatch
 	// will name tp_size and tp_rank, which says more than no_daemon.
-	o.tpSize, o.tpRank = 4, 3
+	o.req.TPSize, o.req.TPRank = 4, 3
 	rankDaemon(t, filepath.Join(dir, "main-host.sock"), "host", 1, 0)
 	if dev, sock, err := rankDevice(context.Background(), o); err != nil || dev != "host" || filepath.Base(sock) != "main-host.sock" {
 		t.Fatalf("rankDevice = %s on %s, %v; want the plain host daemon", dev, sock, err)
@@ -146,7 +147,7 @@ func TestRankDaemonAskedByItsSocketFirst(t *testing.T) {
 // Ranks that cannot be are refused before any daemon is asked for them.
 func TestBadRanksAskNoDaemon(t *testing.T) {
 	dir := socketDir(t)
-	path, _ := protocol.SocketPath(dir, "main", "host:0")
+	path, _ := sockets.Path(dir, "main", "host:0")
 	asked := rankDaemon(t, path, "host:0", 2, 0)
 	_, err := Attach(context.Background(), synth(t), WithSocketDir(dir), WithParallel(2, 2, 1, 0))
 	if err == nil || !strings.Contains(err.Error(), "tp_rank 2 of tp_size 2") {

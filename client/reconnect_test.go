@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // serveHit answers hello and manifest as a ready daemon of model does,
@@ -111,7 +112,7 @@ func TestGivesUpOnADaemonThatKeepsDying(t *testing.T) {
 func TestRefusedUntilTheSuccessorListens(t *testing.T) {
 	model := synth(t)
 	dir := socketDir(t)
-	path, _ := protocol.SocketPath(dir, "main", "host")
+	path, _ := sockets.Path(dir, "main", "host")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)

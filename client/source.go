@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Reason says why an engine did not get its weights from the daemon.
@@ -125,7 +125,7 @@ func fix(s Source, model, socketDir string) string {
 	switch s.Reason {
 	case ReasonNoDaemon:
 		start := "weightcache preload --model " + model
-		if socketDir != protocol.DefaultSocketDir() {
+		if socketDir != sockets.DefaultDir() {
 			start += " --socket-dir " + socketDir
 		}
 		return fmt.Sprintf("start `%s`, or point --socket-dir (or XDG_RUNTIME_DIR) at the running daemon's (`weightcache status --socket-dir DIR` lists what a directory serves)", start)

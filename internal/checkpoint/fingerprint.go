@@ -168,29 +168,33 @@ func CheckRanks(tpSize, tpRank, dpSize, dpRank int) error {
 	return nil
 }
 
-// Fingerprint returns the fingerprint of this checkpoint served as dtype
-// (any spelling NormalizeDType accepts; "" or "auto" for the checkpoint's
-// own) to rank tpRank of tpSize and dpRank of dpSize.
-func (c *Checkpoint) Fingerprint(dtype string, tpSize, tpRank, dpSize, dpRank int) (Fingerprint, error) {
-	if err := CheckRanks(tpSize, tpRank, dpSize, dpRank); err != nil {
+// Fingerprint returns the fingerprint of this checkpoint served as r asks:
+// r's dtype (ServedDType), ranks and engine. r's Model and Revision found
+// this checkpoint and are not read again: the revision is the one it
+// resolved to.
+func (c *Checkpoint) Fingerprint(r Request) (Fingerprint, error) {
+	if err := CheckRanks(r.TPSize, r.TPRank, r.DPSize, r.DPRank); err != nil {
 		return Fingerprint{}, err
 	}
-	served, err := c.ServedDType(dtype)
+	served, err := c.ServedDType(r.DType)
 	if err != nil {
 		return Fingerprint{}, err
 	}
 	return Fingerprint{
 		CheckpointHash:   c.Hash(),
 		Architecture:     c.Architecture,
-		TPSize:           tpSize,
-		TPRank:           tpRank,
-		DPSize:           dpSize,
-		DPRank:           dpRank,
+		TPSize:           r.TPSize,
+		TPRank:           r.TPRank,
+		DPSize:           r.DPSize,
+		DPRank:           r.DPRank,
 		DType:            served,
 		Quantization:     c.QuantMethod,
 		QuantizationHash: c.QuantHash,
 		Revision:         c.Revision,
 		LayoutVersion:    LayoutVersion,
+		Engine:           r.Engine,
+		EngineVersion:    r.EngineVersion,
+		EngineConfig:     r.EngineConfig,
 	}, nil
 }
 

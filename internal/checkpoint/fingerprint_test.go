@@ -121,19 +121,20 @@ func TestCheckpointFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, err := c.Fingerprint("fp16", 4, 3, 2, 1)
+	fp, err := c.Fingerprint(Request{DType: "fp16", TPSize: 4, TPRank: 3, DPSize: 2, DPRank: 1, Engine: "vllm", EngineVersion: "0.11.0", EngineConfig: "{}"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Fingerprint{
 		CheckpointHash: c.Hash(), Architecture: "LlamaForCausalLM", TPSize: 4, TPRank: 3, DPSize: 2, DPRank: 1,
 		DType: "bfloat16->float16", Quantization: "fp8", QuantizationHash: c.QuantHash, Revision: "rev1", LayoutVersion: LayoutVersion,
+		Engine: "vllm", EngineVersion: "0.11.0", EngineConfig: "{}",
 	}
 	if fp != want || c.QuantHash == "" {
 		t.Errorf("Fingerprint = %+v, want %+v", fp, want)
 	}
-	if fp, _ := c.Fingerprint("auto", 1, 0, 1, 0); fp.DType != "bfloat16" {
-		t.Errorf("auto dtype = %q, want the config's", fp.DType)
+	if fp, err := c.Fingerprint(Request{DType: "auto", TPSize: 1, DPSize: 1}); err != nil || fp.DType != "bfloat16" {
+		t.Errorf("auto dtype = %q, %v, want the config's", fp.DType, err)
 	}
 	for _, bad := range []struct {
 		dtype              string
@@ -147,8 +148,12 @@ func TestCheckpointFingerprint(t *testing.T) {
 		{"", 1, 0, 2, 5, "dp_rank 5 of dp_size 2"},
 		{"int8", 1, 0, 1, 0, `unknown dtype "int8"`},
 	} {
-		if _, err := c.Fingerprint(bad.dtype, bad.tpS, bad.tpR, bad.dpS, bad.dpR); err == nil || !strings.Contains(err.Error(), bad.want) {
+		r := Request{DType: bad.dtype, TPSize: bad.tpS, TPRank: bad.tpR, DPSize: bad.dpS, DPRank: bad.dpR}
+		if _, err := c.Fingerprint(r); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Fingerprint(%q, %d, %d, %d, %d) err = %v, want %q", bad.dtype, bad.tpS, bad.tpR, bad.dpS, bad.dpR, err, bad.want)
+		}
+		if err := r.Check(); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Request%+v.Check() = %v, want %q", r, err, bad.want)
 		}
 	}
 }

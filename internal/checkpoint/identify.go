@@ -16,12 +16,12 @@ import (
 // daemon validated the very same header bytes when it loaded them. Where
 // the served dtype must be inferred from the tensors, or anything looks
 // off, it is Resolve, which reports errors in full.
-func QuickFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpRank int) (Fingerprint, error) {
-	c, err := ResolveLazily(model, revision)
+func QuickFingerprint(r Request) (Fingerprint, error) {
+	c, err := ResolveLazily(r.Model, r.Revision)
 	if err != nil {
 		return Fingerprint{}, err
 	}
-	return c.Fingerprint(dtype, tpSize, tpRank, dpSize, dpRank)
+	return c.Fingerprint(r)
 }
 
 // rawShard reads a shard's header bytes without parsing them. Only

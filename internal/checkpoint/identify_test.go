@@ -17,11 +17,12 @@ func TestQuickFingerprintMatchesResolve(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, err := c.Fingerprint(dtype, 2, 1, 4, 3)
+		r := Request{Model: dir, Revision: "rev1", DType: dtype, TPSize: 2, TPRank: 1, DPSize: 4, DPRank: 3}
+		want, err := c.Fingerprint(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := QuickFingerprint(dir, "rev1", dtype, 2, 1, 4, 3)
+		got, err := QuickFingerprint(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,7 +35,7 @@ func TestQuickFingerprintMatchesResolve(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(`{"architectures":["LlamaForCausalLM"]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	got, err := QuickFingerprint(dir, "", "", 1, 0, 1, 0)
+	got, err := QuickFingerprint(NewRequest(dir))
 	if err != nil || got.DType != "float16" {
 		t.Fatalf("inferred dtype %q, %v", got.DType, err)
 	}
@@ -42,10 +43,10 @@ func TestQuickFingerprintMatchesResolve(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "model-00001-of-00003.safetensors"), []byte("short"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := QuickFingerprint(dir, "", "bf16", 1, 0, 1, 0); err == nil {
+	if _, err := QuickFingerprint(Request{Model: dir, DType: "bf16", TPSize: 1, DPSize: 1}); err == nil {
 		t.Fatal("corrupt shard accepted")
 	}
-	if _, err := QuickFingerprint(filepath.Join(dir, "nope"), "", "bf16", 1, 0, 1, 0); err == nil {
+	if _, err := QuickFingerprint(Request{Model: filepath.Join(dir, "nope"), DType: "bf16", TPSize: 1, DPSize: 1}); err == nil {
 		t.Fatal("missing model accepted")
 	}
 }

@@ -126,12 +126,12 @@ func (c *Checkpoint) StableIdentity() (Identity, string) {
 // and nothing else, and leaves CheckpointHash empty. Where the served
 // dtype must be inferred from the tensors it is QuickFingerprint, hash
 // included. dir is the resolved checkpoint directory.
-func LightFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpRank int) (fp Fingerprint, dir string, err error) {
-	if model == "" {
-		fp, err = QuickFingerprint(model, revision, dtype, tpSize, tpRank, dpSize, dpRank)
+func LightFingerprint(r Request) (fp Fingerprint, dir string, err error) {
+	if r.Model == "" {
+		fp, err = QuickFingerprint(r)
 		return fp, "", err
 	}
-	dir, rev, err := locate(model, revision)
+	dir, rev, err := locate(r.Model, r.Revision)
 	if err != nil {
 		return Fingerprint{}, "", err
 	}
@@ -139,14 +139,14 @@ func LightFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpR
 	if err := c.readConfig(); err != nil {
 		return Fingerprint{}, "", err
 	}
-	if _, err := NormalizeDType(dtype); err != nil {
+	if _, err := NormalizeDType(r.DType); err != nil {
 		return Fingerprint{}, "", err
 	}
 	if c.TorchDType == "" {
-		fp, err = QuickFingerprint(model, revision, dtype, tpSize, tpRank, dpSize, dpRank)
+		fp, err = QuickFingerprint(r)
 		return fp, dir, err
 	}
-	fp, err = c.Fingerprint(dtype, tpSize, tpRank, dpSize, dpRank)
+	fp, err = c.Fingerprint(r)
 	fp.CheckpointHash = ""
 	return fp, dir, err
 }
@@ -154,11 +154,11 @@ func LightFingerprint(model, revision, dtype string, tpSize, tpRank, dpSize, dpR
 // QuickIdentity is QuickFingerprint with the stat identity of the files
 // it hashes, taken before their headers are read: what a publisher states
 // about the checkpoint its engine loaded, without parsing a header.
-func QuickIdentity(model, revision, dtype string, tpSize, tpRank, dpSize, dpRank int) (Fingerprint, Identity, error) {
-	c, err := ResolveLazily(model, revision)
+func QuickIdentity(r Request) (Fingerprint, Identity, error) {
+	c, err := ResolveLazily(r.Model, r.Revision)
 	if err != nil {
 		return Fingerprint{}, nil, err
 	}
-	fp, err := c.Fingerprint(dtype, tpSize, tpRank, dpSize, dpRank)
+	fp, err := c.Fingerprint(r)
 	return fp, c.Identity, err
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/safetensors"
@@ -243,6 +244,7 @@ func TestVectors(t *testing.T) {
 	}
 	t.Run("fields", func(t *testing.T) { checkFieldVectors(t, pinned.Fields) })
 	t.Run("fingerprints", func(t *testing.T) { checkFingerprintVectors(t, pinned.Fingerprints) })
+	t.Run("request", func(t *testing.T) { checkRequestVectors(t, pinned.Fingerprints) })
 	t.Run("quantization", func(t *testing.T) { checkQuantVectors(t, pinned.QuantizationConfigs) })
 	t.Run("checkpoint hash", func(t *testing.T) { checkHashVectors(t, pinned.CheckpointHashes) })
 	t.Run("dtype spellings", func(t *testing.T) {
@@ -274,6 +276,45 @@ func checkFingerprintVectors(t *testing.T, vs []fingerprintVector) {
 		sum := sha256.Sum256([]byte(v.Canonical))
 		if fp.Sum() != v.SHA256 || hex.EncodeToString(sum[:]) != v.SHA256 {
 			t.Errorf("%s: Sum %s, pinned %s", v.Name, fp.Sum(), v.SHA256)
+		}
+	}
+}
+
+// checkRequestVectors is the request step, as Python's
+// test_request_to_fingerprint runs it on the same vectors: a checkpoint
+// that says what the vector's checkpoint fields say, asked for with a
+// Request carrying the vector's ranks, dtype and engine fields, gives the
+// pinned fingerprint. The layout version is the code's own constant, so it
+// is taken from the vector; a vector no engine can ask for (tp_size 0) is
+// refused.
+func checkRequestVectors(t *testing.T, vs []fingerprintVector) {
+	for _, v := range vs {
+		in := v.Input
+		from, to, _ := strings.Cut(in.DType, "->")
+		if to == "" {
+			to = "auto"
+		}
+		req := Request{Model: "m", Revision: in.Revision, DType: to, TPSize: in.TPSize, TPRank: in.TPRank, DPSize: in.DPSize, DPRank: in.DPRank,
+			Engine: in.Engine, EngineVersion: in.EngineVersion, EngineConfig: in.EngineConfig}
+		c := &Checkpoint{Dir: "m", Revision: in.Revision, Architecture: in.Architecture, TorchDType: from,
+			QuantMethod: in.Quantization, QuantHash: in.QuantizationHash, hash: in.CheckpointHash}
+		fp, err := c.Fingerprint(req)
+		if in.TPSize < 1 || in.DPSize < 1 {
+			if err == nil || !strings.Contains(err.Error(), "want tp_size >= 1") && !strings.Contains(err.Error(), "want dp_size >= 1") {
+				t.Errorf("%s: Fingerprint(%+v) = %v, want the ranks refused", v.Name, req, err)
+			}
+			if cerr := req.Check(); cerr == nil {
+				t.Errorf("%s: Request%+v.Check() accepted it", v.Name, req)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: Fingerprint(%+v): %v", v.Name, req, err)
+			continue
+		}
+		fp.LayoutVersion = in.LayoutVersion
+		if got := string(fp.Canonical()); got != v.Canonical || fp.Sum() != v.SHA256 {
+			t.Errorf("%s: request %+v gives\n %s\npinned\n %s", v.Name, req, got, v.Canonical)
 		}
 	}
 }

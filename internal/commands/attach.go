@@ -12,7 +12,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func init() {
@@ -56,7 +56,7 @@ func runAttach(ctx context.Context, e env, args []string) error {
 	dpSize := fs.Int("data-parallel-size", 1, "the engine's data-parallel size")
 	dpRank := fs.Int("dp-rank", 0, "the engine's data-parallel rank")
 	shardingPlan := fs.String("sharding-plan", "", "plan file for a tensor-parallel fallback on an architecture without a built-in plan")
-	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
+	socketDir := fs.String("socket-dir", sockets.DefaultDir(), "directory of the daemon sockets")
 	connectTimeout := fs.Duration("connect-timeout", client.DefaultConnectTimeout, "bound on connecting to the daemon")
 	stateTimeout := fs.Duration("state-timeout", client.DefaultStateTimeout, "bound on waiting for a loading daemon")
 	asJSON := fs.Bool("json", false, "print one JSON object")

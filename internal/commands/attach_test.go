@@ -11,6 +11,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // sealed is a sealed memfd holding b, exported read-only as a daemon
@@ -67,7 +68,7 @@ func fakeDaemon(t *testing.T, model string, data []byte, ts []protocol.Tensor) s
 	}
 	seg := sealed(t, data)
 	dir := sockDir(t)
-	path, err := protocol.SocketPath(dir, "main", "host")
+	path, err := sockets.Path(dir, "main", "host")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/weightcache/weightcache/internal/audit"
+	"github.com/weightcache/weightcache/audit"
 )
 
 func init() {

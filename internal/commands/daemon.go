@@ -9,8 +9,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
 )
 
 func init() {
@@ -24,19 +24,19 @@ func runDaemon(ctx context.Context, e env, args []string) error {
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	f := os.NewFile(daemon.ControlFD, "control")
+	f := os.NewFile(rank.ControlFD, "control")
 	if f == nil {
-		return fmt.Errorf("no control descriptor on fd %d: the daemon command is started by preload", daemon.ControlFD)
+		return fmt.Errorf("no control descriptor on fd %d: the daemon command is started by preload", rank.ControlFD)
 	}
 	fc, err := net.FileConn(f)
 	_ = f.Close()
 	if err != nil {
-		return fmt.Errorf("control descriptor on fd %d: %w (the daemon command is started by preload)", daemon.ControlFD, err)
+		return fmt.Errorf("control descriptor on fd %d: %w (the daemon command is started by preload)", rank.ControlFD, err)
 	}
 	uc, ok := fc.(*net.UnixConn)
 	if !ok {
 		_ = fc.Close()
-		return fmt.Errorf("control descriptor on fd %d is not a unix socket", daemon.ControlFD)
+		return fmt.Errorf("control descriptor on fd %d is not a unix socket", rank.ControlFD)
 	}
 	ctl := protocol.NewConn(uc, protocol.MaxReplyFrame)
 	defer ctl.Close()
@@ -45,5 +45,5 @@ func runDaemon(ctx context.Context, e env, args []string) error {
 	// SIGPIPE while it drains and removes its socket.
 	signal.Ignore(syscall.SIGPIPE)
 	log := slog.New(slog.NewTextHandler(e.stderr, nil)).With("pid", os.Getpid())
-	return daemon.ServeRank(ctx, ctl, log)
+	return rank.Serve(ctx, ctl, log)
 }

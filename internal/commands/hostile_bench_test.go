@@ -28,6 +28,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // BenchmarkHostileClients prints the daemon's RssAnon and descriptors above
@@ -40,7 +41,7 @@ import (
 func BenchmarkHostileClients(b *testing.B) {
 	const tensors, stalled, readers = 100_000, 1000, 300
 	model, dir := manyTensorModel(b, tensors), sockDir(b)
-	fp, err := checkpoint.QuickFingerprint(model, "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(model))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -176,7 +177,7 @@ func symlinkLockAttack(b *testing.B, model string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sock, err := protocol.SocketPath(r.dir, "main", "host")
+	sock, err := sockets.Path(r.dir, "main", "host")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -604,7 +605,7 @@ func engineAttach(model, dir string, opts ...client.Opt) engineResult {
 
 // hostileFingerprint is model's as engine "hostile" publishes it.
 func hostileFingerprint(b *testing.B, model string) checkpoint.Fingerprint {
-	fp, err := checkpoint.QuickFingerprint(model, "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(model))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -818,7 +819,7 @@ func TestHostileClientProcess(t *testing.T) {
 	}
 	sock := os.Getenv("WC_ATTACK_SOCK")
 	n, _ := strconv.Atoi(os.Getenv("WC_ATTACK_CONNS"))
-	fp, err := checkpoint.QuickFingerprint(os.Getenv("WC_ATTACK_MODEL"), "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(os.Getenv("WC_ATTACK_MODEL")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func TestHostileClientsAreBounded(t *testing.T) {
 		"--max-connections", strconv.Itoa(maxConns), "--max-inflight-bytes", strconv.Itoa(4<<20), "--write-timeout", "1s")
 	pid, sock := daemonPID(t, p), p.ready["socket"].(string)
 	anon0, fds0 := procStatus(pid, "RssAnon"), procFDs(pid)
-	fp, err := checkpoint.QuickFingerprint(model, "", "", 1, 0, 1, 0)
+	fp, err := checkpoint.QuickFingerprint(checkpoint.NewRequest(model))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weightcache/weightcache/client"
 	"golang.org/x/sys/unix"
 
+	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // sameAsDisk checks that every tensor w serves is byte for byte the one on
@@ -480,7 +481,7 @@ func TestFDStoreRestart(t *testing.T) {
 func fakePredecessor(t *testing.T, dir string, serve func(conn *protocol.Conn)) <-chan struct{} {
 	t.Helper()
 	done := make(chan struct{})
-	path, err := protocol.SocketPath(dir, "handover", "host")
+	path, err := sockets.Path(dir, "handover", "host")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -577,12 +578,12 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp, err := ckpt.Fingerprint(checkpoint.NewRequest(""))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock, _ := protocol.SocketPath(dir, "main", "host")
-	ctl, _ := protocol.SocketPath(dir, "handover", "host")
+	sock, _ := sockets.Path(dir, "main", "host")
+	ctl, _ := sockets.Path(dir, "handover", "host")
 	conn, err := protocol.Dial(context.Background(), strings.TrimSuffix(ctl, ".sock")+".ctl")
 	if err != nil {
 		t.Fatal(err)

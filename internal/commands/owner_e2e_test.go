@@ -20,6 +20,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // logBuffer is a process's stderr as tests read it while it runs.
@@ -118,11 +119,11 @@ func (e *engineLoop) finish(t testing.TB) {
 // ownerFile is the owner file of a preload in dir whose first device is host:0.
 func ownerFile(t testing.TB, dir string) string {
 	t.Helper()
-	ctl, err := protocol.ControlPath(dir, "host:0")
+	ctl, err := sockets.ControlPath(dir, "host:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return protocol.OwnerPath(ctl)
+	return sockets.OwnerPath(ctl)
 }
 
 // ownedBy checks that pid, alive, owns the preload in dir: it holds the
@@ -142,7 +143,7 @@ func ownedBy(t testing.TB, dir string, tp, pid int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	for r := range tp {
-		path, _ := protocol.SocketPath(dir, "main", fmt.Sprintf("host:%d", r))
+		path, _ := sockets.Path(dir, "main", fmt.Sprintf("host:%d", r))
 		if st, err := os.Lstat(path); err != nil || st.Mode()&os.ModeSocket == 0 {
 			t.Fatalf("socket of host:%d: %v", r, err)
 		}
@@ -351,7 +352,7 @@ func TestTakeoverOfALauncherWithAGivenUpRank(t *testing.T) {
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, tpArgs(model, dir)...)
 	rank0 := int(readyRanks(t, old)[0]["pid"].(float64))
-	path, _ := protocol.SocketPath(dir, "main", "host:0")
+	path, _ := sockets.Path(dir, "main", "host:0")
 	// Something that is not a socket where rank 0's was: every restart
 	// fails to take it, until the launcher gives the rank up.
 	if err := os.Remove(path); err != nil {
@@ -430,12 +431,12 @@ func walkerHello(t *testing.T, model, dir string) map[string]any {
 	}
 	var ranks []map[string]any
 	for r := range 2 {
-		fp, err := ckpt.Fingerprint("", 2, r, 1, 0)
+		fp, err := ckpt.Fingerprint(checkpoint.Request{TPSize: 2, TPRank: r, DPSize: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		dev := fmt.Sprintf("host:%d", r)
-		sock, _ := protocol.SocketPath(dir, "main", dev)
+		sock, _ := sockets.Path(dir, "main", dev)
 		ranks = append(ranks, map[string]any{"group": "main", "device": dev, "model": model, "dir": ckpt.Dir, "socket": sock, "fingerprint": fp, "tp_rank": r})
 	}
 	return map[string]any{"type": "handover_hello", "version": protocol.Version, "versions": []int{2}, "pid": os.Getpid(), "binary": "hostile",
@@ -450,7 +451,7 @@ func TestHostileControlClients(t *testing.T) {
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, tpArgs(model, dir)...)
 	held := holdLeases(t, dir, 2, map[string]string{"main": model}, 2)
-	ctl, _ := protocol.ControlPath(dir, "host:0")
+	ctl, _ := sockets.ControlPath(dir, "host:0")
 	base := rss(t, old.cmd.Process.Pid)
 	dial := func() *protocol.Conn {
 		conn, err := protocol.Dial(context.Background(), ctl)

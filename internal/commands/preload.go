@@ -10,7 +10,7 @@ import (
 
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 	"github.com/weightcache/weightcache/internal/version"
 )
 
@@ -40,7 +40,7 @@ type preloadFlags struct {
 func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.model, "model", "", "checkpoint directory or hub model id (required)")
 	fs.StringVar(&p.devices, "devices", "", "devices to serve, one rank each: host, host:N, GPU-<uuid>, cuda:N or N, comma-separated (default: the first visible GPUs the ranks need, else host devices)")
-	fs.StringVar(&p.settings.SocketDir, "socket-dir", protocol.DefaultSocketDir(), "directory for the daemon sockets")
+	fs.StringVar(&p.settings.SocketDir, "socket-dir", sockets.DefaultDir(), "directory for the daemon sockets")
 	fs.StringVar(&p.dtype, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one: bfloat16, float16, float32 (auto: every tensor as stored)")
 	fs.StringVar(&p.revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
 	fs.DurationVar(&p.settings.DrainTimeout, "drain-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for live zero_copy leases")
@@ -94,7 +94,7 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(cfg.Stderr, nil))
 	err = launcher.Run(ctx, cfg)
-	if errors.Is(err, daemon.ErrDeviceServed) && !p.takeover {
+	if errors.Is(err, sockets.ErrDeviceServed) && !p.takeover {
 		err = servedError(ctx, p.settings.SocketDir, cfg.Devices, err)
 	}
 	var ee *launcher.ExitError

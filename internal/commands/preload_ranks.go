@@ -150,7 +150,7 @@ func (r *rankFlags) group(name, model, revision, dtypeFlag, planFile string, por
 	if err != nil {
 		return launcher.Group{}, err
 	}
-	if _, err := ckpt.Fingerprint(dtype, 1, 0, 1, 0); err != nil {
+	if _, err := ckpt.Fingerprint(checkpoint.Request{Model: model, Revision: revision, DType: dtype, TPSize: 1, DPSize: 1}); err != nil {
 		return launcher.Group{}, err
 	}
 	g := launcher.Group{Name: name, Model: model, Checkpoint: ckpt, DType: dtype, MasterPort: port}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/client"
-	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func init() {
@@ -38,7 +38,7 @@ func runPublish(ctx context.Context, e env, args []string) error {
 	device := fs.String("device", "", "the engine's device key (default: the daemon serving --tp-rank/--dp-rank, else host)")
 	engine := fs.String("engine", "", "the publishing engine's name (required)")
 	engineVersion := fs.String("engine-version", "", "the publishing engine's version")
-	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
+	socketDir := fs.String("socket-dir", sockets.DefaultDir(), "directory of the daemon sockets")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err

@@ -32,7 +32,7 @@ func servedError(ctx context.Context, socketDir string, devices []string, err er
 		"of their own (--socket-dir DIR, or XDG_RUNTIME_DIR), or take its cache over with --takeover (same model and devices)"}
 }
 
-// servedErr is still a daemon.ErrDeviceServed for errors.Is; its text
+// servedErr is still a sockets.ErrDeviceServed for errors.Is; its text
 // leaves out the launcher's, which names an internal control file.
 type servedErr struct {
 	msg string

@@ -11,6 +11,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func init() {
@@ -20,7 +21,7 @@ func init() {
 
 func runStatus(ctx context.Context, e env, args []string) error {
 	fs := newFlags("status", e)
-	socketDir := fs.String("socket-dir", protocol.DefaultSocketDir(), "directory of the daemon sockets")
+	socketDir := fs.String("socket-dir", sockets.DefaultDir(), "directory of the daemon sockets")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err

@@ -1,7 +1,8 @@
-// Package daemon is one weightcache rank: it owns a device's segments, fills
-// them from a checkpoint, and serves them over its Unix socket until it is
-// told to stop. ServeRank (rank.go) runs it as the process that preload
-// starts per rank; its states are in state.go.
+// Package daemon is the device server: it owns a device's segments, fills
+// them from a checkpoint (or adopts them, or an engine publishes them), and
+// serves them over its Unix socket until it is told to stop. The rank
+// process that preload starts per device (internal/rank) runs it; its
+// states are in state.go.
 package daemon
 
 import (
@@ -20,6 +21,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/scatter"
+	"github.com/weightcache/weightcache/internal/sockets"
 	"github.com/weightcache/weightcache/internal/version"
 )
 
@@ -44,7 +46,7 @@ type Config struct {
 	PlanReport *protocol.PlanReport
 	// Socket, when set, is the socket to serve, taken by the launcher;
 	// else Start takes the device's socket in SocketDir itself.
-	Socket *Socket
+	Socket *sockets.Socket
 	// Leases, when set, hears of every lease granted and ended.
 	Leases LeaseWatcher
 	// peerCred reads the uid and pid of a connection's peer; nil is
@@ -132,10 +134,10 @@ func Start(cfg Config) (*Daemon, error) {
 	if cfg.peerCred == nil {
 		cfg.peerCred = peerCred
 	}
-	if err := protocol.EnsureSocketDir(cfg.SocketDir); err != nil {
+	if err := sockets.EnsureDir(cfg.SocketDir); err != nil {
 		return nil, err
 	}
-	path, err := protocol.SocketPath(cfg.SocketDir, cfg.Group, cfg.Backend.Device())
+	path, err := sockets.Path(cfg.SocketDir, cfg.Group, cfg.Backend.Device())
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +355,7 @@ func (d *Daemon) watchLease(s *session) {
 	if w == nil {
 		return
 	}
-	conn, err := dupConn(s.uc)
+	conn, err := sockets.DupConn(s.uc)
 	hello, herr := json.Marshal(s.hello)
 	if err != nil || herr != nil {
 		d.log.Warn("lease not reported to the launcher: a restart of this rank will not count it", "pid", s.pid, "err", errors.Join(err, herr))

@@ -21,6 +21,7 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 func synth(t *testing.T) string {
@@ -52,13 +53,20 @@ func start(t *testing.T, model, dir, device string, mut func(*Config)) *Daemon {
 	return startCheckpoint(t, ckpt, model, dir, device, mut)
 }
 
-// startCheckpoint is start for a checkpoint resolved already.
-func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+// fingerprintOf is ckpt's fingerprint as one rank serves it whole.
+func fingerprintOf(t *testing.T, ckpt *checkpoint.Checkpoint) checkpoint.Fingerprint {
 	t.Helper()
-	fp, err := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp, err := ckpt.Fingerprint(checkpoint.NewRequest(ckpt.Dir))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fp
+}
+
+// startCheckpoint is start for a checkpoint resolved already.
+func startCheckpoint(t *testing.T, ckpt *checkpoint.Checkpoint, model, dir, device string, mut func(*Config)) *Daemon {
+	t.Helper()
+	fp := fingerprintOf(t, ckpt)
 	be, err := host.New(device)
 	if err != nil {
 		t.Fatal(err)
@@ -277,7 +285,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
 	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
-	if !errors.Is(err, ErrDeviceServed) || !strings.Contains(err.Error(), d.Socket()) || !strings.Contains(err.Error(), "pid") {
+	if !errors.Is(err, sockets.ErrDeviceServed) || !strings.Contains(err.Error(), d.Socket()) || !strings.Contains(err.Error(), "pid") {
 		t.Fatalf("second Start = %v, want ErrDeviceServed naming the live daemon", err)
 	}
 	// The live daemon still serves.
@@ -332,7 +340,7 @@ func TestSymlinkLockFileRefused(t *testing.T) {
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
 	_, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}})
-	if !errors.Is(err, ErrSymlink) || !strings.Contains(err.Error(), lock) {
+	if !errors.Is(err, sockets.ErrSymlink) || !strings.Contains(err.Error(), lock) {
 		t.Fatalf("Start = %v, want ErrSymlink naming %s", err, lock)
 	}
 	if b, _ := os.ReadFile(victim); string(b) != "precious" {
@@ -350,8 +358,8 @@ func TestUnsafeSocketDirRefused(t *testing.T) {
 	}
 	ckpt, _ := checkpoint.Resolve(model, "")
 	be, _ := host.New("host")
-	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, protocol.ErrSocketDir) {
-		t.Fatalf("Start = %v, want ErrSocketDir", err)
+	if _, err := Start(Config{Checkpoint: ckpt, Backend: be, Settings: Settings{SocketDir: dir}}); !errors.Is(err, sockets.ErrDir) {
+		t.Fatalf("Start = %v, want sockets.ErrDir", err)
 	}
 }
 

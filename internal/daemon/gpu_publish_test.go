@@ -37,7 +37,7 @@ func startGPUPublishOnly(t *testing.T, model, dir string, opts cuda.Options) (*D
 func gpuClaim(t *testing.T, d *Daemon, model string, ts []protocol.Tensor) (*protocol.Conn, *protocol.Frame, error) {
 	t.Helper()
 	ckpt, _ := checkpoint.Resolve(model, "")
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	fp.Engine = "raw"
 	c := rawConn(t, d.Socket())
 	ctx := context.Background()

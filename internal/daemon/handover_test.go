@@ -14,10 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // dupSocket is a second copy of s, as another process receives it.
-func dupSocket(t *testing.T, s *Socket) *Socket {
+func dupSocket(t *testing.T, s *sockets.Socket) *sockets.Socket {
 	t.Helper()
 	var files []*os.File
 	for _, f := range s.Files() {
@@ -27,7 +28,7 @@ func dupSocket(t *testing.T, s *Socket) *Socket {
 		}
 		files = append(files, d)
 	}
-	c, err := SocketFromFiles(s.Path, files[0], files[1])
+	c, err := sockets.FromFiles(s.Path, files[0], files[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func dupSocket(t *testing.T, s *Socket) *Socket {
 func TestHandOverMovesLeases(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	path := filepath.Join(dir, "main-host.sock")
-	sock, err := TakeSocket(path)
+	sock, err := sockets.Take(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -175,7 +175,7 @@ func rawHelloMsg(t *testing.T, model string) protocol.Hello {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	fp.Engine = "raw"
 	return protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: "host", Mode: "zero_copy"}
 }

@@ -38,7 +38,7 @@ func busyConns(d *Daemon) int {
 func helloConn(t *testing.T, d *Daemon, model string, engine string) *protocol.Conn {
 	t.Helper()
 	ckpt, _ := checkpoint.Resolve(model, "")
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	fp.Engine = engine
 	c := rawConn(t, d.Socket())
 	if _, err := c.Call(context.Background(), protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: d.cfg.Backend.Device(), Mode: "zero_copy"}, protocol.TypeOK); err != nil {
@@ -254,7 +254,7 @@ func TestHelloFieldsBounded(t *testing.T) {
 		{"fingerprint.revision", func(h *protocol.Hello) { h.Fingerprint.Revision = long }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
-			fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+			fp := fingerprintOf(t, ckpt)
 			h := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: fp, Device: d.cfg.Backend.Device(), Mode: "zero_copy"}
 			tc.set(&h)
 			c := rawConn(t, d.Socket())

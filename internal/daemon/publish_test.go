@@ -205,7 +205,7 @@ func TestPublishRefused(t *testing.T) {
 	ready := startReady(t, model, sockDir(t))
 	specs, _ := engineWeights(t, model)
 	ckpt, _ := checkpoint.Resolve(model, "")
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	ctx := context.Background()
 	// A preloaded daemon serves the checkpoint; it takes no publisher.
 	pre := rawConn(t, ready.Socket())
@@ -245,7 +245,7 @@ func TestCommitChecksEntries(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	d := startPublishOnly(t, model, dir)
 	ckpt, _ := checkpoint.Resolve(model, "")
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	fp.Engine = "raw"
 	ctx := context.Background()
 	a := protocol.Tensor{Name: "a", DType: "U8", Shape: []int64{1}, NBytes: 1}
@@ -313,7 +313,7 @@ func TestManifestAfterOtherEnginePublished(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	d := startPublishOnly(t, model, dir)
 	ckpt, _ := checkpoint.Resolve(model, "")
-	fp, _ := ckpt.Fingerprint("", 1, 0, 1, 0)
+	fp := fingerprintOf(t, ckpt)
 	fp.Engine, fp.EngineVersion, fp.EngineConfig = "testengine", "0.9", `{"kv_cache_dtype":"fp8"}`
 	ctx := context.Background()
 	// Accepted while empty: any engine, version and engine config may

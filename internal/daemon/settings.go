@@ -8,7 +8,7 @@ import (
 
 // Settings are what every rank of a launch is started with. They travel as
 // this one type: preload's flags fill it, launcher.Config carries it,
-// RankSpec hands it to each rank process, and Config embeds it.
+// rank.Spec hands it to each rank process, and Config embeds it.
 type Settings struct {
 	SocketDir    string        `json:"socket_dir"`
 	DrainTimeout time.Duration `json:"drain_timeout"` // how long Shutdown waits for zero_copy leases
@@ -18,7 +18,7 @@ type Settings struct {
 	// PublishOnly starts the daemon empty: it loads nothing from disk and
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool `json:"publish_only,omitempty"`
-	// GPU configures a GPU rank's backend (NewBackend); Start takes the
+	// GPU configures a GPU rank's backend (rank.NewBackend); Start takes the
 	// backend made already.
 	GPU cuda.Options `json:"gpu"`
 }

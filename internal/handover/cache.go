@@ -11,8 +11,8 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
 )
 
 // Rank is one rank as a predecessor (or the fd store's description) and a
@@ -39,7 +39,7 @@ func (r Rank) key() string {
 // launcher, gives them to the rank daemon it starts, again to the one that
 // replaces it, and to a successor or the fd store.
 type Cache struct {
-	Msg   daemon.RankSegments
+	Msg   rank.Segments
 	Files []*os.File // the segments in order, then the index
 }
 
@@ -56,7 +56,7 @@ func (c *Cache) Close() {
 // Bind records what c's descriptors are, for r, as the process that made
 // them: Verify then refuses any other descriptor in their place.
 func Bind(c *Cache, r Rank) error {
-	b := &daemon.Binding{Rank: r.key(), Fingerprint: r.Fingerprint.Sum()}
+	b := &rank.Binding{Rank: r.key(), Fingerprint: r.Fingerprint.Sum()}
 	gpu := isGPU(r.Device)
 	for i, f := range c.Files {
 		id, err := identify(f, role(i, len(c.Files)), gpu && i < len(c.Files)-1)
@@ -83,12 +83,12 @@ func role(i, n int) string {
 
 // identify is f's identity. A GPU segment's descriptor is an exported
 // allocation, which carries no seals.
-func identify(f *os.File, role string, gpu bool) (daemon.FileBind, error) {
+func identify(f *os.File, role string, gpu bool) (rank.FileBind, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return daemon.FileBind{}, fmt.Errorf("%s: %w", role, err)
+		return rank.FileBind{}, fmt.Errorf("%s: %w", role, err)
 	}
-	id := daemon.FileBind{Role: role, Dev: uint64(st.Dev), Ino: uint64(st.Ino), Size: st.Size}
+	id := rank.FileBind{Role: role, Dev: uint64(st.Dev), Ino: uint64(st.Ino), Size: st.Size}
 	if !gpu {
 		seals, err := host.SealsOf(f)
 		if err != nil {

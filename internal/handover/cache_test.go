@@ -10,8 +10,8 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
 )
 
 // rankOf is a rank of a made-up two-rank checkpoint.
@@ -53,7 +53,7 @@ func made(t *testing.T, r Rank, ts []protocol.Tensor, data []byte, bound bool) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Cache{Msg: daemon.RankSegments{Segments: []protocol.Segment{{Index: 0, Size: int64(len(data))}}, Tensors: len(ts), IndexSize: index.Size()},
+	c := &Cache{Msg: rank.Segments{Segments: []protocol.Segment{{Index: 0, Size: int64(len(data))}}, Tensors: len(ts), IndexSize: index.Size()},
 		Files: []*os.File{seg, ix}}
 	for _, x := range ts {
 		c.Msg.DataBytes += x.NBytes

@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // ErrOwned means another live process owns the device's sockets.
@@ -41,7 +41,7 @@ type Owner struct {
 func Claim(path string, after uint64, wait time.Duration) (*Owner, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		f, err := daemon.LockFile(path, nil) // the record once its generation is known
+		f, err := sockets.LockFile(path, nil) // the record once its generation is known
 		if err == nil {
 			rec, _, _ := parseRecord(f)
 			o := &Owner{path: path, f: f, gen: max(rec, after) + 1}
@@ -63,10 +63,10 @@ func Claim(path string, after uint64, wait time.Duration) (*Owner, error) {
 }
 
 // write puts the record, of a fixed width, over the last
-// (daemon.WriteRecord): a reader never sees half of one, nor an empty
+// (sockets.WriteRecord): a reader never sees half of one, nor an empty
 // file.
 func (o *Owner) write() error {
-	if err := daemon.WriteRecord(o.f, fmt.Appendf(nil, "%020d %010d\n", o.gen, os.Getpid())); err != nil {
+	if err := sockets.WriteRecord(o.f, fmt.Appendf(nil, "%020d %010d\n", o.gen, os.Getpid())); err != nil {
 		return fmt.Errorf("owner file %s: %w", o.path, err)
 	}
 	return nil

@@ -4,6 +4,8 @@ import (
 	"os"
 
 	"github.com/weightcache/weightcache/internal/daemon"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Source is where a successor's cache comes from: a predecessor preload,
@@ -54,7 +56,7 @@ type Offer struct {
 	Ranks []Rank
 	// Caches describes each rank's cache, nil where none was kept (that
 	// rank loads afresh). Caches nil: none is offered, and Reason says why.
-	Caches []*daemon.RankSegments
+	Caches []*rank.Segments
 	Reason string
 }
 
@@ -70,8 +72,8 @@ type SocketRequest struct {
 // ownership it held (0: none; the successor claims the next after the
 // owner file's record).
 type Sockets struct {
-	Ranks      []*daemon.Socket
-	Control    *daemon.Socket
+	Ranks      []*sockets.Socket
+	Control    *sockets.Socket
 	Generation uint64
 }
 

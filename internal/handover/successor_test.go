@@ -9,6 +9,7 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // fakeSource hands over made caches and records what the Successor did
@@ -88,7 +89,7 @@ func successorOf(src Source, want []Rank, claimed *uint64) *Successor {
 
 func TestSuccessorAdoptsAndOwns(t *testing.T) {
 	src, want := twoRanks(t)
-	src.socks = Sockets{Ranks: make([]*daemon.Socket, 2), Generation: 7}
+	src.socks = Sockets{Ranks: make([]*sockets.Socket, 2), Generation: 7}
 	delivered := 0
 	src.leases = func(d Deliver) (int, error) {
 		return 1, d(0, []daemon.HandedLease{{}}, []*os.File{nil}, true)
@@ -220,11 +221,11 @@ func TestSuccessorStepFailures(t *testing.T) {
 			return nil, false
 		}, "sockets", "EOF"},
 		{"sockets for another rank count", func(src *fakeSource) (error, bool) {
-			src.socks = Sockets{Ranks: make([]*daemon.Socket, 1)}
+			src.socks = Sockets{Ranks: make([]*sockets.Socket, 1)}
 			return nil, false
 		}, "sockets", "1 ranks' sockets handed over for 2 ranks"},
 		{"ownership held by another", func(src *fakeSource) (error, bool) {
-			src.socks = Sockets{Ranks: make([]*daemon.Socket, 2)}
+			src.socks = Sockets{Ranks: make([]*sockets.Socket, 2)}
 			return ErrOwned, false
 		}, "claim", ErrOwned.Error()},
 		// Planted bug: Finish not checking that Own succeeded.
@@ -232,7 +233,7 @@ func TestSuccessorStepFailures(t *testing.T) {
 			return nil, true
 		}, "leases", "does not own the sockets"},
 		{"the predecessor dies after ceding", func(src *fakeSource) (error, bool) {
-			src.socks = Sockets{Ranks: make([]*daemon.Socket, 2)}
+			src.socks = Sockets{Ranks: make([]*sockets.Socket, 2)}
 			src.leases = func(Deliver) (int, error) {
 				return 0, errors.New("the predecessor went away while handing over its leases: EOF")
 			}

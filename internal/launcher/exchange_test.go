@@ -16,6 +16,8 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Both sides of a handover run here in one process, without ranks: the
@@ -41,7 +43,7 @@ func testLauncher(t *testing.T, n int, cached bool) *launcher {
 	l.cfg.SocketDir = dir
 	for i := range n {
 		dev := fmt.Sprintf("host:%d", i)
-		path, err := protocol.SocketPath(dir, "main", dev)
+		path, err := sockets.Path(dir, "main", dev)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,11 +55,11 @@ func testLauncher(t *testing.T, n int, cached bool) *launcher {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.ctlSock, err = daemon.TakeSocket(ctl); err != nil {
+	if l.ctlSock, err = sockets.Take(ctl); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.ctlSock.Close() })
-	if err := l.own.claim(protocol.OwnerPath(ctl), 0, 0); err != nil {
+	if err := l.own.claim(sockets.OwnerPath(ctl), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.own.release() })
@@ -72,7 +74,7 @@ func testLauncher(t *testing.T, n int, cached bool) *launcher {
 // goroutine that stops on a handover, sending its (no) leases.
 func fakeRank(t *testing.T, r Rank, id handover.Rank, cached bool) *proc {
 	t.Helper()
-	sock, err := daemon.TakeSocket(id.Socket)
+	sock, err := sockets.Take(id.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,9 +91,9 @@ func fakeRank(t *testing.T, r Rank, id handover.Rank, cached bool) *proc {
 			if err != nil {
 				return
 			}
-			var m daemon.RankHandover
-			if fr.Type == daemon.TypeRankHandover && fr.Decode(&m) == nil && m.Leases {
-				_ = theirs.Send(daemon.RankLeases{Head: headOf(daemon.TypeRankLeases), Last: true})
+			var m rank.Handover
+			if fr.Type == rank.TypeHandover && fr.Decode(&m) == nil && m.Leases {
+				_ = theirs.Send(rank.Leases{Head: headOf(rank.TypeLeases), Last: true})
 			}
 		}
 	}()
@@ -120,7 +122,7 @@ func boundCache(t *testing.T, r handover.Rank) *handover.Cache {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &handover.Cache{Msg: daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Segments: []protocol.Segment{{Size: 4096}},
+	c := &handover.Cache{Msg: rank.Segments{Head: headOf(rank.TypeSegments), Segments: []protocol.Segment{{Size: 4096}},
 		Tensors: 1, IndexSize: index.Size(), DataBytes: 4096, Identity: testIdentity}, Files: []*os.File{seg, ix}}
 	if err := handover.Bind(c, r); err != nil {
 		t.Fatal(err)
@@ -175,7 +177,7 @@ func (r *exchangeRun) successor(t *testing.T, own *ownership, claim func(uint64)
 		t.Fatalf("ask: %q %v", retry, err)
 	}
 	if claim == nil {
-		claim = func(after uint64) error { return own.claim(protocol.OwnerPath(path), after, time.Second) }
+		claim = func(after uint64) error { return own.claim(sockets.OwnerPath(path), after, time.Second) }
 	}
 	now := map[string]checkpoint.Identity{"main": testIdentity}
 	return pr, handover.NewSuccessor(pr, r.l.held, now, claim)

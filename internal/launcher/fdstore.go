@@ -12,8 +12,9 @@ import (
 	"syscall"
 
 	"github.com/weightcache/weightcache/internal/backend/host"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Under systemd (NOTIFY_SOCKET set), preload stores every descriptor it
@@ -31,11 +32,11 @@ type fdStore struct {
 	// stalled: the last datagram timed out on the receiver's full queue.
 	stalled atomic.Bool
 
-	notify  string                    // NOTIFY_SOCKET
-	files   map[string]*os.File       // passed and not yet taken, by name
-	stored  map[string]*daemon.Socket // passed, by path, until Sockets hands them over
-	sockets map[string]*daemon.Socket // handed over, by path, for spawnAll
-	ctl     *daemon.Socket            // the stored control socket, if still the one at its path
+	notify  string                     // NOTIFY_SOCKET
+	files   map[string]*os.File        // passed and not yet taken, by name
+	stored  map[string]*sockets.Socket // passed, by path, until Sockets hands them over
+	sockets map[string]*sockets.Socket // handed over, by path, for spawnAll
+	ctl     *sockets.Socket            // the stored control socket, if still the one at its path
 	meta    fdMeta
 	metaErr error // why the description cannot be read
 	want    []handover.Rank
@@ -46,17 +47,17 @@ const fdMetaName = "wc-meta"
 
 // fdMeta is what the stored descriptors are.
 type fdMeta struct {
-	Version int                   `json:"version"` // handoverVersion
-	Binary  string                `json:"binary"`
-	Ranks   []handover.Rank       `json:"ranks"`
-	Caches  []daemon.RankSegments `json:"caches"` // per rank; zero Segments and Tensors: none kept
-	Control string                `json:"control"`
+	Version int             `json:"version"` // handoverVersion
+	Binary  string          `json:"binary"`
+	Ranks   []handover.Rank `json:"ranks"`
+	Caches  []rank.Segments `json:"caches"` // per rank; zero Segments and Tensors: none kept
+	Control string          `json:"control"`
 }
 
 func fdName(rank int, what string) string { return fmt.Sprintf("wc-%d-%s", rank, what) }
 
 // socket is the stored socket for spec's rank, if one was adopted.
-func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
+func (s *fdStore) socket(spec rank.Spec) *sockets.Socket {
 	path, err := socketPath(spec)
 	if err != nil {
 		return nil
@@ -71,7 +72,7 @@ func (s *fdStore) socket(spec daemon.RankSpec) *daemon.Socket {
 // caches, then its sockets and ownership at once (nobody else serves
 // them).
 func (l *launcher) adoptStore() error {
-	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), stored: map[string]*daemon.Socket{}, sockets: map[string]*daemon.Socket{}, want: l.handoverRanks()}
+	l.store = &fdStore{notify: os.Getenv("NOTIFY_SOCKET"), stored: map[string]*sockets.Socket{}, sockets: map[string]*sockets.Socket{}, want: l.handoverRanks()}
 	files := listenFiles(l.log)
 	if len(files) == 0 {
 		return nil
@@ -140,7 +141,7 @@ func (s *fdStore) takeSockets(l *launcher) {
 		if ln == nil || lock == nil {
 			continue
 		}
-		if sock, err := daemon.SocketFromFiles(r.Socket, ln, lock); err == nil {
+		if sock, err := sockets.FromFiles(r.Socket, ln, lock); err == nil {
 			s.stored[r.Socket] = sock
 		} else {
 			// Removed from the directory when its rank stopped, or another
@@ -152,7 +153,7 @@ func (s *fdStore) takeSockets(l *launcher) {
 	}
 	if ln, lock := s.take("wc-ctl-listen"), s.take("wc-ctl-lock"); ln != nil && lock != nil {
 		if path, err := l.controlPath(); err == nil {
-			if sock, err := daemon.SocketFromFiles(path, ln, lock); err == nil {
+			if sock, err := sockets.FromFiles(path, ln, lock); err == nil {
 				s.ctl = sock
 			}
 		}
@@ -279,7 +280,7 @@ func (s *fdStore) forget() {
 }
 
 // remove takes rank's cache, as m describes it, out of the store.
-func (s *fdStore) remove(rank int, m daemon.RankSegments) {
+func (s *fdStore) remove(rank int, m rank.Segments) {
 	for k := range m.Segments {
 		s.drop(fdName(rank, "seg-"+strconv.Itoa(k)))
 	}
@@ -353,7 +354,7 @@ func (l *launcher) storeFDs() {
 		if p.sock != nil && !(put(fdName(i, "listen"), p.sock.Listener) && put(fdName(i, "lock"), p.sock.Lock)) {
 			return
 		}
-		var m daemon.RankSegments
+		var m rank.Segments
 		if p.cache != nil {
 			m = p.cache.Msg
 			for k, f := range p.cache.Files {

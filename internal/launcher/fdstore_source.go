@@ -5,8 +5,9 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // The fd store as a handover.Source: what systemd passed at start
@@ -26,7 +27,7 @@ func (s *fdStore) Offer() (handover.Offer, error) {
 	default:
 		o.Ranks = s.meta.Ranks
 		for i := range s.meta.Caches {
-			var m *daemon.RankSegments
+			var m *rank.Segments
 			if len(s.meta.Caches[i].Segments) > 0 || s.meta.Caches[i].Tensors > 0 {
 				m = &s.meta.Caches[i]
 			}
@@ -77,7 +78,7 @@ func (s *fdStore) Taken(taken []bool) {
 // The store holds no generation: the successor claims the next after the
 // owner file's record.
 func (s *fdStore) Sockets(req handover.SocketRequest) (handover.Sockets, error) {
-	out := handover.Sockets{Ranks: make([]*daemon.Socket, len(req.Ranks))}
+	out := handover.Sockets{Ranks: make([]*sockets.Socket, len(req.Ranks))}
 	for i, path := range req.Ranks {
 		out.Ranks[i] = s.stored[path]
 		delete(s.stored, path)

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // storedCaches is an fd store as a restarted launcher finds it: two
@@ -81,11 +81,11 @@ func TestFDStoreAsASource(t *testing.T) {
 	})
 	t.Run("sockets", func(t *testing.T) {
 		s, want, _ := storedCaches(t)
-		sock, err := daemon.TakeSocket(want[0].Socket + ".x")
+		sock, err := sockets.Take(want[0].Socket + ".x")
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.stored = map[string]*daemon.Socket{want[0].Socket: sock}
+		s.stored = map[string]*sockets.Socket{want[0].Socket: sock}
 		got, err := s.Sockets(handover.SocketRequest{Ranks: []string{want[0].Socket, want[1].Socket}})
 		defer got.Close()
 		if err != nil || got.Ranks[0] != sock || got.Ranks[1] != nil || got.Generation != 0 || len(s.stored) != 0 {

@@ -15,6 +15,8 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Handover (`preload --takeover`): a successor started beside a running
@@ -89,7 +91,7 @@ type handoverOffer struct {
 	// Segments, with Adopt, is every rank's, null for a rank that kept
 	// none (a rank given up): the successor loads that one afresh. A
 	// segments frame follows for each that is not null.
-	Segments []*daemon.RankSegments `json:"segments,omitempty"`
+	Segments []*rank.Segments `json:"segments,omitempty"`
 	// Ranks are the predecessor's ranks, which the successor fits its own
 	// against as it does a store's (absent from older predecessors).
 	Ranks []handover.Rank `json:"ranks,omitempty"`
@@ -123,12 +125,12 @@ type handoverLeases struct {
 // rank's device. It does not end in .sock: clients that list the
 // directory's rank sockets (status, finding a rank) skip it.
 func (l *launcher) controlPath() (string, error) {
-	return protocol.ControlPath(l.cfg.SocketDir, l.ranks[0].Device)
+	return sockets.ControlPath(l.cfg.SocketDir, l.ranks[0].Device)
 }
 
 // socketPath is the socket of the rank spec describes.
-func socketPath(spec daemon.RankSpec) (string, error) {
-	return protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+func socketPath(spec rank.Spec) (string, error) {
+	return sockets.Path(spec.SocketDir, spec.Group, spec.Device)
 }
 
 // Every step of a handover has a deadline on both sides, and every frame a
@@ -469,7 +471,7 @@ func (l *launcher) offer(h handoverHello, procs []*proc) (o handoverOffer, refus
 	o = handoverOffer{Head: headOf(typeHandoverOffer), Version: version, PID: os.Getpid(), Binary: l.cfg.Version, Adopt: adopt, Reason: reason, Ranks: mine}
 	if adopt {
 		for _, p := range procs {
-			var m *daemon.RankSegments
+			var m *rank.Segments
 			if c := p.cacheKept(); c != nil {
 				m = &c.Msg
 			}
@@ -489,7 +491,7 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			continue
 		default:
 		}
-		if err := p.ctl.Send(daemon.RankHandover{Head: headOf(daemon.TypeRankHandover), Leases: adopt}); err != nil {
+		if err := p.ctl.Send(rank.Handover{Head: headOf(rank.TypeHandover), Leases: adopt}); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		if !adopt {
@@ -500,7 +502,7 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			if err != nil {
 				return err
 			}
-			m, err := daemon.DecodeLeases(fr)
+			m, err := rank.DecodeLeases(fr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // A control connection from another uid is refused before anything of
@@ -20,7 +21,7 @@ import (
 func TestControlSocketRefusesAnotherUID(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "handover-host.ctl")
-	sock, err := daemon.TakeSocket(path)
+	sock, err := sockets.Take(path)
 	if err != nil {
 		t.Fatal(err)
 	}

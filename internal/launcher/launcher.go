@@ -17,6 +17,8 @@ import (
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/plan"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Group is one model served on every local device: "main", or "draft"
@@ -74,13 +76,13 @@ type launcher struct {
 	report  report
 	exe     string // started as `exe daemon` per rank
 
-	stopping atomic.Bool    // stop began: exits are not restarted
-	own      ownership      // of the sockets: restarts, handovers, removal
-	oom      oomWatch       // the memory cgroup's OOM kills since start
-	outMu    sync.Mutex     // event lines on stdout
-	pred     *predecessor   // --takeover: the preload taken over (takeover.go)
-	ctlSock  *daemon.Socket // where successors ask for the cache (handover.go)
-	store    *fdStore       // systemd's fd store (fdstore.go)
+	stopping atomic.Bool     // stop began: exits are not restarted
+	own      ownership       // of the sockets: restarts, handovers, removal
+	oom      oomWatch        // the memory cgroup's OOM kills since start
+	outMu    sync.Mutex      // event lines on stdout
+	pred     *predecessor    // --takeover: the preload taken over (takeover.go)
+	ctlSock  *sockets.Socket // where successors ask for the cache (handover.go)
+	store    *fdStore        // systemd's fd store (fdstore.go)
 }
 
 // Run starts every rank, prints the ready line once all serve (on every
@@ -94,7 +96,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// Checked here too, so that an unsafe directory is one error, not one
 	// per rank.
-	if err := protocol.EnsureSocketDir(cfg.SocketDir); err != nil {
+	if err := sockets.EnsureDir(cfg.SocketDir); err != nil {
 		return err
 	}
 	l := &launcher{cfg: cfg, log: cfg.Logger, ranks: ranks, exited: make(chan *proc, len(ranks)*len(cfg.Groups))}
@@ -178,7 +180,7 @@ func (l *launcher) prepare() error {
 		return err
 	}
 	if l.ctlSock == nil {
-		if l.ctlSock, err = daemon.TakeSocket(path); err != nil {
+		if l.ctlSock, err = sockets.Take(path); err != nil {
 			return fmt.Errorf("control socket: %w", err)
 		}
 	}
@@ -189,7 +191,7 @@ func (l *launcher) prepare() error {
 	// went with it. One still held is a launcher that handed over and has
 	// not let go: it never acts again, but it is not this launch's to
 	// override either.
-	return l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
+	return l.own.claim(sockets.OwnerPath(path), 0, stepTimeout)
 }
 
 // identities is every rank this launch serves, as a handover and the fd
@@ -199,11 +201,11 @@ func (l *launcher) identities() ([]handover.Rank, error) {
 	var out []handover.Rank
 	for _, g := range l.cfg.Groups {
 		for _, r := range l.ranks {
-			fp, err := g.Checkpoint.Fingerprint(g.DType, l.cfg.Layout.TP, r.TPRank, l.cfg.Layout.DP, r.DPRank)
+			fp, err := g.Checkpoint.Fingerprint(checkpoint.Request{Model: g.Model, DType: g.DType, TPSize: l.cfg.Layout.TP, TPRank: r.TPRank, DPSize: l.cfg.Layout.DP, DPRank: r.DPRank})
 			if err != nil {
 				return nil, fmt.Errorf("group %s, rank %s: %w", g.Name, r.Device, err)
 			}
-			path, err := protocol.SocketPath(l.cfg.SocketDir, g.Name, r.Device)
+			path, err := sockets.Path(l.cfg.SocketDir, g.Name, r.Device)
 			if err != nil {
 				return nil, err
 			}
@@ -370,8 +372,8 @@ func (l *launcher) awaitListening(ctx context.Context, procs []*proc) error {
 		return err
 	}
 	for _, p := range procs {
-		var m daemon.RankListening
-		if err := p.expect(daemon.TypeRankListening, &m, ctx.Done()); err != nil {
+		var m rank.Listening
+		if err := p.expect(rank.TypeListening, &m, ctx.Done()); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -382,13 +384,13 @@ func (l *launcher) awaitListening(ctx context.Context, procs []*proc) error {
 	return nil
 }
 
-func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
+func (l *launcher) spec(gi int, r Rank) (rank.Spec, error) {
 	g := l.cfg.Groups[gi]
 	id := l.held[gi*len(l.ranks)+r.Local]
-	spec := daemon.RankSpec{
+	spec := rank.Spec{
 		Group: g.Name, Device: r.Device, Model: g.Model, Dir: g.Checkpoint.Dir, Revision: g.Checkpoint.Revision,
 		Fingerprint: id.Fingerprint, Settings: l.cfg.Settings, SelfLoad: l.selfLoad(r.Device),
-		Head: headOf(daemon.TypeRankSpec), Plan: g.Report,
+		Head: headOf(rank.TypeSpec), Plan: g.Report,
 	}
 	if gi == 0 && r.Local == 0 {
 		var err error
@@ -402,7 +404,7 @@ func (l *launcher) spec(gi int, r Rank) (daemon.RankSpec, error) {
 // takeSocket takes a rank's socket for the launcher's lifetime. Asked to
 // take over, it waits a while for a predecessor that just died: its ranks
 // let go of their sockets as soon as they hear.
-func (l *launcher) takeSocket(ctx context.Context, spec daemon.RankSpec) (*daemon.Socket, error) {
+func (l *launcher) takeSocket(ctx context.Context, spec rank.Spec) (*sockets.Socket, error) {
 	path, err := socketPath(spec)
 	if err != nil {
 		return nil, err
@@ -460,11 +462,11 @@ func (l *launcher) stop() {
 
 // release lets go of what the launcher holds for its ranks: their sockets
 // and its copy of their segments. Only an owner removes sockets, and then
-// only those nobody else holds (daemon.Socket.Remove): a launcher that
+// only those nobody else holds (sockets.Socket.Remove): a launcher that
 // handed over, even halfway, leaves every path to its successor.
 func (l *launcher) release() {
 	owner := l.own.holds()
-	let := func(s *daemon.Socket) {
+	let := func(s *sockets.Socket) {
 		switch {
 		case s == nil:
 		case owner:

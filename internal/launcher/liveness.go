@@ -3,8 +3,8 @@ package launcher
 import (
 	"time"
 
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
 )
 
 // Once every rank serves, the launcher pings each over its control
@@ -35,7 +35,7 @@ func (p *proc) ping() {
 			// A stopped rank stops reading too: the deadline keeps a
 			// full socket buffer from blocking this loop.
 			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
-			_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankPing))
+			_ = p.ctl.Send(protocol.NewHead(rank.TypePing))
 		}
 	}
 }
@@ -69,7 +69,7 @@ func reportProgress(procs []*proc, read func() (int64, int64), stop <-chan struc
 		n, total := read()
 		for _, p := range procs {
 			_ = p.ctl.Unix().SetWriteDeadline(time.Now().Add(pingEvery))
-			_ = p.ctl.Send(daemon.RankProgress{Head: protocol.NewHead(daemon.TypeRankProgress), Done: n, Total: total})
+			_ = p.ctl.Send(rank.Progress{Head: protocol.NewHead(rank.TypeProgress), Done: n, Total: total})
 			_ = p.ctl.Unix().SetWriteDeadline(time.Time{})
 		}
 	}

@@ -8,9 +8,9 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
 	"github.com/weightcache/weightcache/internal/scatter"
 )
 
@@ -73,7 +73,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		}
 	}()
 	for _, p := range procs {
-		be, err := daemon.NewBackend(p.Device, l.cfg.GPU)
+		be, err := rank.NewBackend(p.Device, l.cfg.GPU)
 		if err != nil {
 			return err
 		}
@@ -129,8 +129,8 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 // awaitReady waits for every rank of procs to report that it serves.
 func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 	for _, p := range procs {
-		var r daemon.RankReady
-		if err := p.expect(daemon.TypeRankReady, &r, ctx.Done()); err != nil {
+		var r rank.Ready
+		if err := p.expect(rank.TypeReady, &r, ctx.Done()); err != nil {
 			return err
 		}
 		p.mu.Lock()
@@ -169,7 +169,7 @@ func newCache(p *proc, id handover.Rank, rk scatter.Rank, res *scatter.Result, i
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	defer index.Free()
-	c := &handover.Cache{Msg: daemon.RankSegments{Head: headOf(daemon.TypeRankSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
+	c := &handover.Cache{Msg: rank.Segments{Head: headOf(rank.TypeSegments), Tensors: len(rk.Tensors), IndexSize: index.Size(),
 		LoadMS: res.Elapsed.Milliseconds(), ReadBytes: res.ReadBytes, Identity: identity}}
 	for _, t := range rk.Tensors {
 		c.Msg.DataBytes += t.NBytes

@@ -15,6 +15,8 @@ import (
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/metrics"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Rank states, as /health reports them (rankState.display).
@@ -37,11 +39,11 @@ type proc struct {
 	ctl    *protocol.Conn
 	frames frameQueue    // from the rank, read to its end of file
 	done   chan struct{} // closed once the process has exited and its frames are all read
-	spec   daemon.RankSpec
+	spec   rank.Spec
 	// Kept by the launcher across the rank's restarts: its socket, and
 	// its segments once filled (nil for ranks that load themselves or
 	// start empty: those start over).
-	sock  *daemon.Socket
+	sock  *sockets.Socket
 	cache *handover.Cache
 	// restarts counts the slot's restarts; failures, the consecutive
 	// restarts that died before serving (restart.go).
@@ -71,7 +73,7 @@ func (p *proc) String() string {
 // it spec. The daemon gets SIGTERM if the launcher dies (Pdeathsig), and
 // stops by itself when the socketpair closes: either way it drains and
 // removes its socket, which SIGKILL would leave behind.
-func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer, sock *daemon.Socket) (*proc, error) {
+func spawn(exe string, r Rank, spec rank.Spec, stderr io.Writer, sock *sockets.Socket) (*proc, error) {
 	fds, err := controlPair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair for rank %s: %w", r.Device, err)
@@ -111,9 +113,9 @@ func spawn(exe string, r Rank, spec daemon.RankSpec, stderr io.Writer, sock *dae
 }
 
 // giveSocket hands the rank a copy of its socket, which the launcher keeps.
-func (p *proc) giveSocket(sock *daemon.Socket) error {
+func (p *proc) giveSocket(sock *sockets.Socket) error {
 	p.sock = sock
-	if err := p.ctl.Send(protocol.NewHead(daemon.TypeRankSocket), sock.Files()...); err != nil {
+	if err := p.ctl.Send(protocol.NewHead(rank.TypeSocket), sock.Files()...); err != nil {
 		return fmt.Errorf("send its socket to %s: %w", p, err)
 	}
 	return nil
@@ -156,25 +158,25 @@ func (p *proc) read() {
 			return
 		}
 		switch fr.Type {
-		case daemon.TypeRankLease:
+		case rank.TypeLease:
 			p.keepLease(fr)
 			continue
-		case daemon.TypeRankLeaseEnd:
-			var m daemon.RankLeaseEnd
+		case rank.TypeLeaseEnd:
+			var m rank.LeaseEnd
 			if fr.Decode(&m) == nil {
 				p.endLease(m.ID)
 			}
 			continue
-		case daemon.TypeRankLeases:
+		case rank.TypeLeases:
 		default:
 			fr.CloseFiles() // only leases come with descriptors
 		}
-		if fr.Type == daemon.TypeRankPong {
+		if fr.Type == rank.TypePong {
 			p.pong()
 			continue
 		}
-		if fr.Type == daemon.TypeRankBye {
-			_ = p.ctl.Send(protocol.NewHead(daemon.TypeRankAck))
+		if fr.Type == rank.TypeBye {
+			_ = p.ctl.Send(protocol.NewHead(rank.TypeAck))
 			continue
 		}
 		p.frames.put(fr)
@@ -261,7 +263,7 @@ func (p *proc) rankState() metrics.RankState {
 
 // socketKept is the rank's socket as the launcher keeps it; nil once the
 // rank was given up.
-func (p *proc) socketKept() *daemon.Socket {
+func (p *proc) socketKept() *sockets.Socket {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sock
@@ -387,7 +389,7 @@ type heldLease struct {
 }
 
 func (p *proc) keepLease(fr *protocol.Frame) {
-	var m daemon.RankLease
+	var m rank.Lease
 	if fr.Decode(&m) != nil || len(fr.Files) != 1 {
 		fr.CloseFiles()
 		return

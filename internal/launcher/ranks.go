@@ -13,7 +13,7 @@ import (
 )
 
 // ParseDevices splits a --devices list ("host:0,host:1") and checks every
-// key. Keys are parsed here and made backends by daemon.NewBackend: a new
+// key. Keys are parsed here and made backends by rank.NewBackend: a new
 // backend adds its key in both.
 func ParseDevices(list string) ([]string, error) {
 	var out []string

@@ -83,7 +83,7 @@ func (l *launcher) join(ctx context.Context, cancel context.CancelCauseFunc) err
 		return nil
 	}
 	for _, g := range l.cfg.Groups {
-		fp, err := g.Checkpoint.Fingerprint(g.DType, lay.TP, 0, lay.DP, 0)
+		fp, err := g.Checkpoint.Fingerprint(checkpoint.Request{Model: g.Model, DType: g.DType, TPSize: lay.TP, DPSize: lay.DP})
 		if err != nil {
 			return err
 		}

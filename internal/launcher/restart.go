@@ -4,8 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/weightcache/weightcache/internal/daemon"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/rank"
 )
 
 // A rank daemon that dies once it served (any signal, any exit) is
@@ -149,7 +150,7 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 	// segments (their connections kept open by the launcher's copies):
 	// the replacement counts them, and drains them before it frees.
 	if leases, files := old.takeLeases(); len(files) > 0 {
-		err := daemon.SendLeases(p.ctl, leases, files)
+		err := rank.SendLeases(p.ctl, leases, files)
 		for _, f := range files {
 			_ = f.Close()
 		}

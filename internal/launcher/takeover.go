@@ -13,6 +13,8 @@ import (
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // predecessor is the preload a --takeover launch takes over (handover.go
@@ -51,7 +53,7 @@ func (l *launcher) adopt(src handover.Source) (adoption, error) {
 		if err != nil {
 			return err
 		}
-		return l.own.claim(protocol.OwnerPath(path), after, stepTimeout)
+		return l.own.claim(sockets.OwnerPath(path), after, stepTimeout)
 	}
 	a := adoption{succ: handover.NewSuccessor(src, l.handoverRanks(), now, claim)}
 	var err error
@@ -101,12 +103,12 @@ func (l *launcher) findPredecessor() (*predecessor, string, error) {
 		case none == "":
 			return pr, "", nil
 		}
-		s, err := daemon.TakeSocket(path)
+		s, err := sockets.Take(path)
 		if err == nil {
 			l.ctlSock = s
-			return nil, none, l.own.claim(protocol.OwnerPath(path), 0, stepTimeout)
+			return nil, none, l.own.claim(sockets.OwnerPath(path), 0, stepTimeout)
 		}
-		if !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+		if !errors.Is(err, sockets.ErrDeviceServed) || time.Now().After(deadline) {
 			return nil, "", fmt.Errorf("--takeover: control socket: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -244,10 +246,10 @@ func (l *launcher) takeSockets(ctx context.Context, procs []*proc) error {
 
 // takeFresh takes the socket at path as a first launch does, waiting
 // until deadline for a dying process to let go of it.
-func takeFresh(ctx context.Context, path string, deadline time.Time) (*daemon.Socket, error) {
+func takeFresh(ctx context.Context, path string, deadline time.Time) (*sockets.Socket, error) {
 	for {
-		s, err := daemon.TakeSocket(path)
-		if err == nil || !errors.Is(err, daemon.ErrDeviceServed) || time.Now().After(deadline) {
+		s, err := sockets.Take(path)
+		if err == nil || !errors.Is(err, sockets.ErrDeviceServed) || time.Now().After(deadline) {
 			return s, err
 		}
 		select {
@@ -285,7 +287,7 @@ func (l *launcher) takeSocketsAfresh(ctx context.Context, procs []*proc) error {
 			return err
 		}
 	}
-	return l.own.claim(protocol.OwnerPath(path), 0, time.Until(deadline))
+	return l.own.claim(sockets.OwnerPath(path), 0, time.Until(deadline))
 }
 
 // finishTakeover, once every rank serves, moves the predecessor's leases
@@ -296,9 +298,9 @@ func (l *launcher) finishTakeover() {
 		return
 	}
 	procs := l.procsSnapshot()
-	moved, err := pr.succ.Finish(func(rank int, leases []daemon.HandedLease, files []*os.File, last bool) error {
-		if err := procs[rank].ctl.Send(daemon.RankLeases{Head: headOf(daemon.TypeRankLeases), Leases: leases, Last: last}, files...); err != nil {
-			l.log.Warn("takeover: hand leases to a rank", "rank", procs[rank].String(), "err", err)
+	moved, err := pr.succ.Finish(func(i int, leases []daemon.HandedLease, files []*os.File, last bool) error {
+		if err := procs[i].ctl.Send(rank.Leases{Head: headOf(rank.TypeLeases), Leases: leases, Last: last}, files...); err != nil {
+			l.log.Warn("takeover: hand leases to a rank", "rank", procs[i].String(), "err", err)
 		}
 		return nil
 	})

@@ -6,9 +6,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/handover"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/rank"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // The predecessor as a handover.Source: the successor's side of the
@@ -21,7 +22,7 @@ func (pr *predecessor) Offer() (handover.Offer, error) {
 	if pr.offer.Adopt {
 		o.Caches = pr.offer.Segments
 		if o.Caches == nil {
-			o.Caches = []*daemon.RankSegments{}
+			o.Caches = []*rank.Segments{}
 		}
 	}
 	return o, nil
@@ -118,12 +119,12 @@ func socketsFrom(fr *protocol.Frame, req handover.SocketRequest) (handover.Socke
 		return handover.Sockets{}, fmt.Errorf("the predecessor sent %d descriptors for %d ranks (%d missing), want %d", len(fr.Files), len(req.Ranks), len(m.Missing), want)
 	}
 	files := fr.Files
-	take := func(path string) (*daemon.Socket, error) {
-		s, err := daemon.SocketFromFiles(path, files[0], files[1])
+	take := func(path string) (*sockets.Socket, error) {
+		s, err := sockets.FromFiles(path, files[0], files[1])
 		files = files[2:]
 		return s, err
 	}
-	out := handover.Sockets{Ranks: make([]*daemon.Socket, len(req.Ranks)), Generation: m.Generation}
+	out := handover.Sockets{Ranks: make([]*sockets.Socket, len(req.Ranks)), Generation: m.Generation}
 	fail := func(err error) (handover.Sockets, error) {
 		out.Close()
 		for _, f := range files {

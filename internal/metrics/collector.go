@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/status"
 )
 
 var rankLabels = []string{"group", "device", "tp_rank", "dp_rank"}
@@ -69,8 +69,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 // fetchStats asks every live rank for its stats at once; a rank that
 // cannot answer has nil stats and its error.
-func fetchStats(ranks []RankState) ([]*client.DaemonStatus, []error) {
-	stats := make([]*client.DaemonStatus, len(ranks))
+func fetchStats(ranks []RankState) ([]*status.Daemon, []error) {
+	stats := make([]*status.Daemon, len(ranks))
 	errs := make([]error, len(ranks))
 	var wg sync.WaitGroup
 	for i, r := range ranks {
@@ -80,14 +80,14 @@ func fetchStats(ranks []RankState) ([]*client.DaemonStatus, []error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			stats[i], errs[i] = client.StatsOf(context.Background(), r.Socket)
+			stats[i], errs[i] = status.Of(context.Background(), r.Socket)
 		}()
 	}
 	wg.Wait()
 	return stats, errs
 }
 
-func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string) {
+func emitStats(ch chan<- prometheus.Metric, st *status.Daemon, l []string) {
 	with := func(extra string) []string { return append(append([]string{}, l...), extra) }
 	ch <- prometheus.MustNewConstMetric(descResident, prometheus.GaugeValue, float64(st.Bytes), l...)
 	ch <- prometheus.MustNewConstMetric(descTensors, prometheus.GaugeValue, float64(st.Tensors), l...)
@@ -109,4 +109,4 @@ func emitStats(ch chan<- prometheus.Metric, st *client.DaemonStatus, l []string)
 
 // engineConns is the daemon's open connections less the one its stats
 // were asked on: the scrape is not a client of the cache.
-func engineConns(st *client.DaemonStatus) int { return max(st.Connections-1, 0) }
+func engineConns(st *status.Daemon) int { return max(st.Connections-1, 0) }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 )
 
 // ErrClosed: the peer closed or reset the connection before its reply
@@ -146,4 +147,26 @@ func (c *Conn) reply(ctx context.Context, want string, also ...string) (*Frame, 
 	}
 	fr.CloseFiles()
 	return nil, fmt.Errorf("%w: got a %q reply, want %q", ErrBadFrame, fr.Type, want)
+}
+
+// AskStats asks the daemon at socket path for its stats, within 2 s at
+// most: what describes a live daemon (internal/status) and the refusal a
+// second daemon for its device gets (internal/sockets) both start here.
+func AskStats(ctx context.Context, path string) (Stats, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var st Stats
+	conn, err := Dial(ctx, path)
+	if err != nil {
+		return st, fmt.Errorf("socket %s: %w", path, err)
+	}
+	defer conn.Close()
+	fr, err := conn.Call(ctx, NewHead(TypeStats), TypeStats)
+	if err != nil {
+		return st, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := fr.Decode(&st); err != nil {
+		return st, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return st, nil
 }

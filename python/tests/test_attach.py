@@ -2,6 +2,7 @@
 failures a real daemon does not produce on demand."""
 
 import ctypes
+import dataclasses
 import hashlib
 import fcntl
 import json
@@ -316,6 +317,16 @@ def test_replies_decode_into_their_dataclasses():
         protocol.Frame({"type": "manifest", "index_size": "64"}, []).reply(protocol.Manifest)
     with pytest.raises(protocol.ProtocolError, match="field tensors is bool"):
         protocol.Frame({"type": "manifest", "tensors": True}, []).reply(protocol.Manifest)
+    # null is a value only where the field is Optional; elsewhere the default stands.
+    assert protocol.Frame({"type": "ok", "identity": None, "state": None}, []).reply(protocol.OK) == protocol.OK()
+    with pytest.raises(protocol.ProtocolError, match="field segments is dict, want list"):
+        protocol.Frame({"type": "manifest", "segments": {}}, []).reply(protocol.Manifest)
+    # Every reply field's annotation names a JSON type that reply checks:
+    # a value of no JSON type is refused, naming the field.
+    for cls in (protocol.OK, protocol.Mismatch, protocol.Ready, protocol.Manifest, protocol.PublishSegments, protocol.Committed):
+        for f in dataclasses.fields(cls):
+            with pytest.raises(protocol.ProtocolError, match=f"field {f.name} is object"):
+                protocol.Frame({"type": "x", f.name: object()}, []).reply(cls)
 
 
 def test_busy_daemon_is_reported_as_busy(model, daemon, sock_dir):

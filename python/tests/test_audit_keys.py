@@ -1,5 +1,5 @@
 """weightcache audit checks --model-loader-extra-config for --load-format
-weightcache against internal/audit/facts/weightcache-plugin.json (made by
+weightcache against audit/facts/weightcache-plugin.json (made by
 make audit-facts): this holds that copy to the plugin's parse_options."""
 
 import dataclasses
@@ -10,7 +10,7 @@ import pytest
 
 from weightcache.vllm import Options, parse_options
 
-FACTS = os.path.join(os.path.dirname(__file__), "..", "..", "internal", "audit", "facts", "weightcache-plugin.json")
+FACTS = os.path.join(os.path.dirname(__file__), "..", "..", "audit", "facts", "weightcache-plugin.json")
 KEYS = json.load(open(FACTS))["keys"]
 GOOD = {"bool": False, "seconds": 2.5, "string": "/run/x"}
 

@@ -224,7 +224,7 @@ def test_symlinked_socket_dir_refused(sock_dir, tmp_path, suffix):
 
 
 def test_socket_dir_rule_is_0700_and_no_symlink_above(sock_dir, tmp_path):
-    # Go's CheckSocketDir and the docs say 0700 and no symlink; 0750 and a
+    # Go's sockets.CheckDir and the docs say 0700 and no symlink; 0750 and a
     # symlinked parent were accepted here.
     from weightcache import protocol
     loose = tmp_path / "loose"

@@ -54,7 +54,7 @@ def test_header(v):
     assert h.raw == raw and h.data_start == 8 + len(raw)
 
 
-SOCK = _load("internal", "protocol", "testdata", "socket_vectors.json")
+SOCK = _load("internal", "sockets", "testdata", "socket_vectors.json")
 
 
 @pytest.mark.parametrize("v", SOCK["socket_paths"], ids=lambda v: v["name"])

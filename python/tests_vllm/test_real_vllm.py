@@ -378,6 +378,33 @@ def _memfd_bytes(pid):
     return sum(seen.values())
 
 
+def _refused_unless_counted_free(llama, sock_dir, size):
+    """vLLM refuses a utilization that fits only if the daemon's pages
+    counted as free: 80% of them more than is available now. The margin is
+    what any other process may free meanwhile; a start that was not refused
+    counts only if the memory did not move by that much, else it measures
+    again (another test's engine exiting frees gigabytes at once). Returns
+    how many engines started, each a hit."""
+    from vllm.utils.cpu_resource_utils import get_memory_node_info
+    for started in range(3):
+        now = get_memory_node_info(0)
+        util = round((now.available_memory + size * 0.8) / now.total_memory, 3)
+        assert util < 1, (now, size)
+        try:
+            e = engines.llm(llama, "weightcache", strict(sock_dir), gpu_memory_utilization=util,
+                            kv_cache_memory_bytes=None)
+        except ValueError as err:
+            assert "is less than desired CPU memory utilization" in str(err), err
+            return started
+        engines.close(e)
+        then = get_memory_node_info(0)
+        moved = then.available_memory - now.available_memory
+        assert moved > size * 0.8, (
+            f"vLLM started at utilization {util} with the daemon holding {size} bytes and the available "
+            f"memory moved only {moved} bytes: the daemon's pages counted as free")
+    pytest.fail("the available memory moved by more than the margin on 3 tries: the machine is too busy to tell")
+
+
 def test_cpu_worker_memory_check_with_a_resident_daemon(llama, daemon, sock_dir, wc_bin, tmp_path):
     """vLLM's CPU worker refuses to start when the memory node's total times
     --gpu-memory-utilization exceeds what is free or file cache (vLLM 0.32
@@ -394,15 +421,10 @@ def test_cpu_worker_memory_check_with_a_resident_daemon(llama, daemon, sock_dir,
     # available estimate moves with every other process's page cache.
     assert _memfd_bytes(ballast.proc.pid) >= size
     daemon(llama, "--devices", "host")
-    now = get_memory_node_info(0)
-    # Half the daemon's pages more than is available now: fits only if they counted as free.
-    util = round((now.available_memory + size / 2) / now.total_memory, 3)
-    assert util < 1, (now, size)
-    with pytest.raises(ValueError, match="is less than desired CPU memory utilization"):
-        engines.llm(llama, "weightcache", strict(sock_dir), gpu_memory_utilization=util, kv_cache_memory_bytes=None)
+    started = _refused_unless_counted_free(llama, sock_dir, size)
     assert run(llama, "weightcache", strict(sock_dir)) == auto(llama)  # kv_cache_memory_bytes set
     hits = {s["device"]: s["handshakes"] for s in status(wc_bin, sock_dir)}
-    assert hits["host"] == {"hit": 1}
+    assert hits["host"] == {"hit": 1 + started}
 
 
 # -- what makes the daemon unfit, known once the model is built -------------

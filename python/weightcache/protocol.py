@@ -8,6 +8,7 @@ whoever receives a descriptor it did not ask for closes it.
 from __future__ import annotations
 
 import array
+import builtins
 import dataclasses
 import json
 import os
@@ -15,7 +16,10 @@ import socket
 import stat
 import struct
 import hashlib
-from typing import ClassVar, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Optional, TypeVar, Union
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 VERSION = 2  # 2: manifests place tensors through a mapped binary index (index.py)
 MAX_REPLY_FRAME = 256 << 20
@@ -40,7 +44,7 @@ class PeerRefused(ProtocolError):
 class WireError(Exception):
     """An "error" frame: a code from internal/protocol/errors.go and a message."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{message} ({code})")
         self.code = code
         self.message = message
@@ -50,7 +54,7 @@ class Timeout(Exception):
     """No reply within the deadline."""
 
 
-def default_socket_dir():
+def default_socket_dir() -> str:
     """$XDG_RUNTIME_DIR/weightcache, else /tmp/weightcache-<uid>, as in Go."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
@@ -59,9 +63,9 @@ def default_socket_dir():
     return os.path.join(tmp, f"weightcache-{os.getuid()}")
 
 
-def check_socket_dir(path):
+def check_socket_dir(path: str) -> None:
     """Refuse a directory another user could have planted, redirected or can
-    reach into, by the rule Go's protocol.CheckSocketDir applies."""
+    reach into, by the rule Go's sockets.CheckDir applies."""
     st = os.lstat(os.path.normpath(path))  # a trailing slash would follow a symlink
     if stat.S_ISLNK(st.st_mode):
         raise ProtocolError(f"unsafe socket directory: {path} is a symlink; use the directory it points to")
@@ -82,20 +86,20 @@ def check_socket_dir(path):
         p = os.path.dirname(p)
 
 
-def _sanitize(s):
+def _sanitize(s: str) -> str:
     ok = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
     return "".join(c if c in ok else "_" for c in s)
 
 
-def _join(directory, name):
+def _join(directory: str, name: str) -> str:
     # Go's filepath.Join cleans the path; the length that decides hashing
     # must be the one the daemon measured. normpath alone keeps a leading "//".
     p = os.path.normpath(os.path.join(directory, name))
     return "/" + p.lstrip("/") if p.startswith("//") else p
 
 
-def socket_path(directory, group, device):
-    """The socket of one daemon group on one device, as protocol.SocketPath names it."""
+def socket_path(directory: str, group: str, device: str) -> str:
+    """The socket of one daemon group on one device, as Go's sockets.Path names it."""
     p = _join(directory, f"{group}-{_sanitize(device)}.sock")
     if len(p.encode()) <= _MAX_SOCKET_PATH:
         return p
@@ -112,7 +116,7 @@ def socket_path(directory, group, device):
 
 @dataclasses.dataclass
 class Hello:
-    fingerprint: dict
+    fingerprint: dict[str, Any]  # Fingerprint.to_wire()
     device: str
     mode: str
     client: str
@@ -146,7 +150,7 @@ class Publish:
     wait_ms: int
     index_size: int
     tensors: int
-    identity: Optional[list] = None
+    identity: Optional[list[dict[str, Any]]] = None  # identity.stat_identity()
     type: ClassVar[str] = "publish"
 
 
@@ -167,30 +171,32 @@ def encode(msg: Request) -> bytes:
 
 # Replies, as the daemon sends them (internal/protocol/messages.go,
 # publish.go). Frame.reply(cls) decodes one: known fields are checked for
-# their JSON type, unknown ones ignored (a newer daemon may add some).
+# their JSON type, unknown ones ignored (a newer daemon may add some). Only
+# the outer JSON type is checked, so a list's items are Any: their reader
+# checks them (attach.map_manifest, identity.files_change).
 @dataclasses.dataclass
 class OK:
     state: str = ""
     device: str = ""
     daemon: str = ""
-    identity: Optional[list] = None
+    identity: Optional[list[Any]] = None
 
 
 @dataclasses.dataclass
 class Mismatch:
-    fields: list = dataclasses.field(default_factory=list)
+    fields: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class Ready:
     state: str = ""
-    identity: Optional[list] = None
+    identity: Optional[list[Any]] = None
 
 
 @dataclasses.dataclass
 class Manifest:
     device: str = ""
-    segments: list = dataclasses.field(default_factory=list)
+    segments: list[Any] = dataclasses.field(default_factory=list)
     tensors: int = 0
     bytes: int = 0
     index_size: int = 0
@@ -199,7 +205,7 @@ class Manifest:
 @dataclasses.dataclass
 class PublishSegments:
     device: str = ""
-    segments: list = dataclasses.field(default_factory=list)
+    segments: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -210,31 +216,42 @@ class Committed:
     fingerprint_sum: str = ""
 
 
-R = TypeVar("R")
-_JSON_TYPES = {"str": str, "int": int, "list": list, "Optional[list]": (list, type(None))}
+R = TypeVar("R", bound="DataclassInstance")
+_JSON_TYPES: dict[str, type] = {"str": str, "int": int, "list": list}
+
+
+def _json_type(annotation: str) -> tuple[type, bool]:
+    """The JSON type a reply field's annotation asks for (a string, under
+    `from __future__ import annotations`: "int", "list[Any]",
+    "Optional[list[Any]]"), and whether it may be null."""
+    optional = annotation.startswith("Optional[")
+    inner = annotation[len("Optional["):-1] if optional else annotation
+    return _JSON_TYPES[inner.split("[", 1)[0]], optional
 
 
 @dataclasses.dataclass
 class Frame:
     """One received frame: its decoded JSON and the descriptors that came with it."""
 
-    body: dict
+    body: dict[str, Any]
     fds: list[int]
 
     @property
     def type(self) -> Optional[str]:
-        return self.body.get("type")
+        t = self.body.get("type")
+        return t if isinstance(t, str) else None
 
-    def reply(self, cls: type[R]) -> R:
+    # builtins.type: in this class, "type" is the property above.
+    def reply(self, cls: builtins.type[R]) -> R:
         """The body as reply class cls; ProtocolError names a field of the
         wrong JSON type."""
-        kw = {}
+        kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name not in self.body or (self.body[f.name] is None and f.type != "Optional[list]"):
+            want, nullable = _json_type(str(f.type))
+            if f.name not in self.body or (self.body[f.name] is None and not nullable):
                 continue
             v = self.body[f.name]
-            want = _JSON_TYPES[f.type]
-            if not isinstance(v, want) or (isinstance(v, bool) and f.type == "int"):
+            if not (v is None or isinstance(v, want)) or (isinstance(v, bool) and want is int):
                 raise ProtocolError(f"{self.type} reply: field {f.name} is {type(v).__name__}, want {f.type}")
             kw[f.name] = v
         return cls(**kw)
@@ -262,7 +279,7 @@ def _check_peer(sock: socket.socket, path: str, want: int) -> None:
 class Conn:
     """One client connection. Strictly request/reply; not thread-safe."""
 
-    def __init__(self, path: str, timeout: Optional[float]):
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
@@ -284,7 +301,7 @@ class Conn:
         self.sock.sendall(struct.pack(">I", len(body)) + body)
 
     def recv(self, max_frame: int = MAX_REPLY_FRAME) -> Frame:
-        fds = []
+        fds: list[int] = []
         try:
             hdr = self._read(4, fds)
             (size,) = struct.unpack(">I", hdr)
@@ -299,7 +316,7 @@ class Conn:
             raise
         return Frame(body, fds)
 
-    def _read(self, n, fds):
+    def _read(self, n: int, fds: list[int]) -> bytes:
         buf = bytearray()
         space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
         while len(buf) < n:

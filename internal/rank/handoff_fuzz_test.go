@@ -1,4 +1,4 @@
-package daemon
+package rank
 
 import (
 	"errors"
@@ -17,12 +17,12 @@ func FuzzHandoff(f *testing.F) {
 	f.Add([]byte(`{"type":"rank_segments","version":2,"segments":[{"index":0,"size":-1}],"tensors":-5,"index_size":9223372036854775807}`))
 	f.Add([]byte(`{"type":"rank_segments","segments":[],"identity":[{"name":"a","ino":1}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fr := &protocol.Frame{Type: TypeRankSegments, Body: body}
-		var spec RankSpec
+		fr := &protocol.Frame{Type: TypeSegments, Body: body}
+		var spec Spec
 		if err := fr.Decode(&spec); err != nil && !errors.Is(err, protocol.ErrBadFrame) {
 			t.Fatalf("spec: %v", err)
 		}
-		var m RankSegments
+		var m Segments
 		if err := fr.Decode(&m); err != nil && !errors.Is(err, protocol.ErrBadFrame) {
 			t.Fatalf("segments: %v", err)
 		}

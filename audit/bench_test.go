@@ -56,7 +56,7 @@ var grepArgs = []string{
 // 3.5. A hand-written YAML parser for the block subset, since removed,
 // made it 2.0 and the realistic tree 0.9: not worth its 600 lines.
 //
-//	go test -run '^$' -bench AuditVsGrep -benchtime 10x -cpu 2 ./internal/audit/
+//	go test -run '^$' -bench AuditVsGrep -benchtime 10x -cpu 2 .  (in audit/)
 func BenchmarkAuditVsGrep(b *testing.B) {
 	dir := b.TempDir()
 	makeDeployTree(b, dir, 10000, func(rng *rand.Rand) bool { return rng.IntN(3) == 0 }, &generated)
@@ -69,7 +69,7 @@ func BenchmarkAuditVsGrep(b *testing.B) {
 // settings no rule knows, and each service folder also holds a README and
 // source the tools do not read.
 //
-//	go test -run '^$' -bench AuditVsGrepRealistic -benchtime 10x -cpu 2 ./internal/audit/
+//	go test -run '^$' -bench AuditVsGrepRealistic -benchtime 10x -cpu 2 .  (in audit/)
 func BenchmarkAuditVsGrepRealistic(b *testing.B) {
 	dir := b.TempDir()
 	makeDeployTree(b, dir, 10000, func(rng *rand.Rand) bool { return rng.IntN(20) == 0 }, &quiet)

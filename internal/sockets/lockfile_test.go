@@ -1,4 +1,4 @@
-package daemon
+package sockets
 
 import (
 	"errors"
@@ -18,16 +18,16 @@ func TestLockFileRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unlock(f)
+	defer Unlock(f)
 	if _, err := LockFile(path, nil); !errors.Is(err, syscall.EWOULDBLOCK) {
 		t.Fatalf("a second lock: %v, want EWOULDBLOCK", err)
 	}
-	if err := WriteRecord(f, pidRecord()); err != nil {
+	if err := WriteRecord(f, PIDRecord()); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
-	if err != nil || string(b) != string(pidRecord()) {
-		t.Fatalf("lock file holds %q (%v), want %q", b, err, pidRecord())
+	if err != nil || string(b) != string(PIDRecord()) {
+		t.Fatalf("lock file holds %q (%v), want %q", b, err, PIDRecord())
 	}
 }
 
@@ -38,7 +38,7 @@ func TestLockFileRefusesASymlink(t *testing.T) {
 	if err := os.Symlink(target, path); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LockFile(path, pidRecord()); !errors.Is(err, ErrSymlink) {
+	if _, err := LockFile(path, PIDRecord()); !errors.Is(err, ErrSymlink) {
 		t.Fatalf("lock through a symlink: %v, want ErrSymlink", err)
 	}
 	if _, err := os.Lstat(target); !errors.Is(err, os.ErrNotExist) {
@@ -53,7 +53,7 @@ func TestUnlockLeavesAReplacedFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "x.lock")
-	f, err := LockFile(path, pidRecord())
+	f, err := LockFile(path, PIDRecord())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,15 +64,15 @@ func TestUnlockLeavesAReplacedFile(t *testing.T) {
 	if err := os.Rename(other, path); err != nil {
 		t.Fatal(err)
 	}
-	unlock(f)
+	Unlock(f)
 	if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), "another holder") {
 		t.Fatalf("the file put at %s since: %q, %v; want it left", path, b, err)
 	}
-	g, err := LockFile(path, pidRecord())
+	g, err := LockFile(path, PIDRecord())
 	if err != nil {
 		t.Fatal(err)
 	}
-	unlock(g)
+	Unlock(g)
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("its own lock file left at %s: %v", path, err)
 	}

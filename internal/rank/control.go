@@ -1,96 +1,97 @@
-package daemon
+package rank
 
 import (
 	"fmt"
 	"os"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
-// The launcher (internal/launcher) talks to each rank daemon (ServeRank)
+// The launcher (internal/launcher) talks to each rank daemon (Serve)
 // over a socketpair, the daemon's fd 3, in protocol frames: spec ->,
 // <- listening, segments (with one fd per segment) ->, <- ready. The pair
 // stays open for the rank's lifetime: its end of file tells the rank that
 // the launcher is gone. While the launcher loads for a rank it sends
 // progress; once the rank is ready, pings, each answered with a pong.
 const (
-	TypeRankSpec      = "rank_spec"
-	TypeRankListening = "rank_listening"
-	TypeRankSegments  = "rank_segments"
-	TypeRankReady     = "rank_ready"
-	TypeRankProgress  = "rank_progress"
-	TypeRankPing      = "rank_ping"
-	TypeRankPong      = "rank_pong"
+	TypeSpec      = "rank_spec"
+	TypeListening = "rank_listening"
+	TypeSegments  = "rank_segments"
+	TypeReady     = "rank_ready"
+	TypeProgress  = "rank_progress"
+	TypePing      = "rank_ping"
+	TypePong      = "rank_pong"
 	// After the spec, the launcher sends the rank its socket (listener
-	// and lock descriptors), which it took and keeps (Socket).
-	TypeRankSocket = "rank_socket"
+	// and lock descriptors), which it took and keeps (sockets.Socket).
+	TypeSocket = "rank_socket"
 	// A successor's launcher sends its ready ranks the leases it took
 	// over; the predecessor's launcher asks its ranks for theirs with a
 	// handover, answered by leases frames, the last with Last set.
-	TypeRankLeases   = "rank_leases"
-	TypeRankHandover = "rank_handover"
+	TypeLeases   = "rank_leases"
+	TypeHandover = "rank_handover"
 	// A rank about to exit without having seen the launcher go says bye;
 	// a launcher that lives answers ack. A SIGTERM may be the launcher's
 	// death (Pdeathsig) arriving before its end of the channel closes:
 	// without an ack the rank waits for that end and lets go of its socket.
-	TypeRankBye = "rank_bye"
-	TypeRankAck = "rank_ack"
+	TypeBye = "rank_bye"
+	TypeAck = "rank_ack"
 	// A rank tells its launcher of every lease it grants, with a copy of
-	// the leased connection, and of every lease that ends (LeaseWatcher):
+	// the leased connection, and of every lease that ends (daemon.LeaseWatcher):
 	// a replacement is sent the leases still held, and counts them.
-	TypeRankLease    = "rank_lease"
-	TypeRankLeaseEnd = "rank_lease_end"
+	TypeLease    = "rank_lease"
+	TypeLeaseEnd = "rank_lease_end"
 )
 
-// RankLease is one lease granted, its connection's copy on the frame.
-type RankLease struct {
+// Lease is one lease granted, its connection's copy on the frame.
+type Lease struct {
 	protocol.Head
-	ID    uint64      `json:"id"`
-	Lease HandedLease `json:"lease"`
+	ID    uint64             `json:"id"`
+	Lease daemon.HandedLease `json:"lease"`
 }
 
-// RankLeaseEnd is a lease ended.
-type RankLeaseEnd struct {
+// LeaseEnd is a lease ended.
+type LeaseEnd struct {
 	protocol.Head
 	ID uint64 `json:"id"`
 }
 
-// launcherLeases is the LeaseWatcher of a rank: its launcher, over the
+// launcherLeases is the daemon.LeaseWatcher of a rank: its launcher, over the
 // control channel.
 type launcherLeases struct{ ctl *protocol.Conn }
 
-func (w launcherLeases) Leased(id uint64, l HandedLease, conn *os.File) {
+func (w launcherLeases) Leased(id uint64, l daemon.HandedLease, conn *os.File) {
 	defer conn.Close()
-	_ = w.ctl.Send(RankLease{Head: protocol.NewHead(TypeRankLease), ID: id, Lease: l}, conn)
+	_ = w.ctl.Send(Lease{Head: protocol.NewHead(TypeLease), ID: id, Lease: l}, conn)
 }
 
 func (w launcherLeases) Ended(id uint64) {
-	_ = w.ctl.Send(RankLeaseEnd{Head: protocol.NewHead(TypeRankLeaseEnd), ID: id})
+	_ = w.ctl.Send(LeaseEnd{Head: protocol.NewHead(TypeLeaseEnd), ID: id})
 }
 
-// RankHandover asks a rank to stop for a successor: with Leases it hands
+// Handover asks a rank to stop for a successor: with Leases it hands
 // its leased connections over (answered by leases frames); without, the
 // successor serves other bytes, and the leases drain here.
-type RankHandover struct {
+type Handover struct {
 	protocol.Head
 	Leases bool `json:"leases"`
 }
 
-// RankLeases carries leased connections, one descriptor per lease, in
+// Leases carries leased connections, one descriptor per lease, in
 // frames of at most protocol.MaxFDs.
-type RankLeases struct {
+type Leases struct {
 	protocol.Head
-	Leases []HandedLease `json:"leases"`
-	Last   bool          `json:"last"`
+	Leases []daemon.HandedLease `json:"leases"`
+	Last   bool                 `json:"last"`
 }
 
 // SendLeases sends leases over ctl in frames that respect the kernel's
 // per-message descriptor limit; the last frame has Last set.
-func SendLeases(ctl *protocol.Conn, leases []HandedLease, files []*os.File) error {
+func SendLeases(ctl *protocol.Conn, leases []daemon.HandedLease, files []*os.File) error {
 	for {
 		n := min(len(files), protocol.MaxFDs)
-		m := RankLeases{Head: protocol.NewHead(TypeRankLeases), Leases: leases[:n], Last: n == len(files)}
+		m := Leases{Head: protocol.NewHead(TypeLeases), Leases: leases[:n], Last: n == len(files)}
 		if err := ctl.Send(m, files[:n]...); err != nil {
 			return err
 		}
@@ -103,9 +104,9 @@ func SendLeases(ctl *protocol.Conn, leases []HandedLease, files []*os.File) erro
 
 // DecodeLeases reads one leases frame, pairing each lease with its
 // descriptor; on error every descriptor is closed.
-func DecodeLeases(fr *protocol.Frame) (RankLeases, error) {
-	var m RankLeases
-	if fr.Type != TypeRankLeases {
+func DecodeLeases(fr *protocol.Frame) (Leases, error) {
+	var m Leases
+	if fr.Type != TypeLeases {
 		fr.CloseFiles()
 		return m, fmt.Errorf("expected leases, got %q", fr.Type)
 	}
@@ -123,8 +124,8 @@ func DecodeLeases(fr *protocol.Frame) (RankLeases, error) {
 // ControlFD is the descriptor the rank daemon finds its socketpair end on.
 const ControlFD = 3
 
-// RankSpec is everything a rank daemon needs to start serving.
-type RankSpec struct {
+// Spec is everything a rank daemon needs to start serving.
+type Spec struct {
 	protocol.Head
 	Group       string                 `json:"group"`
 	Device      string                 `json:"device"`
@@ -136,7 +137,7 @@ type RankSpec struct {
 	// loader: GPU ranks under legacy IPC, whose memory dies with the
 	// process that allocated it.
 	SelfLoad bool `json:"self_load,omitempty"`
-	Settings
+	daemon.Settings
 	// Plan is what the sharding plan replicates, for status.
 	Plan *protocol.PlanReport `json:"plan,omitempty"`
 	// ControlSocket, for the launcher's first rank, is the launcher's
@@ -145,18 +146,18 @@ type RankSpec struct {
 	ControlSocket string `json:"control_socket,omitempty"`
 }
 
-// RankListening tells the launcher that the rank holds its socket.
-type RankListening struct {
+// Listening tells the launcher that the rank holds its socket.
+type Listening struct {
 	protocol.Head
 	Socket string `json:"socket"`
 	PID    int    `json:"pid"`
 }
 
-// RankSegments hands a rank its sealed segments and its manifest index (a
+// Segments hands a rank its sealed segments and its manifest index (a
 // sealed memfd of IndexSize bytes placing Tensors tensors of DataBytes in
 // all, as the daemon serves it): the fds ride on the frame in Segments
 // order, then the index's. Nothing per tensor travels as JSON.
-type RankSegments struct {
+type Segments struct {
 	protocol.Head
 	Segments  []protocol.Segment  `json:"segments"`
 	Tensors   int                 `json:"tensors"`
@@ -190,16 +191,16 @@ type FileBind struct {
 	Seals int    `json:"seals"`
 }
 
-// RankReady tells the launcher that the rank serves.
-type RankReady struct {
+// Ready tells the launcher that the rank serves.
+type Ready struct {
 	protocol.Head
 	Bytes int64 `json:"bytes"`
 	// LoadSeconds is the rank's own load, for ranks that load themselves.
 	LoadSeconds float64 `json:"load_seconds,omitempty"`
 }
 
-// RankProgress tells a rank how far the launcher's load for it has come.
-type RankProgress struct {
+// Progress tells a rank how far the launcher's load for it has come.
+type Progress struct {
 	protocol.Head
 	Done  int64 `json:"done"`
 	Total int64 `json:"total"`

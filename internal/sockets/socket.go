@@ -1,4 +1,4 @@
-package daemon
+package sockets
 
 import (
 	"context"
@@ -7,91 +7,52 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // ErrDeviceServed means another live daemon already serves the device.
 var ErrDeviceServed = errors.New("device already served")
 
-// listener is a daemon's socket plus the lock file that makes it ours.
-type listener struct {
-	*net.UnixListener
-	path string
-	lock *os.File
-	// shared is the Socket this listener is a copy of, when a launcher
-	// holds the socket: then only the last holder removes it.
-	shared    *Socket
-	closeOnce sync.Once
-	keep      atomic.Bool // close without removing the socket
-}
-
-// listen takes the socket at path for this process. A lock file beside it
-// (path + ".lock", flock'd for the daemon's lifetime) settles races between
-// two daemons starting at once; a socket file left by a dead daemon (connect
-// refused) is replaced, never trusted.
-func listen(path string) (*listener, error) {
-	lock, err := LockFile(path+".lock", pidRecord())
+// Listen takes the socket at path for this process: a listener bound
+// there, unlinked on close, and its lock file, held. The lock file beside
+// it (LockPath, flock'd for the daemon's lifetime) settles races between
+// two daemons starting at once; a socket file left by a dead daemon
+// (connect refused) is replaced, never trusted.
+func Listen(path string) (*net.UnixListener, *os.File, error) {
+	lock, err := LockFile(LockPath(path), PIDRecord())
 	if err != nil {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s", ErrDeviceServed, describeLive(path))
+			return nil, nil, fmt.Errorf("%w: %s", ErrDeviceServed, describeLive(path))
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	if err := removeStale(path); err != nil {
-		unlock(lock)
-		return nil, err
+		Unlock(lock)
+		return nil, nil, err
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		unlock(lock)
-		return nil, fmt.Errorf("listen on socket %s: %w", path, err)
+		Unlock(lock)
+		return nil, nil, fmt.Errorf("listen on socket %s: %w", path, err)
 	}
 	// Chmod follows symlinks: the path must still be the socket just bound.
 	if st, err := os.Lstat(path); err != nil || st.Mode()&os.ModeSocket == 0 {
 		_ = ln.Close()
-		unlock(lock)
-		return nil, fmt.Errorf("socket %s was replaced while binding it", path)
+		Unlock(lock)
+		return nil, nil, fmt.Errorf("socket %s was replaced while binding it", path)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		_ = ln.Close()
-		unlock(lock)
-		return nil, fmt.Errorf("chmod socket %s: %w", path, err)
+		Unlock(lock)
+		return nil, nil, fmt.Errorf("chmod socket %s: %w", path, err)
 	}
 	ln.SetUnlinkOnClose(true)
-	return &listener{UnixListener: ln, path: path, lock: lock}, nil
-}
-
-// close removes the socket, then the lock file while still holding the
-// lock, unless keep says that another process serves on it, or will.
-func (l *listener) close() {
-	l.closeOnce.Do(func() {
-		switch {
-		case l.shared != nil:
-			// The launcher that holds the socket decides whether it goes:
-			// a rank never removes a socket because it stops.
-			_ = l.UnixListener.Close()
-			l.shared.Close()
-		case l.keep.Load():
-			_ = l.UnixListener.Close()
-		default:
-			_ = l.UnixListener.Close()
-			unlock(l.lock)
-		}
-	})
-}
-
-// stopAccepting closes this process's listener only: a successor serves
-// the same socket from its own copy.
-func (l *listener) stopAccepting() {
-	l.keep.Store(true)
-	_ = l.UnixListener.Close()
+	return ln, lock, nil
 }
 
 // ErrSymlink is wrapped by a refusal of a symlink where weightcache makes
@@ -153,9 +114,9 @@ func WriteRecord(f *os.File, record []byte) error {
 	return nil
 }
 
-// pidRecord is what a socket's lock file says: the pid that serves it, of
+// PIDRecord is what a socket's lock file says: the pid that serves it, of
 // a fixed width (describeLive trims it).
-func pidRecord() []byte { return fmt.Appendf(nil, "%10d\n", os.Getpid()) }
+func PIDRecord() []byte { return fmt.Appendf(nil, "%10d\n", os.Getpid()) }
 
 // openNoFollow opens a file of the socket directory, refusing a symlink
 // (O_NOFOLLOW) and anything but a regular file (a FIFO would block a read).
@@ -177,11 +138,11 @@ func openNoFollow(path string, flag int) (*os.File, error) {
 	return f, nil
 }
 
-// unlock lets go of a lock file this process took, removing it first
-// (while still locked, so that nobody locks a file on its way out) if it
-// is still the file at its path: a file put there since is another
+// Unlock lets go of a lock file this process holds alone, removing it
+// first (while still locked, so that the next holder locks a fresh one)
+// if it is still the file at its path: a file put there since is another
 // process's lock, never this one's to remove.
-func unlock(f *os.File) {
+func Unlock(f *os.File) {
 	if sameFile(f, f.Name()) {
 		_ = os.Remove(f.Name())
 	}
@@ -216,7 +177,7 @@ func removeStale(path string) error {
 // describeLive names the daemon that holds path's lock, as well as it can.
 func describeLive(path string) string {
 	desc := "another weightcache daemon"
-	if f, err := openNoFollow(path+".lock", os.O_RDONLY); err == nil {
+	if f, err := openNoFollow(LockPath(path), os.O_RDONLY); err == nil {
 		b := make([]byte, 32)
 		n, _ := f.Read(b)
 		_ = f.Close()
@@ -224,7 +185,7 @@ func describeLive(path string) string {
 			desc += " (pid " + pid + ")"
 		}
 	}
-	if st, err := client.StatsOf(context.Background(), path); err == nil {
+	if st, err := protocol.AskStats(context.Background(), path); err == nil {
 		desc = fmt.Sprintf("weightcache daemon pid %d, state %s, model %s", st.PID, st.State, st.Model)
 	}
 	return desc + " serves socket " + path
@@ -258,21 +219,21 @@ func idOf(path string) fileID {
 	return fileID{uint64(st.Dev), uint64(st.Ino)}
 }
 
-// TakeSocket takes the socket at path, as a daemon does (see listen).
-func TakeSocket(path string) (*Socket, error) {
-	ln, err := listen(path)
+// Take takes the socket at path, as a daemon does (see Listen).
+func Take(path string) (*Socket, error) {
+	ln, lock, err := Listen(path)
 	if err != nil {
 		return nil, err
 	}
-	f, err := dupListener(ln.UnixListener)
+	f, err := dupListener(ln)
 	ln.SetUnlinkOnClose(false)
-	_ = ln.UnixListener.Close()
+	_ = ln.Close()
 	if err != nil {
-		unlock(ln.lock)
+		Unlock(lock)
 		_ = os.Remove(path)
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
-	return &Socket{Path: path, Listener: f, Lock: ln.lock, file: idOf(path)}, nil
+	return &Socket{Path: path, Listener: f, Lock: lock, file: idOf(path)}, nil
 }
 
 // dupListener copies l's descriptor without (*net.UnixListener).File,
@@ -281,11 +242,11 @@ func TakeSocket(path string) (*Socket, error) {
 // socket, shared by every copy in every process: a rank's accept would
 // then block its thread in the kernel, and its listener could not be
 // closed until a client connected.
-func dupListener(l *net.UnixListener) (*os.File, error) { return dupConn(l) }
+func dupListener(l *net.UnixListener) (*os.File, error) { return DupConn(l) }
 
-// dupConn copies a socket's descriptor, close-on-exec, without touching
+// DupConn copies a socket's descriptor, close-on-exec, without touching
 // its blocking mode (see dupListener).
-func dupConn(c syscall.Conn) (*os.File, error) {
+func DupConn(c syscall.Conn) (*os.File, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -301,11 +262,11 @@ func dupConn(c syscall.Conn) (*os.File, error) {
 	return os.NewFile(uintptr(fd), "socket"), nil
 }
 
-// SocketFromFiles is a Socket handed over by another process, checked:
+// FromFiles is a Socket handed over by another process, checked:
 // the listener must be a listening unix socket bound to path, and the lock
-// the file now at path + ".lock". It takes ownership of both files, and
+// the file now at LockPath(path). It takes ownership of both files, and
 // closes them when it refuses them.
-func SocketFromFiles(path string, ln, lock *os.File) (*Socket, error) {
+func FromFiles(path string, ln, lock *os.File) (*Socket, error) {
 	s := &Socket{Path: path, Listener: ln, Lock: lock, file: idOf(path)}
 	if err := s.Check(); err != nil {
 		s.Close()
@@ -334,7 +295,7 @@ func (s *Socket) Check() error {
 	if idOf(s.Path) != s.file {
 		return fmt.Errorf("socket %s: the file there was replaced since this process took it", s.Path)
 	}
-	if !sameFile(s.Lock, s.Path+".lock") {
+	if !sameFile(s.Lock, LockPath(s.Path)) {
 		return fmt.Errorf("socket %s: the lock handed over is not the file at %s.lock", s.Path, s.Path)
 	}
 	return nil
@@ -345,7 +306,7 @@ func sameFile(f *os.File, path string) bool {
 	return syscall.Fstat(int(f.Fd()), &held) == nil && syscall.Lstat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev
 }
 
-// Files are the descriptors to hand over, in the order SocketFromFiles
+// Files are the descriptors to hand over, in the order FromFiles
 // takes them. They stay the Socket's.
 func (s *Socket) Files() []*os.File { return []*os.File{s.Listener, s.Lock} }
 
@@ -373,24 +334,6 @@ func (s *Socket) Release() {
 	removeUnheld(s.Path, s.file, time.Second)
 }
 
-// socketListener serves on a copy of s.
-func socketListener(s *Socket) (*listener, error) {
-	fl, err := net.FileListener(s.Listener)
-	if err != nil {
-		return nil, fmt.Errorf("socket %s: %w", s.Path, err)
-	}
-	ul, ok := fl.(*net.UnixListener)
-	if !ok {
-		_ = fl.Close()
-		return nil, fmt.Errorf("socket %s is not a unix socket", s.Path)
-	}
-	ul.SetUnlinkOnClose(false)
-	// The lock file records who serves the device, for the message a
-	// second daemon gets.
-	_ = WriteRecord(s.Lock, pidRecord())
-	return &listener{UnixListener: ul, path: s.Path, lock: s.Lock, shared: s}, nil
-}
-
 // RemoveUnheld removes a socket and its lock file left by a process that
 // is gone, trying a held lock again for up to a second (see Release).
 func RemoveUnheld(path string) { removeUnheld(path, fileID{}, time.Second) }
@@ -400,7 +343,7 @@ func RemoveUnheld(path string) { removeUnheld(path, fileID{}, time.Second) }
 // path is still that file. A flock belongs to the open file, which every
 // copy handed over shares, so a fresh open locks only once all are gone.
 func removeUnheld(path string, want fileID, patience time.Duration) {
-	f, err := openNoFollow(path+".lock", os.O_RDWR)
+	f, err := openNoFollow(LockPath(path), os.O_RDWR)
 	if err != nil {
 		return
 	}
@@ -412,9 +355,9 @@ func removeUnheld(path string, want fileID, patience time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !sameFile(f, path+".lock") || (want != fileID{} && idOf(path) != want) {
+	if !sameFile(f, LockPath(path)) || (want != fileID{} && idOf(path) != want) {
 		return
 	}
 	_ = os.Remove(path)
-	_ = os.Remove(path + ".lock")
+	_ = os.Remove(LockPath(path))
 }

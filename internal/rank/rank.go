@@ -1,4 +1,9 @@
-package daemon
+// Package rank is the rank process (`weightcache daemon`, started by the
+// launcher once per device and group): it takes the socket its launcher
+// hands it, runs the device server (internal/daemon) on it, and speaks the
+// control channel on fd 3 (control.go) for as long as it lives: segments
+// in, ready out, pings, leases, and its side of a handover.
+package rank
 
 import (
 	"context"
@@ -13,20 +18,22 @@ import (
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/protocol"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
-// ServeRank is the rank daemon (`weightcache daemon`): it takes its socket
+// Serve is the rank daemon (`weightcache daemon`): it takes its socket
 // in state loading, waits for the launcher's segments, serves them, and
 // drains when ctx ends (SIGINT/SIGTERM) or the launcher goes away.
-func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error {
+func Serve(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error {
 	launcher := getppid()
 	fr, err := ctl.Recv()
 	if err != nil {
 		return fmt.Errorf("read rank spec from the launcher: %w", err)
 	}
-	var spec RankSpec
-	if err := fr.Decode(&spec); err != nil || fr.Type != TypeRankSpec {
+	var spec Spec
+	if err := fr.Decode(&spec); err != nil || fr.Type != TypeSpec {
 		return fmt.Errorf("rank spec from the launcher: type %q: %v", fr.Type, err)
 	}
 	if !spec.SelfLoad {
@@ -47,7 +54,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		sock.Close()
 		return errors.Join(err, be.Close())
 	}
-	if err := ctl.Send(RankListening{Head: protocol.NewHead(TypeRankListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
+	if err := ctl.Send(Listening{Head: protocol.NewHead(TypeListening), Socket: d.Socket(), PID: os.Getpid()}); err != nil {
 		d.Shutdown(context.Background())
 		return fmt.Errorf("rank %s: tell the launcher: %w", spec.Device, err)
 	}
@@ -59,7 +66,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	released := make(chan struct{})
 	go func() {
 		<-gone
-		d.launcherGone(spec)
+		launcherGone(d, spec)
 		close(released)
 	}()
 	acked := make(chan struct{})
@@ -67,7 +74,7 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 		select {
 		case <-gone:
 		default:
-			if ctl.Send(protocol.NewHead(TypeRankBye)) == nil {
+			if ctl.Send(protocol.NewHead(TypeBye)) == nil {
 				select {
 				case <-acked:
 					return
@@ -87,21 +94,21 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 				close(gone)
 				return
 			}
-			if fr.Type == TypeRankAck {
+			if fr.Type == TypeAck {
 				close(acked)
 				continue
 			}
-			if fr.Type == TypeRankProgress {
-				var pr RankProgress
+			if fr.Type == TypeProgress {
+				var pr Progress
 				if fr.Decode(&pr) == nil {
 					d.SetProgress(pr.Done, pr.Total)
 				}
 				continue
 			}
-			if fr.Type == TypeRankPing {
+			if fr.Type == TypePing {
 				// Pings come only once this rank said ready, so this is
 				// the only sender left.
-				_ = ctl.Send(protocol.NewHead(TypeRankPong))
+				_ = ctl.Send(protocol.NewHead(TypePong))
 				continue
 			}
 			frames <- fr
@@ -110,18 +117,18 @@ func ServeRank(ctx context.Context, ctl *protocol.Conn, log *slog.Logger) error 
 	switch {
 	case spec.PublishOnly:
 		// Nothing to wait for: the daemon starts empty and engines fill it.
-		err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady)})
+		err = ctl.Send(Ready{Head: protocol.NewHead(TypeReady)})
 	case spec.SelfLoad:
 		if err = d.Load(ctx); err == nil {
 			st := d.Stats()
-			err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady), Bytes: st.Bytes, LoadSeconds: st.LoadSeconds})
+			err = ctl.Send(Ready{Head: protocol.NewHead(TypeReady), Bytes: st.Bytes, LoadSeconds: st.LoadSeconds})
 		}
 	default:
 		select {
 		case fr := <-frames:
 			err = adoptFrame(d, be, spec, fr)
 			if err == nil {
-				err = ctl.Send(RankReady{Head: protocol.NewHead(TypeRankReady), Bytes: d.Stats().Bytes})
+				err = ctl.Send(Ready{Head: protocol.NewHead(TypeReady), Bytes: d.Stats().Bytes})
 			}
 		case <-ctx.Done():
 			err = fmt.Errorf("rank %s interrupted while loading%s", spec.Device, launcherDied(launcher))
@@ -158,17 +165,17 @@ func NewBackend(device string, gpu cuda.Options) (backend.Backend, error) {
 // awaitSocket waits for the socket the launcher took for this rank. It
 // may come long after the spec: a successor preload gets it from its
 // predecessor once its own segments are filled.
-func awaitSocket(ctl *protocol.Conn, spec RankSpec) (*Socket, error) {
+func awaitSocket(ctl *protocol.Conn, spec Spec) (*sockets.Socket, error) {
 	for {
 		fr, err := ctl.Recv()
 		if err != nil {
 			return nil, fmt.Errorf("rank %s: launcher went away before handing over its socket: %w", spec.Device, err)
 		}
 		switch fr.Type {
-		case TypeRankProgress:
+		case TypeProgress:
 			fr.CloseFiles()
 			continue
-		case TypeRankSocket:
+		case TypeSocket:
 		default:
 			fr.CloseFiles()
 			return nil, fmt.Errorf("rank %s: expected its socket from the launcher, got %q", spec.Device, fr.Type)
@@ -177,12 +184,12 @@ func awaitSocket(ctl *protocol.Conn, spec RankSpec) (*Socket, error) {
 			fr.CloseFiles()
 			return nil, fmt.Errorf("rank %s: socket frame with %d descriptors, want a listener and a lock", spec.Device, len(fr.Files))
 		}
-		path, err := protocol.SocketPath(spec.SocketDir, spec.Group, spec.Device)
+		path, err := sockets.Path(spec.SocketDir, spec.Group, spec.Device)
 		if err != nil {
 			fr.CloseFiles()
 			return nil, err
 		}
-		return SocketFromFiles(path, fr.Files[0], fr.Files[1])
+		return sockets.FromFiles(path, fr.Files[0], fr.Files[1])
 	}
 }
 
@@ -190,7 +197,7 @@ func awaitSocket(ctl *protocol.Conn, spec RankSpec) (*Socket, error) {
 // leases a successor's launcher sends, or handing this rank's over when a
 // predecessor's launcher asks. handed reports the latter: then the rank
 // has stopped, leaving its socket to the successor.
-func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-chan *protocol.Frame, gone <-chan struct{}, log *slog.Logger) (handed bool, err error) {
+func serveReady(ctx context.Context, d *daemon.Daemon, ctl *protocol.Conn, frames <-chan *protocol.Frame, gone <-chan struct{}, log *slog.Logger) (handed bool, err error) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -200,7 +207,7 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 			return false, nil
 		case fr := <-frames:
 			switch fr.Type {
-			case TypeRankLeases:
+			case TypeLeases:
 				m, err := DecodeLeases(fr)
 				if err == nil {
 					err = d.AdoptLeases(m.Leases, fr.Files)
@@ -210,12 +217,12 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 				} else {
 					log.Info("adopted leases from the predecessor", "leases", len(m.Leases))
 				}
-			case TypeRankHandover:
-				var m RankHandover
+			case TypeHandover:
+				var m Handover
 				err := fr.Decode(&m)
 				fr.CloseFiles()
 				if err == nil && !m.Leases {
-					d.ln.stopAccepting()
+					d.StopAccepting()
 					if n := d.Leases(); n > 0 {
 						log.Info("successor serves another load: draining leases here", "leases", n)
 					}
@@ -241,7 +248,7 @@ func serveReady(ctx context.Context, d *Daemon, ctl *protocol.Conn, frames <-cha
 	}
 }
 
-func startRank(spec RankSpec, be backend.Backend, sock *Socket, leases LeaseWatcher, log *slog.Logger) (*Daemon, error) {
+func startRank(spec Spec, be backend.Backend, sock *sockets.Socket, leases daemon.LeaseWatcher, log *slog.Logger) (*daemon.Daemon, error) {
 	// Only a rank that loads itself reads the checkpoint: the launcher
 	// parsed every header once for the others.
 	var ckpt *checkpoint.Checkpoint
@@ -251,7 +258,7 @@ func startRank(spec RankSpec, be backend.Backend, sock *Socket, leases LeaseWatc
 			return nil, err
 		}
 	}
-	return Start(Config{
+	return daemon.Start(daemon.Config{
 		Settings: spec.Settings, Model: spec.Model, Checkpoint: ckpt, Fingerprint: spec.Fingerprint,
 		DType: spec.Fingerprint.DType, Backend: be, Group: spec.Group, Logger: log, PlanReport: spec.Plan, Socket: sock, Leases: leases,
 	})
@@ -259,12 +266,12 @@ func startRank(spec RankSpec, be backend.Backend, sock *Socket, leases LeaseWatc
 
 // adoptFrame imports the segments on fr and serves them. The frame's fds are
 // owned by the segments once imported; the rest are closed.
-func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame) error {
-	if fr.Type != TypeRankSegments {
+func adoptFrame(d *daemon.Daemon, be backend.Backend, spec Spec, fr *protocol.Frame) error {
+	if fr.Type != TypeSegments {
 		fr.CloseFiles()
 		return fmt.Errorf("rank %s: expected segments from the launcher, got %q", spec.Device, fr.Type)
 	}
-	var m RankSegments
+	var m Segments
 	if err := fr.Decode(&m); err != nil {
 		fr.CloseFiles()
 		return err
@@ -325,14 +332,10 @@ func adoptFrame(d *Daemon, be backend.Backend, spec RankSpec, fr *protocol.Frame
 // it any more; the first rank clears the dead launcher's control socket
 // the same way. The owner file stays: it records the generation, which the
 // next launcher continues.
-func (d *Daemon) launcherGone(spec RankSpec) {
-	d.log.Info("launcher went away: letting go of the socket")
-	d.ln.stopAccepting()
-	if d.ln.shared != nil {
-		d.ln.shared.Release()
-	}
+func launcherGone(d *daemon.Daemon, spec Spec) {
+	d.LauncherGone()
 	if spec.ControlSocket != "" {
-		RemoveUnheld(spec.ControlSocket)
+		sockets.RemoveUnheld(spec.ControlSocket)
 	}
 }
 

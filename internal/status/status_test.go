@@ -1,4 +1,4 @@
-package client
+package status
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"github.com/weightcache/weightcache/internal/protocol"
 )
 
-// DaemonStatus encodes as the daemon's stats message does, field for
+// Daemon encodes as the daemon's stats message does, field for
 // field: `weightcache status --json` prints it.
 func TestDaemonStatusJSON(t *testing.T) {
 	st := protocol.Stats{
@@ -24,7 +24,7 @@ func TestDaemonStatusJSON(t *testing.T) {
 		want, _ := json.Marshal(in)
 		got, err := json.Marshal(statusOf(in))
 		if err != nil || !bytes.Equal(got, want) {
-			t.Fatalf("DaemonStatus JSON\n%s\nwant\n%s (%v)", got, want, err)
+			t.Fatalf("Daemon JSON\n%s\nwant\n%s (%v)", got, want, err)
 		}
 	}
 }
