@@ -116,6 +116,9 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 	t.Helper()
 	p := &preloadProc{cmd: cmd, stderr: &logBuffer{}, lines: make(chan string, 16)}
 	cmd.Stderr = p.stderr
+	// Its ranks share its stderr and may outlive it (draining leases):
+	// Wait must not wait for them to close it.
+	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -183,6 +183,19 @@ func leasesIn(t *testing.T, dir string) int {
 	return n
 }
 
+func carriedIn(t *testing.T, dir string) int {
+	t.Helper()
+	sts, err := client.Status(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, st := range sts {
+		n += st.LeasesCarried
+	}
+	return n
+}
+
 // --takeover from a preload that calls itself one version to one of
 // another, at TP 4 with a draft group, while 100 engines hold leases: the
 // leases move with their connections, the successor serves new engines

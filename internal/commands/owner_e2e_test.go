@@ -569,14 +569,24 @@ func TestLeasesCountedAcrossRankRestarts(t *testing.T) {
 		}
 		held = append(held, w)
 	}
+	// Cleanups run last first: the leases end before the preload is killed,
+	// whose ranks would otherwise drain them, holding its stderr open.
+	t.Cleanup(func() {
+		for _, w := range held {
+			_ = w.Close()
+		}
+	})
 	rank := int(readyRanks(t, p)[0]["pid"].(float64))
 	for i, want := range []int{3, 2} {
+		// A lease reaches the launcher only after its reply is out: a kill
+		// before that takes it with the rank (protocol.Stats.LeasesCarried).
+		waitFor(t, fmt.Sprintf("restart %d: the launcher holding the %d leases", i+1, want), func() bool { return carriedIn(t, dir) == want })
 		if err := syscall.Kill(rank, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		ev := p.event(t, "rank_restarted")
 		rank = int(ev["new_pid"].(float64))
-		waitFor(t, fmt.Sprintf("restart %d: the replacement counting the %d leases held", i+1, want), func() bool { return leasesIn(t, dir) == want })
+		waitFor(t, fmt.Sprintf("restart %d: the replacement counting the %d leases held", i+1, want), func() bool { return leasesIn(t, dir) == want && carriedIn(t, dir) == want })
 		for _, w := range held {
 			intact(t, w)
 		}

@@ -59,8 +59,9 @@ type Config struct {
 // so that a rank that dies takes no lease with it, and its replacement
 // counts (and drains) the leases its engines still hold.
 type LeaseWatcher interface {
-	// Leased takes ownership of conn.
-	Leased(id uint64, l HandedLease, conn *os.File)
+	// Leased takes ownership of conn. An error is a lease the watcher
+	// never heard of: a restart of this rank will not count it.
+	Leased(id uint64, l HandedLease, conn *os.File) error
 	Ended(id uint64)
 }
 
@@ -102,6 +103,7 @@ type Daemon struct {
 	pub     publishState
 	handing bool       // HandOver began: sessions stop between requests
 	leaseID uint64     // the last lease's, for the LeaseWatcher
+	carried int        // leases the LeaseWatcher holds a copy of
 	handed  []*session // leased sessions stopped for the successor
 
 	wg       sync.WaitGroup
@@ -273,6 +275,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		TotalBytes:     d.total.Load(),
 		LoadSeconds:    d.loadSecs,
 		Leases:         d.leases,
+		LeasesCarried:  d.carried,
 		LeasesRefused:  d.refused,
 		Connections:    len(d.conns),
 		QueuedFDs:      d.queuedFDs,
@@ -368,13 +371,23 @@ func (d *Daemon) watchLease(s *session) {
 	d.leaseID++
 	s.leaseID = d.leaseID
 	d.mu.Unlock()
-	w.Leased(s.leaseID, HandedLease{PID: s.pid, Hello: hello}, conn)
+	if err := w.Leased(s.leaseID, HandedLease{PID: s.pid, Hello: hello}, conn); err != nil {
+		d.log.Warn("lease not reported to the launcher: a restart of this rank will not count it", "pid", s.pid, "err", err)
+		s.leaseID = 0
+		return
+	}
+	d.mu.Lock()
+	d.carried++
+	d.mu.Unlock()
 }
 
 // unwatchLease tells the LeaseWatcher that s's lease ended here.
 func (d *Daemon) unwatchLease(s *session) {
 	if s.leaseID != 0 && d.cfg.Leases != nil {
 		d.cfg.Leases.Ended(s.leaseID)
+		d.mu.Lock()
+		d.carried--
+		d.mu.Unlock()
 	}
 	s.leaseID = 0
 }

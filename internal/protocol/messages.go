@@ -156,15 +156,20 @@ type Stats struct {
 	TotalBytes     int64                  `json:"total_bytes,omitempty"` // what loading reads in all
 	LoadSeconds    float64                `json:"load_seconds"`
 	Leases         int                    `json:"leases"`
-	LeaseLimit     int                    `json:"lease_limit"`    // leases granted at most, in all
-	LeasesRefused  int64                  `json:"leases_refused"` // a process's cap, or the table full
-	Connections    int                    `json:"connections"`
-	QueuedFDs      int                    `json:"queued_fds"` // in replies not known to be read
-	Handshakes     map[string]int64       `json:"handshakes"`
-	Mismatches     map[string]int64       `json:"mismatches"`
-	Releases       int64                  `json:"releases"`
-	Plan           *PlanReport            `json:"plan,omitempty"` // tensor-parallel ranks only
-	Error          string                 `json:"error,omitempty"`
+	// LeasesCarried are the leases whose connection the rank's launcher
+	// holds a copy of: those a restart of the rank keeps. A lease is told
+	// to the launcher only once its reply is out, so a rank killed in
+	// between loses it (its engine's connection closes with the rank).
+	LeasesCarried int              `json:"leases_carried,omitempty"`
+	LeaseLimit    int              `json:"lease_limit"`    // leases granted at most, in all
+	LeasesRefused int64            `json:"leases_refused"` // a process's cap, or the table full
+	Connections   int              `json:"connections"`
+	QueuedFDs     int              `json:"queued_fds"` // in replies not known to be read
+	Handshakes    map[string]int64 `json:"handshakes"`
+	Mismatches    map[string]int64 `json:"mismatches"`
+	Releases      int64            `json:"releases"`
+	Plan          *PlanReport      `json:"plan,omitempty"` // tensor-parallel ranks only
+	Error         string           `json:"error,omitempty"`
 }
 
 // PlanReport says what a tensor-parallel sharding plan left whole on every

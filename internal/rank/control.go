@@ -61,9 +61,9 @@ type LeaseEnd struct {
 // control channel.
 type launcherLeases struct{ ctl *protocol.Conn }
 
-func (w launcherLeases) Leased(id uint64, l daemon.HandedLease, conn *os.File) {
+func (w launcherLeases) Leased(id uint64, l daemon.HandedLease, conn *os.File) error {
 	defer conn.Close()
-	_ = w.ctl.Send(Lease{Head: protocol.NewHead(TypeLease), ID: id, Lease: l}, conn)
+	return w.ctl.Send(Lease{Head: protocol.NewHead(TypeLease), ID: id, Lease: l}, conn)
 }
 
 func (w launcherLeases) Ended(id uint64) {

@@ -35,6 +35,7 @@ type Daemon struct {
 	TotalBytes     int64            `json:"total_bytes,omitempty"` // what loading reads in all
 	LoadSeconds    float64          `json:"load_seconds"`
 	Leases         int              `json:"leases"`
+	LeasesCarried  int              `json:"leases_carried,omitempty"` // those a restart of the rank keeps (its launcher holds their connections)
 	LeaseLimit     int              `json:"lease_limit"`    // leases the daemon grants at most
 	LeasesRefused  int64            `json:"leases_refused"` // a process over its cap, or the table full
 	Connections    int              `json:"connections"`
@@ -69,7 +70,7 @@ func statusOf(st protocol.Stats) Daemon {
 		Type: st.Type, Version: st.Version, Device: st.Device, Group: st.Group, State: st.State, PID: st.PID,
 		Socket: st.Socket, Model: st.Model, Fingerprint: Fingerprint(st.Fingerprint), FingerprintSum: st.FingerprintSum,
 		Tensors: st.Tensors, Bytes: st.Bytes, Segments: st.Segments, LoadedBytes: st.LoadedBytes, TotalBytes: st.TotalBytes,
-		LoadSeconds: st.LoadSeconds, Leases: st.Leases, LeaseLimit: st.LeaseLimit, LeasesRefused: st.LeasesRefused,
+		LoadSeconds: st.LoadSeconds, Leases: st.Leases, LeasesCarried: st.LeasesCarried, LeaseLimit: st.LeaseLimit, LeasesRefused: st.LeasesRefused,
 		Connections: st.Connections, QueuedFDs: st.QueuedFDs, Handshakes: st.Handshakes,
 		Mismatches: st.Mismatches, Releases: st.Releases, Error: st.Error,
 	}
