@@ -40,11 +40,13 @@ test-go: build $(TESTREPORT)
 
 # Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
 # when they are missing (root and apt): scripts/apt-install.sh lists every
-# package first, refuses to upgrade installed ones unless APT_UPGRADE=1,
-# and leaves no service enabled.
+# package first and leaves no service enabled. The Python tests are part of
+# make test, so here the upgrades torch's dependencies need (on a fresh
+# Debian 12, point-release updates of 8 installed libraries such as mesa's)
+# are allowed, named before apt runs; APT_UPGRADE=0 refuses them.
 python-deps:
 	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || \
-		scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
+		APT_UPGRADE=$${APT_UPGRADE:-1} scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
 
 test-python: build python-deps
 	$(MAKE) typecheck-python
