@@ -10,13 +10,12 @@ import os
 import posixpath
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from . import checkpoint, dtypes, safetensors
 from .checkpoint import INDEX_NAME, Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
-    from .attach import Weights
     from .checkpoint import Shard
     from .fingerprint import Fingerprint, Request
     from .safetensors import Entry
@@ -165,7 +164,16 @@ def quick_fingerprint(req: Request) -> tuple[Fingerprint, str]:
     return c.fingerprint(req), c.dir
 
 
-def verify_content(weights: Weights, ckpt: Checkpoint, dtype: str) -> None:
+class ServedCRCs(Protocol):
+    """What verify_content reads of an attach (attach.Weights): a protocol,
+    so that this module, which attach imports, imports nothing of it."""
+
+    def __len__(self) -> int: ...
+
+    def crc32c(self, name: str) -> int: ...
+
+
+def verify_content(weights: ServedCRCs, ckpt: Checkpoint, dtype: str) -> None:
     """Raise ValueError naming the first tensor whose CRC-32C, read from
     ckpt as served in dtype, differs from the daemon's."""
     try:

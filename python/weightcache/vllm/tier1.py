@@ -6,26 +6,22 @@ post-processing as always; nothing model-specific is ours."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from .. import cuda, processed
 from ..attach import Weights
 from ..source import MissError
-
-if TYPE_CHECKING:
-    from .loader import WeightcacheModelLoader
+from .tier import Loader
 
 log = logging.getLogger("vllm.weightcache")
 
 
-def load_checkpoint(loader: WeightcacheModelLoader, vllm_config: Any, model_config: Any, prefix: str,
-                    dev: torch.device, publish_to: Optional[str] = None) -> torch.nn.Module:
+def load_checkpoint(loader: Loader, vllm_config: Any, model_config: Any, prefix: str,
+                    dev: torch.device) -> torch.nn.Module:
     """vLLM's DefaultModelLoader.load_model, fed by the host daemon where
-    the checkpoint is one it may serve; then publish_to, if given, gets
-    the model's processed weights (tier 2's first start)."""
-    from .tier2 import publish_processed  # tier 2 builds on this one
+    the checkpoint is one it may serve."""
     loader.tier = "checkpoint"
     regs: list[cuda.HostRegistration] = []
     if loader.ckpt is not None:
@@ -44,12 +40,10 @@ def load_checkpoint(loader: WeightcacheModelLoader, vllm_config: Any, model_conf
         for reg in regs:
             reg.close()
         loader.drop_daemon_weights()  # vLLM copied what it needed
-    if publish_to is not None:
-        publish_processed(loader, model, publish_to)
     return model
 
 
-def rescue(loader: WeightcacheModelLoader, model: torch.nn.Module, model_config: Any,
+def rescue(loader: Loader, model: torch.nn.Module, model_config: Any,
            dev: torch.device) -> torch.nn.Module:
     """A tier-2 model whose restore was undone, loaded the tier-1 way. It
     is built already (a second build would register its layers twice): its

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -15,10 +15,9 @@ from .. import processed, source
 from ..publish import AlreadyPublished, BusyError, publish
 from ..source import MissError
 from .engine import ENGINE, Rank, device_scope, engine_config, processed_key
+from .tier import Loader
 from .tier1 import load_checkpoint, register_host, rescue
 
-if TYPE_CHECKING:
-    from .loader import WeightcacheModelLoader
 
 log = logging.getLogger("vllm.weightcache")
 
@@ -42,7 +41,7 @@ class BareOnMeta(torch.overrides.TorchFunctionMode):
         return func(*args, **kw)
 
 
-def load_processed(loader: WeightcacheModelLoader, vllm_config: Any, model_config: Any, prefix: str,
+def load_processed(loader: Loader, vllm_config: Any, model_config: Any, prefix: str,
                    dev: torch.device, r: Rank) -> torch.nn.Module:
     api = loader.api
     key = processed_key(r, dev)
@@ -56,7 +55,9 @@ def load_processed(loader: WeightcacheModelLoader, vllm_config: Any, model_confi
         loader.info = e.info
         if e.info.publish_wanted:
             log.info("weightcache: processed layout of %s is empty: tier checkpoint, then publish", key)
-            return load_checkpoint(loader, vllm_config, model_config, prefix, dev, publish_to=key)
+            loaded = load_checkpoint(loader, vllm_config, model_config, prefix, dev)
+            publish_processed(loader, loaded, key)
+            return loaded
         log.info("weightcache: no processed layout on %s (%s): tier checkpoint", key, e.info)
         return load_checkpoint(loader, vllm_config, model_config, prefix, dev)
     loader.tier = "processed"
@@ -98,11 +99,11 @@ def load_processed(loader: WeightcacheModelLoader, vllm_config: Any, model_confi
     return model.eval()
 
 
-def publish_processed(loader: WeightcacheModelLoader, model: torch.nn.Module, key: str) -> None:
+def publish_processed(loader: Loader, model: torch.nn.Module, key: str) -> None:
     """Publish model's processed weights to the daemon key; a failure is
     logged and the engine runs on (MissError with fallback off)."""
     ckpt, o = loader.ckpt, loader.options
-    assert ckpt is not None  # publish_to is set only where the checkpoint was found
+    assert ckpt is not None  # a processed layout is asked for only where the checkpoint was found
     try:
         tensors, _ = processed.capture(model)
         reply = publish(ckpt.model, tensors, ENGINE, loader.api.version, revision=ckpt.revision,
