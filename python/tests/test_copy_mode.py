@@ -33,7 +33,12 @@ def every_dtype(tmp_path_factory):
         except (TypeError, ValueError):
             continue  # torch cannot hold it: the Python client has no tensor to give
         for kind, shape in SHAPES.items():
-            want[f"{dt}.{kind}"] = (dt, shape, rng.randbytes(dtypes.nbytes(dt, shape)))
+            try:
+                n = dtypes.nbytes(dt, shape)
+                dtypes.torch_shape(dt, shape)
+            except (TypeError, ValueError):
+                continue  # an F4 scalar is not whole bytes; an odd last F4 dimension has no torch shape
+            want[f"{dt}.{kind}"] = (dt, shape, rng.randbytes(n))
     want["U8.odd"] = ("U8", [3, 5], rng.randbytes(15))
     want["I8.odd"] = ("I8", [7], rng.randbytes(7))
     header, blobs, off = {}, [], 0
@@ -70,7 +75,7 @@ def test_copy_mode_every_dtype_byte_for_byte(every_dtype, daemon, sock_dir, wc_b
     assert sorted(w) == sorted(want)
     for name, (dt, shape, data) in want.items():
         t = w[name]
-        assert t.dtype == dtypes.to_torch(dt) and list(t.shape) == shape, name
+        assert t.dtype == dtypes.to_torch(dt) and list(t.shape) == dtypes.torch_shape(dt, shape), name
         assert raw(t) == data, name
     gc.collect()
     assert daemon_maps() == before, "copy mode left a mapping of the daemon's memory"
@@ -97,5 +102,5 @@ def test_copies_outlive_writes_and_the_daemon(every_dtype, daemon, sock_dir, wc_
     wait_for(lambda: gone(pid))
     for name, t in copies.items():
         assert raw(t) == b"\xa5" * len(want[name][2]), name
-        t.zero_()
+        t.reshape(-1).view(torch.uint8).zero_()  # not every dtype has a fill (F4 has none)
         assert raw(t) == bytes(len(want[name][2])), name

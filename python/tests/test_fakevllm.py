@@ -23,8 +23,8 @@ from vllm import _fake  # noqa: E402
 from vllm.config import (CacheConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig,  # noqa: E402
                          set_current_vllm_config)
 from vllm.model_executor.layers import rotary_embedding  # noqa: E402
+from vllm.model_executor.layers.quantization import fp8  # noqa: E402
 from vllm.model_executor.model_loader import DefaultModelLoader, get_model, get_model_loader  # noqa: E402
-from vllm.model_executor.model_loader.tensorizer import MetaTensorMode  # noqa: E402
 from vllm.model_executor.model_loader.utils import initialize_model  # noqa: E402
 from vllm.model_executor.model_loader.weight_utils import safe_open  # noqa: E402
 from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
@@ -45,7 +45,9 @@ def write_safetensors(path, named):
     """As safetensors writes a file (safetensors/src/tensor.rs prepare):
     tensors by descending dtype, then name; the header padded to 8 bytes."""
     st = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int8: "I8", torch.float16: "F16"}
-    order = ["I8", "F16", "BF16", "F32"]  # the Dtype enum's order
+    if hasattr(torch, "float8_e4m3fn"):
+        st[torch.float8_e4m3fn] = "F8_E4M3"
+    order = ["I8", "F8_E4M3", "F16", "BF16", "F32"]  # the Dtype enum's order
     header, blobs, off = {}, [], 0
     for name in sorted(named, key=lambda n: (-order.index(st[named[n].dtype]), n)):
         t = named[name].contiguous()
@@ -261,11 +263,12 @@ def fresh_rope():
 
 def test_cos_sin_cache_is_real_after_meta_build(tiny, rank0, fresh_rope):
     """rotary_embedding/base.py:58-63: a non-persistent buffer computed in
-    __init__; tensorizer.py:89's build sends bare torch.empty to meta only, so
-    weights are meta and the cache is real. get_rope caches the module
-    (__init__.py:83), so the next build reuses it."""
+    __init__; tier 2's build (BareOnMeta, after tensorizer.py:89) sends bare
+    torch.empty to meta only, so weights are meta and the cache is real.
+    get_rope caches the module (__init__.py:83), so the next build reuses it."""
+    from weightcache.vllm.tier2 import BareOnMeta
     cfg = engine(tiny)
-    with set_default_torch_dtype(torch.bfloat16), MetaTensorMode():
+    with set_default_torch_dtype(torch.bfloat16), BareOnMeta():
         model = initialize_model(vllm_config=cfg)
     rope = model.model.layers[0].self_attn.rotary_emb
     assert "model.layers.0.self_attn.rotary_emb.cos_sin_cache" not in model.state_dict()
@@ -376,16 +379,19 @@ def test_missing_weight_is_an_error(tiny, tmp_path, rank0):
         load(engine(d))
 
 
+FP8_MAX = 127 if fp8.FP8_DTYPE == torch.int8 else 448  # the quantized dtype's largest value
+
+
 def fp8_checkpoint(tiny, out, activation_scheme="dynamic"):
-    """The tiny model with every projection per-tensor quantized: int8 (the
-    stand-in for e4m3) weight, float32 weight_scale (and input_scale for
-    static activations), and kv scales."""
+    """The tiny model with every projection per-tensor quantized: e4m3 (int8,
+    the fake's stand-in, where torch has no float8) weight, float32
+    weight_scale (and input_scale for static activations), and kv scales."""
     os.makedirs(out)
     named = {}
     for k, v in tensors(tiny).items():
         if k.endswith("_proj.weight"):
-            scale = v.float().abs().max() / 127
-            named[k] = (v.float() / scale).round().clamp(-128, 127).to(torch.int8)
+            scale = v.float().abs().max() / FP8_MAX
+            named[k], _ = fp8.scaled_fp8_quant(v, scale)
             named[k[:-len("weight")] + "weight_scale"] = scale.reshape(())
             if activation_scheme == "static":
                 named[k[:-len("weight")] + "input_scale"] = torch.tensor(0.01 * (1 + len(named) % 7))
@@ -414,7 +420,7 @@ def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
     model = load(cfg)
     attn = model.model.layers[0].self_attn
     w = attn.qkv_proj.weight
-    assert w.dtype == torch.int8 and w.shape == (128, 256) and w.stride() == (1, 128) and not w.is_contiguous()
+    assert w.dtype == fp8.FP8_DTYPE and w.shape == (128, 256) and w.stride() == (1, 128) and not w.is_contiguous()
     p = "model.layers.0.self_attn."
     scales = [named[p + f"{s}_proj.weight_scale"] for s in "qkv"]
     smax = max(scales)
@@ -426,8 +432,8 @@ def test_fp8_post_processing(tiny, tmp_path, rank0, activation_scheme):
         assert attn.qkv_proj.input_scale.dim() == 0 and attn.qkv_proj.input_scale == want
         assert isinstance(attn.qkv_proj.input_scale, torch.nn.Parameter)
     for (lo, hi), s, scale in zip(((0, 128), (128, 192), (192, 256)), "qkv", scales):
-        want = (named[p + f"{s}_proj.weight"].float() * scale / smax).round().clamp(-128, 127).to(torch.int8)
-        assert torch.equal(w[:, lo:hi].t(), want), s
+        want, _ = fp8.scaled_fp8_quant(fp8.per_tensor_dequantize(named[p + f"{s}_proj.weight"], scale), smax)
+        assert torch.equal(w[:, lo:hi].t().contiguous().view(torch.uint8), want.view(torch.uint8)), s
     for name in ("k_scale", "v_scale", "q_scale", "prob_scale"):
         assert not hasattr(attn.attn, name)
         assert not any(n.endswith("attn." + name) for n, _ in model.named_parameters())

@@ -8,6 +8,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -191,8 +192,10 @@ def test_manifest_random_is_refused_or_in_bounds():
 
 def test_unreadable_checkpoint_names_the_file(model):
     """An unreadable shard is a CheckpointError naming the file and the
-    cause, as Go's error names it, never a bare PermissionError. Run as
-    another uid when root, since root reads anything."""
+    cause, as Go's error names it, never a bare PermissionError. Root
+    reads anything: as root it runs with every capability dropped (the file
+    is root's and mode 0, so root as its owner is refused, while this
+    interpreter, which may live under root's 0700 home, still runs)."""
     import tempfile
     top = tempfile.mkdtemp(prefix="wcperm")  # reachable by the other uid
     os.chmod(top, 0o755)
@@ -205,11 +208,9 @@ def test_unreadable_checkpoint_names_the_file(model):
               "try:\n    attach(sys.argv[1], socket_dir='/nonexistent')\n"
               "except CheckpointError as e:\n    print('CheckpointError', e)\n")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    kw = {}
-    if os.geteuid() == 0:
-        kw = dict(user=65534, group=65534, extra_groups=[])
-    out = subprocess.run(["/usr/bin/python3", "-c", script, m, os.path.join(root, "python")],
-                         capture_output=True, text=True, **kw)
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"] if os.geteuid() == 0 else []
+    out = subprocess.run([*drop, sys.executable, "-c", script, m, os.path.join(root, "python")],
+                         capture_output=True, text=True)
     shutil.rmtree(top)
     assert out.stdout.startswith("CheckpointError unreadable checkpoint") and shard in out.stdout, (out.stdout, out.stderr)
 

@@ -151,3 +151,22 @@ def test_publish_refused_by_a_preloaded_daemon(model, daemon, sock_dir):
         publish(model, {"x": torch.ones(2)}, socket_dir=sock_dir, **ENGINE)
     with pytest.raises(ValueError, match="engine is required"):
         publish(model, {"x": torch.ones(2)}, socket_dir=sock_dir, engine="")
+
+
+@pytest.mark.skipif(not hasattr(torch, "float4_e2m1fn_x2"), reason="this torch has no F4 dtype")
+def test_publish_f4_in_the_files_shape(model, daemon, sock_dir, wc_bin):
+    """torch holds F4 two to an element: a published [4, 3] float4_e2m1fn_x2
+    tensor is 12 bytes, F4 [4, 6] in the daemon's index (as a checkpoint
+    stores it), and attaches back as torch's [4, 3]."""
+    daemon(model, "--publish-only")
+    raw = torch.arange(12, dtype=torch.uint8)
+    f4 = raw.view(torch.float4_e2m1fn_x2).reshape(4, 3)
+    publish(model, {"w": f4}, socket_dir=sock_dir, **ENGINE)
+    got, info = attach(model, socket_dir=sock_dir, fallback=False, **ENGINE)
+    assert info.hit and got["w"].dtype == torch.float4_e2m1fn_x2 and list(got["w"].shape) == [4, 3]
+    assert torch.equal(got["w"].reshape(-1).view(torch.uint8), raw)
+    got.close()
+    # Go reads the index as the format defines F4: 12 bytes, the same ones.
+    out = subprocess.run([wc_bin, "attach", "--model", model, "--socket-dir", sock_dir, "--json", "--digest",
+                          "--engine", "testengine", "--engine-version", "1.0"], check=True, capture_output=True, text=True).stdout
+    assert json.loads(out)["digest"] == {"w": hashlib.sha256(bytes(range(12))).hexdigest()}

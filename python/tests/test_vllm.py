@@ -95,6 +95,8 @@ def rank_prelude(model):
 def write_safetensors(path, tensors):
     """A safetensors file of name -> tensor (int8, float32, bfloat16)."""
     codes = {torch.int8: "I8", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+    if hasattr(torch, "float8_e4m3fn"):
+        codes[torch.float8_e4m3fn] = "F8_E4M3"
     header, blobs, off = {}, [], 0
     for name, t in tensors.items():
         raw = bytes(t.contiguous().reshape(-1).view(torch.uint8).tolist())
@@ -112,6 +114,7 @@ def fp8_model(model, tmp_path):
     """The tiny checkpoint with every projection quantized per tensor, as an
     FP8 checkpoint stores it (int8 where torch has no float8, as the fake
     does): weight plus a float32 weight_scale."""
+    from vllm.model_executor.layers.quantization import fp8
     from weightcache.checkpoint import resolve
     from weightcache.fallback import load_from_disk
     out = tmp_path / "fp8"
@@ -120,8 +123,8 @@ def fp8_model(model, tmp_path):
     for name, t in sorted(load_from_disk(resolve(model), "").items()):
         if name.endswith("_proj.weight"):
             w = t.float()
-            scale = w.abs().max() / 127
-            tensors[name] = (w / scale).round().clamp(-128, 127).to(torch.int8)
+            scale = w.abs().max() / (127 if fp8.FP8_DTYPE == torch.int8 else 448)
+            tensors[name], _ = fp8.scaled_fp8_quant(w, scale)
             tensors[name[:-len("weight")] + "weight_scale"] = scale.reshape(())
         else:
             tensors[name] = t
@@ -142,7 +145,8 @@ def test_tier1_fp8_checkpoint(fp8_model, daemon, sock_dir):
     m, got, read, _ = engine(fp8_model, socket_dir=sock_dir)
     assert torch.equal(got, want) and disk_read > 0 and read == 0
     w = m.model.layers[0].self_attn.qkv_proj.weight
-    assert w.dtype == torch.int8 and not w.is_contiguous(), (w.shape, w.stride())  # transposed by process_weights_after_loading
+    from vllm.model_executor.layers.quantization import fp8
+    assert w.dtype == fp8.FP8_DTYPE and not w.is_contiguous(), (w.shape, w.stride())  # transposed by process_weights_after_loading
     from weightcache import attach
     from weightcache.checkpoint import resolve
     from weightcache.fallback import load_from_disk

@@ -101,7 +101,7 @@ class Weights(Mapping[str, torch.Tensor]):
         if want != n:
             raise protocol.ProtocolError(f"tensor {name}: {n} bytes do not match dtype {dt} and shape {list(shape)}")
         try:
-            return self._bases[seg][off:off + n].view(dtypes.to_torch(dt)).reshape(shape)
+            return self._bases[seg][off:off + n].view(dtypes.to_torch(dt)).reshape(dtypes.torch_shape(dt, shape))
         except RuntimeError as e:  # an offset not aligned for the dtype, say
             raise protocol.ProtocolError(f"tensor {name}: {e}") from None
 

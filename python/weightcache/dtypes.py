@@ -92,6 +92,28 @@ def nbytes(name: str, shape: Sequence[int]) -> int:
     return total // 8
 
 
+def torch_shape(name: str, shape: Sequence[int]) -> list[int]:
+    """The shape torch gives a tensor the file describes. torch holds F4
+    two to an element (float4_e2m1fn_x2), so its last dimension halves;
+    one that is odd (or a scalar) has no torch shape."""
+    if bits(name) != 4:
+        return list(shape)
+    if not shape or shape[-1] % 2:
+        raise TypeError(f"{name} shape {list(shape)} has no torch shape: torch holds F4 two to an element, "
+                        "so its last dimension must be even")
+    return [*shape[:-1], shape[-1] // 2]
+
+
+def file_shape(name: str, shape: Sequence[int]) -> list[int]:
+    """The file's shape of a torch tensor of dtype name: torch_shape's
+    inverse."""
+    if bits(name) != 4:
+        return list(shape)
+    if not shape:
+        raise TypeError(f"{name}: a scalar torch tensor of two F4 values has no safetensors shape")
+    return [*shape[:-1], shape[-1] * 2]
+
+
 def normalize(s: str) -> str:
     """Go's NormalizeDType: user spellings to torch names, "" for auto."""
     v = s.strip().lower()

@@ -33,7 +33,7 @@ def load_from_disk(ckpt: Checkpoint, dtype: str, device: Optional[torch.device] 
                 # Clone first: a fresh allocation is aligned for any dtype,
                 # whatever the file's offsets were.
                 raw = base[start + entry.begin:start + entry.end].clone()
-                t = raw.view(dtypes.to_torch(entry.dtype)).reshape(entry.shape)
+                t = raw.view(dtypes.to_torch(entry.dtype)).reshape(dtypes.torch_shape(entry.dtype, entry.shape))
                 if served != entry.dtype:
                     t = t.to(dtypes.to_torch(served))
                 if device is not None and device.type != "cpu":

@@ -179,7 +179,7 @@ def verify_content(weights: ServedCRCs, ckpt: Checkpoint, dtype: str) -> None:
     try:
         import crcmod.predefined
     except ImportError:
-        raise ValueError("verify_content needs crcmod (Debian: python3-crcmod) for CRC-32C") from None
+        raise ValueError("verify_content needs crcmod for CRC-32C: pip install crcmod (Debian: apt-get install python3-crcmod)") from None
     crc32c: Callable[[Any], int] = crcmod.predefined.mkCrcFun("crc-32c")
     import torch
     served = ckpt.served(dtype)

@@ -104,7 +104,7 @@ class Publisher:
                 raise ValueError(f"publish: tensor name {name!r} is empty or listed twice")
             seen.add(name)
             st = dtypes.from_torch(dt)
-            dims = [int(d) for d in shape]
+            dims = dtypes.file_shape(st, [int(d) for d in shape])  # the daemon's index holds the file's shape
             sizes.append(dtypes.nbytes(st, dims))
             self.entries[name] = {"name": name, "dtype": st, "shape": dims, "nbytes": sizes[-1]}
         places, self.sizes = pack(sizes)
@@ -158,7 +158,7 @@ class Publisher:
         e = self.entries.get(name)
         if e is None:
             raise KeyError(f"publish: tensor {name} was not planned")
-        if dtypes.from_torch(tensor.dtype) != e["dtype"] or list(tensor.shape) != e["shape"]:
+        if dtypes.from_torch(tensor.dtype) != e["dtype"] or list(tensor.shape) != dtypes.torch_shape(e["dtype"], e["shape"]):
             raise ValueError(f"publish: tensor {name} is {tensor.dtype} {list(tensor.shape)}, planned {e['dtype']} {e['shape']}")
         if not self.fds:
             raise PublishError(f"publish: tensor {name}: publisher is not open")

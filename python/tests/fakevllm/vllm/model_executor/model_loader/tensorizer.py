@@ -7,17 +7,13 @@ loading is an error (tensorizer.py:486)."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# torch 2 dispatches torch.empty(n) without a device kwarg; torch 1.13 always
-# passes one, the default (cpu), so there a cpu device counts as not given.
-_OLD_TORCH = int(torch.__version__.split(".")[0]) < 2
-
-
 class MetaTensorMode(TorchDispatchMode):
+    """As vLLM's: at the dispatch level, where torch 1.13 and 2.13 alike pass
+    the default device (cpu) to aten::empty, so on the CPU it moves nothing."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        given = kwargs.get("device")
-        if func._schema.name == "aten::empty" and (
-                "device" not in kwargs or (_OLD_TORCH and given == torch.device("cpu"))):
+        if func._schema.name == "aten::empty" and "device" not in kwargs:
             kwargs["device"] = "meta"
         return func(*args, **kwargs)
 
