@@ -251,7 +251,11 @@ def test_miss_another_revision(llama, daemon, sock_dir, caplog):
     daemon(llama, "--devices", "host")
     caplog.set_level(logging.INFO, "vllm.weightcache")
     assert run(llama, "weightcache", {"socket_dir": sock_dir}, revision="v2") == auto(llama)
-    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon ''); loading from disk"]
+    fix = (f"the daemon serves {llama}; for this engine start `weightcache preload --model {llama} --socket-dir DIR` "
+           "(a directory of its own, with the engine's --dtype and --revision) and point the engine's --socket-dir at DIR, "
+           "or give the engine the daemon's values above")
+    assert fallback_lines(caplog) == [f'weightcache: fallback: fingerprint_mismatch (revision: engine "v2", daemon ""); '
+                                      f"{fix}; loading from disk"]
     with pytest.raises(Exception, match="weight cache miss, fingerprint_mismatch"):
         engines.llm(llama, "weightcache", strict(sock_dir), revision="v2")
 
