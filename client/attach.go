@@ -58,7 +58,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 		w.Source = src
 		return w, nil
 	}
-	src.Fix = fix(src, model, o.socketDir)
+	src.Fix = fix(src, model, o.socketDir, sockets.DefaultDir())
 	if !o.fallback {
 		return nil, &MissError{Source: src}
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
-	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Reason says why an engine did not get its weights from the daemon.
@@ -120,21 +119,32 @@ func (s Source) String() string {
 }
 
 // fix is the next step after a miss of model, for the reasons a person
-// can act on; socketDir is where the engine looked.
-func fix(s Source, model, socketDir string) string {
+// can act on; socketDir is where the engine looked and defaultDir the
+// directory a preload without --socket-dir serves. Pinned, with String,
+// by testdata/miss_vectors.json, which the Python client passes too.
+func fix(s Source, model, socketDir, defaultDir string) string {
 	switch s.Reason {
 	case ReasonNoDaemon:
 		start := "weightcache preload --model " + model
-		if socketDir != sockets.DefaultDir() {
+		if socketDir != defaultDir {
 			start += " --socket-dir " + socketDir
 		}
-		return fmt.Sprintf("start `%s`, or point --socket-dir (or XDG_RUNTIME_DIR) at the running daemon's (`weightcache status --socket-dir DIR` lists what a directory serves)", start)
+		return fmt.Sprintf("start `%s`, or point --socket-dir (or XDG_RUNTIME_DIR) at the running daemon's: "+
+			"a preload started from a login shell and an engine started by systemd or in a container "+
+			"see different XDG_RUNTIME_DIRs (`weightcache status --socket-dir DIR` lists what a directory serves)", start)
 	case ReasonFingerprintMismatch, ReasonDeviceMismatch:
-		served := "the daemon"
+		served := "the daemon serves another fingerprint"
 		if s.DaemonModel != "" {
-			served += " serves " + s.DaemonModel
+			served = "the daemon serves " + s.DaemonModel
 		}
-		return fmt.Sprintf("%s: give the engine the daemon's values above, or preload %s with the engine's (another --socket-dir keeps both)", served, model)
+		start, with := "weightcache preload --model "+model, "with the engine's --dtype and --revision"
+		for _, f := range s.Fields {
+			if f.Field == "device" {
+				start, with = start+" --devices "+f.Want, "the engine's device"
+			}
+		}
+		return fmt.Sprintf("%s; for this engine start `%s --socket-dir DIR` (a directory of its own, %s) "+
+			"and point the engine's --socket-dir at DIR, or give the engine the daemon's values above", served, start, with)
 	}
 	return ""
 }

@@ -95,6 +95,31 @@ def test_fallback_reasons(model, daemon, sock_dir):
     assert info.reason == "fingerprint_mismatch" and {f["field"] for f in info.fields} == {"tp_rank", "tp_size"}
 
 
+def test_a_miss_names_the_daemons_model_and_the_fix_as_go_does(model, synth, daemon, sock_dir, wc_bin):
+    """Against one real daemon, Python's and Go's attach report the same
+    miss: the model the daemon serves, and the command that fixes it."""
+    other = synth("tiny", 1, "f16")
+
+    def go(m):
+        out = subprocess.run([wc_bin, "attach", "--model", m, "--socket-dir", sock_dir, "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    _, info = attach(model, socket_dir=sock_dir)
+    assert info.reason == "no_daemon" and info.fix.startswith(
+        f"start `weightcache preload --model {model} --socket-dir {sock_dir}`, or point --socket-dir (or XDG_RUNTIME_DIR)")
+    assert str(info).endswith("; " + info.fix) and go(model)["fix"] == info.fix
+    daemon(model)
+    _, info = attach(other, socket_dir=sock_dir)
+    assert info.reason == "fingerprint_mismatch" and info.daemon_model == model
+    assert info.fix.startswith(f"the daemon serves {model}; for this engine start "
+                               f"`weightcache preload --model {other} --socket-dir DIR`"), info.fix
+    g = go(other)
+    assert (g["reason"], g["daemon_model"], g["fix"]) == (info.reason, info.daemon_model, info.fix)
+    with pytest.raises(MissError) as e:
+        attach(other, socket_dir=sock_dir, fallback=False)
+    assert str(e.value).endswith("; " + info.fix)
+
+
 def test_strict_miss_raises_with_reason(model, daemon, sock_dir):
     with pytest.raises(MissError) as e:
         attach(model, socket_dir=sock_dir, fallback=False)

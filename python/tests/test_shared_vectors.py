@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from weightcache import checkpoint, dtypes, identity, protocol
+from weightcache import checkpoint, dtypes, identity, protocol, source
 from weightcache.publish import ALIGNMENT, MAX_SEGMENT, pack
 from weightcache.safetensors import FormatError, parse_header
 
@@ -158,3 +158,18 @@ def test_cuda_names_are_the_go_bindings():
     assert len(checked) >= 10
     wrong = [(n, bound[_unversioned(n)]) for n in checked if n not in bound[_unversioned(n)]]
     assert not wrong, f"cuda.py calls these names, Go binds the others: {wrong}"
+
+
+MISS = _load("client", "testdata", "miss_vectors.json")
+
+
+@pytest.mark.parametrize("v", MISS["misses"], ids=lambda v: v["name"])
+def test_miss_says_what_go_says(v):
+    """The same fix (the daemon's model, the command to run) and the same
+    text as Go's client.Source and MissError."""
+    info = source.miss(v["reason"], v.get("detail", ""), v.get("fields"))
+    info.daemon_model = v.get("daemon_model", "")
+    info.fix = source.fix_for(info, v["model"], v["socket_dir"], v["default_socket_dir"])
+    assert info.fix == v["fix"]
+    assert str(info) == v["message"]
+    assert str(source.MissError(info)) == v["error"]

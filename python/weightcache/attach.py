@@ -269,6 +269,8 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
     if weights is None or not info.hit:
+        info.fix = source.fix_for(info, os.fspath(model), socket_dir or protocol.default_socket_dir(),
+                                  protocol.default_socket_dir())
         if not fallback:
             raise MissError(info)
         ckpt = resolve(model, revision)
@@ -402,9 +404,12 @@ _EXCHANGE_ERRORS = (OSError, ValueError, protocol.ProtocolError, protocol.WireEr
 
 
 def _mismatch(fr: protocol.Frame) -> AttachInfo:
-    fields: list[dict[str, str]] = fr.reply(protocol.Mismatch).fields
+    m: protocol.Mismatch = fr.reply(protocol.Mismatch)
+    fields: list[dict[str, str]] = m.fields
     reason = source.DEVICE_MISMATCH if any(f.get("field") == "device" for f in fields) else source.FINGERPRINT_MISMATCH
-    return miss(reason, fields=fields)
+    info = miss(reason, fields=fields)
+    info.daemon_model = m.model
+    return info
 
 
 def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str, key: str, mode: str,

@@ -185,6 +185,9 @@ class OK:
 @dataclasses.dataclass
 class Mismatch:
     fields: list[Any] = dataclasses.field(default_factory=list)
+    # What the daemon serves, as its preload named it (absent from older
+    # daemons).
+    model: str = ""
 
 
 @dataclasses.dataclass
