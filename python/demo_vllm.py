@@ -262,9 +262,11 @@ def first_token(port: int, model: str) -> float:
     with resp:
         for raw in resp:
             line = raw.decode().strip()
-            if t is None and line.startswith("data: {"):
-                if json.loads(line[6:])["choices"][0].get("text"):
-                    t = time.time()
+            # One chunk per generated token; its text may be empty (the
+            # benchmark's random Llama samples ids its 512-word tokenizer
+            # lacks), so the first chunk with a choice is the first token.
+            if t is None and line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                t = time.time()
     if t is None:
         raise RuntimeError("the completion streamed no token")
     return t
