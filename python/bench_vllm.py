@@ -62,15 +62,18 @@ ENGINE = textwrap.dedent("""
 """)
 
 
-# The floor: every tensor's bytes read into a fresh torch.empty of its size,
-# as a loader that copies into the engine's own memory must at least do.
+# The floors, two ways of putting the checkpoint's bytes into fresh torch
+# memory (torch.empty, untouched) in a fresh process, as any loader that
+# ends in the engine's own memory must at least do: "file" reads each
+# tensor's bytes from the safetensors file (page cache warm: auto's
+# source), "daemon" copies each tensor out of the daemon's mapping
+# (weightcache.attach, zero_copy: tier 1's source), timing the copies only.
 FLOOR = textwrap.dedent("""
     import json, os, struct, sys, time
     import torch
 
-    def main():
-        model, total = sys.argv[1], 0
-        t0 = time.perf_counter()
+    def from_file(model):
+        total, t0 = 0, time.perf_counter()
         for n in sorted(os.listdir(model)):
             if not n.endswith(".safetensors"):
                 continue
@@ -81,21 +84,34 @@ FLOOR = textwrap.dedent("""
                     if name == "__metadata__":
                         continue
                     a, b = e["data_offsets"]
-                    t = torch.empty(b - a, dtype=torch.uint8)  # fresh memory, untouched
+                    t = torch.empty(b - a, dtype=torch.uint8)
                     f.seek(8 + hlen + a)
                     view, got = memoryview(t.numpy()), 0
                     while got < b - a:
                         got += f.readinto(view[got:])
                     total += b - a
-        print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, "bytes": total}), flush=True)
+        return time.perf_counter() - t0, total
+
+    def from_daemon(model, sock):
+        from weightcache import attach
+        w, info = attach(model, fallback=False, socket_dir=sock)
+        try:
+            total, t0 = 0, time.perf_counter()
+            for name, t in w.items():
+                torch.empty(t.shape, dtype=t.dtype).copy_(t)
+                total += t.numel() * t.element_size()
+            return time.perf_counter() - t0, total
+        finally:
+            w.close()
 
     if __name__ == "__main__":
-        main()
+        s, n = from_file(sys.argv[2]) if sys.argv[1] == "file" else from_daemon(sys.argv[2], sys.argv[3])
+        print("RESULT " + json.dumps({"seconds": s, "bytes": n}), flush=True)
 """)
 
 
-def floor(script: str, model: str) -> dict:
-    p = subprocess.run([sys.executable, script, model], capture_output=True, text=True)
+def floor(script: str, *args: str) -> dict:
+    p = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         raise SystemExit(f"floor failed:\n{p.stderr[-3000:]}")
@@ -208,7 +224,7 @@ def main() -> int:
                 ("weightcache tier 1, evicted", "weightcache", wc, True),
                 ("weightcache tier processed", "weightcache", dict(wc, tier="processed"), True)]
         runs: dict = {name: [] for name, *_ in plan}
-        floors = []
+        floors: dict = {"file": [], "daemon": []}
         for _ in range(a.runs):  # interleaved, so that a noisy spell hits every row alike
             for name, fmt, extra, cold in plan:
                 if cold:
@@ -217,13 +233,14 @@ def main() -> int:
                     warm_cache(a.model)
                 runs[name].append(engine(script, a.model, fmt, extra))
             warm_cache(a.model)
-            floors.append(floor(floor_script, a.model))
+            floors["file"].append(floor(floor_script, "file", a.model))
+            floors["daemon"].append(floor(floor_script, "daemon", a.model, sock))
         rows = {name: _summary(rs) for name, rs in runs.items()}
     finally:
         daemon.terminate()
         daemon.wait()
     import vllm
-    fl = median_spread([r["seconds"] for r in floors])
+    fl = {k: median_spread([r["seconds"] for r in rs]) for k, rs in floors.items()}
     print(f"checkpoint {a.model}: {ready['tensors']} tensors, {size / 1e9:.2f} GB; vLLM {vllm.__version__} (CPU); "
           f"{a.runs} interleaved rounds, each starting every engine once: median (min-max)")
     print("disk read: the engine's /proc/PID/io read_bytes (every file); checkpoint read: its pages in the page cache"
@@ -235,12 +252,15 @@ def main() -> int:
         ck = r["cached"][2] if "evicted" in name or "processed" in name else "(warm)"
         print(f"{name:<31} {_ms(r['load_weights']):>18} {_ms(r['start']):>18} {_ms(r['first_token']):>18} "
               f"{r['read_bytes'][2]:>13} {ck:>17}  {note}")
-    nbytes = floors[0]["bytes"]
-    print(f"{'floor: into fresh torch memory':<31} {_ms(fl):>18}  the checkpoint's {nbytes} bytes read, page cache warm,"
-          f" into torch.empty tensors in a fresh process ({nbytes / fl[0] / 1e9:.2f} GB/s)")
+    for k, what in (("file", "read from the file, page cache warm"), ("daemon", "copied from the daemon's mapping")):
+        nbytes = floors[k][0]["bytes"]
+        print(f"{'floor, ' + k:<31} {_ms(fl[k]):>18}  the checkpoint's {nbytes} bytes {what} into fresh torch.empty"
+              f" tensors in a fresh process ({nbytes / fl[k][0] / 1e9:.2f} GB/s)")
     t1, warm, cold = rows["weightcache tier 1, evicted"], rows["auto, page cache warm"], rows["auto, evicted"]
     lw = {k: r["load_weights"][0] for k, r in (("t1", t1), ("warm", warm), ("cold", cold))}  # medians
-    print(f"tier 1 weight loading (medians): {lw['t1'] / fl[0]:.2f}x the floor, {lw['t1'] / lw['warm']:.2f}x warm auto "
+    print(f"tier 1 weight loading (medians): {lw['t1'] / fl['daemon'][0]:.2f}x its floor (from the daemon), "
+          f"{lw['warm'] / fl['file'][0]:.2f}x for warm auto against its own (from the file); "
+          f"{lw['t1'] / lw['warm']:.2f}x warm auto "
           f"(target <= 1.0), {lw['t1'] / lw['cold']:.2f}x evicted auto (target <= 0.5); start to first token "
           f"{t1['first_token'][0] / warm['first_token'][0]:.2f}x warm, "
           f"{t1['first_token'][0] / cold['first_token'][0]:.2f}x evicted; "

@@ -339,7 +339,7 @@ def main() -> int:
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.model, "config.json")):
         sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
-        import models  # made with transformers, in vLLM's environment
+        import models  # type: ignore[import-not-found]  # made with transformers, in vLLM's environment
         models.big_llama(a.model)
     size = sum(os.path.getsize(os.path.join(a.model, n)) for n in os.listdir(a.model) if n.endswith(".safetensors"))
     work = tempfile.mkdtemp(prefix="wcdemo-vllm-")
@@ -347,7 +347,7 @@ def main() -> int:
     os.chmod(sock, 0o700)
     daemon = subprocess.Popen([a.bin, "preload", "--model", a.model, "--devices", "host", "--socket-dir", sock],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    runs = []
+    runs: List[Dict[str, object]] = []
     try:
         assert daemon.stdout is not None
         ready = json.loads(daemon.stdout.readline())
