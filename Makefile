@@ -133,7 +133,8 @@ bench-python: build python-deps
 # Real vLLM and a 1.6 GB model: auto warm and evicted, tier 1, tier 2
 # where the platform allows it, interleaved rounds; weight-loading time,
 # start to first token and bytes read from the checkpoint, median and
-# min-max, beside the floor (the same bytes read into fresh tensors).
+# min-max, beside two floors (the same bytes into fresh tensors, read from
+# the file and copied from the daemon's mapping).
 bench-vllm: build vllm-env
 	$(VLLM_PY) python/bench_vllm.py --bin $(BIN) $(BENCH_VLLM_ARGS)
 

@@ -15,11 +15,12 @@ token and the bytes read from disk as the median and spread (min-max) of
 the rounds, and the ratios the targets are set on; a machine timing, not
 a pass/fail test.
 
-The floor beside tier 1: the checkpoint's bytes read (page cache warm)
-into freshly allocated torch tensors, in a fresh process of the same
-interpreter, once per round. Tier 1 has vLLM copy the daemon's mapped
-bytes into the engine's fresh parameters: first touch of fresh memory
-bounds what any path that ends in the engine's own memory can beat.
+Two floors beside tier 1, once per round, each in a fresh process of
+the same interpreter: the checkpoint's bytes put into freshly allocated
+torch tensors, read from the file (page cache warm) and copied out of
+the daemon's mapping (tier 1's source). Tier 1 has vLLM copy the daemon's
+mapped bytes into the engine's fresh parameters: the second bounds what
+any path that ends in the engine's own memory can beat.
 """
 
 import argparse
