@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
+.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -132,11 +132,20 @@ image:
 bench-python: build python-deps
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
 
-# Real vLLM and a 1.2 GB model: auto warm and evicted, tier 1, tier 2
-# where the platform allows it; weight-loading time, start to first
-# token and bytes read from the checkpoint.
+# Real vLLM and a 1.6 GB model: auto warm and evicted, tier 1, tier 2
+# where the platform allows it, interleaved rounds; weight-loading time,
+# start to first token and bytes read from the checkpoint, median and
+# min-max, beside two floors (the same bytes into fresh tensors, read from
+# the file and copied from the daemon's mapping).
 bench-vllm: build vllm-env
-	$(VLLM_PY) python/bench_vllm.py --bin $(BIN)
+	$(VLLM_PY) python/bench_vllm.py --bin $(BIN) $(BENCH_VLLM_ARGS)
+
+# Real `vllm serve` restarts, --load-format auto and weightcache
+# alternately against one preloaded daemon: each start's timeline (start-up,
+# weight loading, rest of start, first token), medians and min-max, and the
+# chart docs/demo-vllm.svg. DEMO_VLLM_ARGS='--repeat 5 --page-cache warm'.
+demo-vllm: build vllm-env
+	$(VLLM_PY) python/demo_vllm.py --bin $(BIN) $(DEMO_VLLM_ARGS)
 
 
 # DEMO_ARGS='--model /path/to/your/model' runs it on your own checkpoint.
