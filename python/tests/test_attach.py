@@ -7,6 +7,7 @@ import hashlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -22,7 +23,7 @@ from conftest import status, wait_for
 from weightcache import MissError, attach
 from weightcache.fallback import load_from_disk
 from weightcache import identity, index, protocol
-from weightcache.checkpoint import INDEX_NAME, resolve
+from weightcache.checkpoint import resolve, weight_files
 
 
 def raw(t):
@@ -93,6 +94,23 @@ def test_fallback_reasons(model, daemon, sock_dir):
     assert all(t.dtype == torch.float32 for t in w.values() if t.is_floating_point())
     w, info = attach(model, socket_dir=sock_dir, tp_size=2, tp_rank=1)
     assert info.reason == "fingerprint_mismatch" and {f["field"] for f in info.fields} == {"tp_rank", "tp_size"}
+
+
+def test_a_daemon_serving_other_files_is_a_named_mismatch(synth, daemon, sock_dir, tmp_path):
+    """The daemon loaded the shard; then a consolidated.safetensors came
+    beside it, which is all vLLM reads now. The daemon's file is still
+    there, unchanged, but it is not the engine's: a named mismatch, never a
+    hit that serves other bytes than the engine would read."""
+    d = tmp_path / "m"
+    shutil.copytree(synth("tiny", 1, "bf16"), d)
+    daemon(str(d), "--devices", "host")
+    (shard,) = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    shutil.copy(d / shard, d / "consolidated.safetensors")
+    w, info = attach(str(d), socket_dir=sock_dir)
+    assert not info.hit and info.reason == "fingerprint_mismatch"
+    assert [f["field"] for f in info.fields] == ["checkpoint_hash"]
+    assert info.detail == f"the daemon serves the files ['{shard}'], this engine reads ['consolidated.safetensors']"
+    assert len(w) > 0  # from disk: the consolidated file
 
 
 def test_strict_miss_raises_with_reason(model, daemon, sock_dir):
@@ -211,8 +229,7 @@ def frame(msg):
 
 def ok_frame(model, device="host"):
     """The ok a daemon serving model sends: with its files' stat identity."""
-    names = sorted(n for n in os.listdir(model) if n.endswith(".safetensors") or n == INDEX_NAME)
-    names.sort(key=lambda n: (n != INDEX_NAME, n))
+    names = weight_files(model).identity_names()
     return frame({"type": "ok", "version": protocol.VERSION, "state": "ready", "device": device, "daemon": "fake",
                   "identity": identity.stat_identity(model, names)})
 
