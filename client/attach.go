@@ -52,7 +52,11 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 			return nil, err
 		}
 		fp = full
-		w, src = attachDaemon(ctx, attempt{fp: full, dir: dir, change: src.Detail}, model, o)
+		change := src.Detail
+		w, src = attachDaemon(ctx, attempt{fp: full, dir: dir, change: change}, model, o)
+		if !src.Hit && src.Reason == ReasonFingerprintMismatch && src.Detail == "" {
+			src.Detail = change // which files differ, beside the hashes
+		}
 	}
 	if src.Hit {
 		w.Source = src

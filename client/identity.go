@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
@@ -35,12 +36,27 @@ type attempt struct {
 const reasonRehash Reason = "rehash"
 
 // filesChange compares the daemon's offered identity with the engine's
-// files: "" when they are the same files, unchanged.
+// files: "" when they are the same files, unchanged. The engine's files are
+// its own choice (checkpoint.WeightFiles, the files vLLM reads), never the
+// daemon's list: a daemon serving other files of the same directory (say
+// the shards beside a consolidated.safetensors) is a named difference.
 func filesChange(offered checkpoint.Identity, dir string) string {
 	if offered == nil {
 		return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
 	}
-	mine, err := offered.Restat(dir)
+	set, err := checkpoint.WeightFiles(dir)
+	if err != nil {
+		return err.Error()
+	}
+	names := set.IdentityNames()
+	theirs := make([]string, len(offered))
+	for i, f := range offered {
+		theirs[i] = f.Name
+	}
+	if !slices.Equal(theirs, names) {
+		return fmt.Sprintf("the daemon serves the files %v, this engine reads %v", theirs, names)
+	}
+	mine, err := checkpoint.StatIdentity(dir, names)
 	if err != nil {
 		return err.Error()
 	}

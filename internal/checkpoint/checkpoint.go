@@ -74,13 +74,14 @@ type TensorRef struct {
 // or a hub id ("org/name") looked up offline in the Hugging Face cache
 // (see hubCacheDir). revision selects a hub snapshot: "" for refs/main, a
 // branch or tag name, or a full 40-hex commit; for a local directory it is
-// only recorded in Revision.
+// only recorded in Revision, except that a snapshot directory of a hub
+// cache (.../models--ORG--NAME/snapshots/COMMIT, what vLLM offline puts in
+// place of the id) is its id at that commit: Revision is COMMIT (see
+// snapshotRevision).
 //
-// The weights are model.safetensors.index.json's shards when that file
-// exists, else every *.safetensors in the directory (Mistral's
-// consolidated*.safetensors are skipped when others exist: they duplicate
-// the same weights under other names). Every shard header is validated,
-// and every tensor must be in exactly one shard, the one the index names.
+// The weights are the files WeightFiles chooses, the ones vLLM's
+// load_format auto reads. Every shard header is validated, and every
+// tensor must be in exactly one shard, the one the index names.
 func Resolve(model, revision string) (*Checkpoint, error) {
 	if model == "" {
 		return nil, fmt.Errorf("%w: no model given", ErrNotFound)
@@ -188,7 +189,11 @@ func locate(model, revision string) (dir, rev string, err error) {
 	switch {
 	case err == nil && st.IsDir():
 		abs, err := filepath.Abs(model)
-		return abs, revision, err
+		if err != nil {
+			return "", "", err
+		}
+		rev, err := snapshotRevision(abs, revision)
+		return abs, rev, err
 	case err == nil:
 		return "", "", fmt.Errorf("%w: model %s is a file, not a checkpoint directory", ErrInvalid, model)
 	case !errors.Is(err, fs.ErrNotExist):

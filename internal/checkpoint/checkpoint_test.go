@@ -62,24 +62,6 @@ func TestResolveSingleFileAndRelativePath(t *testing.T) {
 	}
 }
 
-func TestResolveSkipsConsolidated(t *testing.T) {
-	dir := t.TempDir()
-	writeShard(t, dir, "model.safetensors", tensor("w", 1, 0))
-	writeShard(t, dir, "consolidated.safetensors", tensor("w", 1, 0)) // same name: would clash
-	c, err := Resolve(dir, "")
-	if err != nil {
-		t.Fatalf("Resolve: %v", err)
-	}
-	if len(c.Shards) != 1 || c.Shards[0].Name != "model.safetensors" {
-		t.Errorf("shards %+v", c.Shards)
-	}
-	only := t.TempDir()
-	writeShard(t, only, "consolidated.safetensors", tensor("w", 1, 0))
-	if c, err := Resolve(only, ""); err != nil || c.Shards[0].Name != "consolidated.safetensors" {
-		t.Errorf("consolidated only: %v %+v", err, c)
-	}
-}
-
 // TestResolveHashChanges checks that the hash covers names, sizes and
 // headers but not tensor bytes.
 func TestResolveHashChanges(t *testing.T) {

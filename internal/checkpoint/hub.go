@@ -120,3 +120,57 @@ func readRef(repo, id, revision string) (string, error) {
 	}
 	return commit, nil
 }
+
+// hubSnapshot reports whether dir is a snapshot directory of a hub cache,
+// .../models--ORG--NAME/snapshots/COMMIT, and if so its repository
+// directory, id and commit.
+func hubSnapshot(dir string) (repo, id, commit string, ok bool) {
+	commit = filepath.Base(dir)
+	snaps := filepath.Dir(dir)
+	repo = filepath.Dir(snaps)
+	name, found := strings.CutPrefix(filepath.Base(repo), "models--")
+	if !isCommit(commit) || filepath.Base(snaps) != "snapshots" || !found {
+		return "", "", "", false
+	}
+	id = strings.ReplaceAll(name, "--", "/")
+	if !isHubID(id) {
+		return "", "", "", false
+	}
+	return repo, id, commit, true
+}
+
+// snapshotRevision is the revision of the local directory dir given with
+// revision. A snapshot directory of a hub cache is its hub id at its
+// commit, whichever form names it: vLLM with HF_HUB_OFFLINE=1 swaps the id
+// for that directory before any loader runs, and the daemon was preloaded
+// by the id, so both must say the same revision, the commit. dir is taken
+// as given, else with its symlinks resolved. A revision given with it must
+// name that commit (the commit itself, or a ref in the repository's refs/
+// that holds it); any other directory keeps the revision as given.
+func snapshotRevision(dir, revision string) (string, error) {
+	repo, id, commit, ok := hubSnapshot(dir)
+	if !ok {
+		real, err := filepath.EvalSymlinks(dir)
+		if err != nil || real == dir {
+			return revision, nil
+		}
+		if repo, id, commit, ok = hubSnapshot(real); !ok {
+			return revision, nil
+		}
+	}
+	switch {
+	case revision == "" || revision == commit:
+		return commit, nil
+	case isCommit(revision):
+		return "", fmt.Errorf("%w: model %s is snapshot %s of %s, not revision %s", ErrInvalid, dir, commit, id, revision)
+	}
+	named, err := readRef(repo, id, revision)
+	if err != nil {
+		return "", fmt.Errorf("model %s is snapshot %s of %s: %w", dir, commit, id, err)
+	}
+	if named != commit {
+		return "", fmt.Errorf("%w: model %s is snapshot %s of %s, but its ref %s holds %s (%s)",
+			ErrInvalid, dir, commit, id, revision, named, filepath.Join(repo, "refs", revision))
+	}
+	return commit, nil
+}

@@ -114,6 +114,45 @@ func TestResolveHubErrors(t *testing.T) {
 	}
 }
 
+// TestSnapshotPathIsTheID: vLLM offline (HF_HUB_OFFLINE=1) asks with the
+// snapshot directory and no revision; a daemon preloaded by the id at any
+// ref that holds that commit has the same fingerprint.
+func TestSnapshotPathIsTheID(t *testing.T) {
+	cache := fakeHub(t)
+	clearHubEnv(t)
+	t.Setenv("HF_HUB_CACHE", cache)
+	snap := filepath.Join(cache, "models--org--name", "snapshots", commitDev)
+	byID, err := Resolve("org/name", "dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rev := range []string{"", commitDev, "dev"} {
+		byPath, err := Resolve(snap, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := NewRequest("")
+		a, err := byID.Fingerprint(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := byPath.Fingerprint(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a != b || b.Revision != commitDev {
+			t.Errorf("revision %q: by path %+v, by id %+v", rev, b, a)
+		}
+		light, _, err := LightFingerprint(Request{Model: snap, Revision: rev, TPSize: 1, DPSize: 1})
+		if err != nil || light.Revision != commitDev {
+			t.Errorf("LightFingerprint(%s, %q) revision %q, %v", snap, rev, light.Revision, err)
+		}
+	}
+	if _, err := Resolve(snap, "main"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "but its ref main holds "+commitMain) {
+		t.Errorf("a snapshot given a ref to another commit: %v", err)
+	}
+}
+
 // TestResolveHubViaHFHome resolves through HF_HOME and prefers a local
 // directory of the same name over the cache.
 func TestResolveHubViaHFHome(t *testing.T) {
@@ -159,7 +198,13 @@ type hubVectors struct {
 		Refs      map[string]string
 		Snapshots []string
 	}
-	Resolve []struct{ Name, Model, Revision, Commit, Reason string }
+	Resolve       []struct{ Name, Model, Revision, Commit, Reason string }
+	SnapshotPaths []struct {
+		Name, Path, Revision string
+		ViaLink              bool   `json:"via_link"`
+		RevisionOut          string `json:"revision_out"`
+		Reason               string
+	} `json:"snapshot_paths"`
 }
 
 func TestHubVectors(t *testing.T) {
@@ -217,6 +262,26 @@ func TestHubVectors(t *testing.T) {
 		want := filepath.Join(cache, "models--"+strings.ReplaceAll(c.Model, "/", "--"), "snapshots", c.Commit)
 		if err != nil || dir != want || commit != c.Commit {
 			t.Errorf("%s: resolveHub(%q, %q) = %s, %s, %v, want %s", c.Name, c.Model, c.Revision, dir, commit, err, want)
+		}
+	}
+	for _, c := range v.SnapshotPaths {
+		dir := filepath.Join(cache, filepath.FromSlash(c.Path))
+		if c.ViaLink {
+			link := filepath.Join(t.TempDir(), "model")
+			if err := os.Symlink(dir, link); err != nil {
+				t.Fatal(err)
+			}
+			dir = link
+		}
+		got, rev, err := locate(dir, c.Revision)
+		if c.Reason != "" {
+			if err == nil || !strings.Contains(err.Error(), c.Reason) {
+				t.Errorf("%s: locate(%s, %q) = %s, %v, want an error with %q", c.Name, dir, c.Revision, rev, err, c.Reason)
+			}
+			continue
+		}
+		if err != nil || got != dir || rev != c.RevisionOut {
+			t.Errorf("%s: locate(%s, %q) = %s, %q, %v, want revision %q", c.Name, dir, c.Revision, got, rev, err, c.RevisionOut)
 		}
 	}
 }

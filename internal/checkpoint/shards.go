@@ -35,42 +35,40 @@ func (c *Checkpoint) loadShards() error {
 	return l.check(c.Shards)
 }
 
-// shardList is what the index (or the directory) says the shards are.
+// shardList is what the weight-files rule (weights.go) chose, and what
+// the index said.
 type shardList struct {
-	idxPath string
-	indexed bool
+	set     WeightSet
+	idxPath string    // the index the rule looks for
+	indexed bool      // it exists and chose the names
 	data    []byte    // the index
 	sum     *indexSum // of a plain index
-	names   []string
+	names   []string  // set.Names
 }
 
-// listShards names the shard files and records their stat identity,
-// before any header is read.
+// listShards names the shard files (WeightFiles) and records their stat
+// identity, before any header is read.
 func (c *Checkpoint) listShards() (*shardList, error) {
-	l := &shardList{idxPath: filepath.Join(c.Dir, IndexName)}
-	idxStat, statErr := statFile(l.idxPath) // before it is read
-	data, err := os.ReadFile(l.idxPath)
-	switch {
-	case err == nil:
-		l.indexed, l.data = true, data
-		if l.names, l.sum, err = indexShards(l.idxPath, data); err != nil {
-			return nil, err
-		}
-	case errors.Is(err, fs.ErrNotExist):
-		if l.names, err = globShards(c.Dir); err != nil {
-			return nil, err
-		}
-	default:
+	// Either index may be the one the rule reads: both are statted
+	// before it reads them.
+	idxStats, idxErrs := map[string]FileStat{}, map[string]error{}
+	for _, idx := range []string{IndexName, ConsolidatedIndexName} {
+		idxStats[idx], idxErrs[idx] = statFile(filepath.Join(c.Dir, idx))
+	}
+	l, err := listWeights(c.Dir)
+	if err != nil {
 		return nil, err
 	}
-	if c.Identity, err = recordIdentity(c.Dir, l.names, false); err != nil {
+	if c.Identity, err = recordIdentity(c.Dir, l.names, ""); err != nil {
 		return nil, err
 	}
-	if l.indexed && c.Identity != nil && statErr == nil {
-		idxStat.Name = IndexName
-		c.Identity = append(Identity{idxStat}, c.Identity...)
-	} else if l.indexed {
-		c.Identity = nil
+	if idx := l.set.Index; idx != "" {
+		if st := idxStats[idx]; c.Identity != nil && idxErrs[idx] == nil {
+			st.Name = idx
+			c.Identity = append(Identity{st}, c.Identity...)
+		} else {
+			c.Identity = nil
+		}
 	}
 	return l, nil
 }
@@ -98,8 +96,8 @@ func (c *Checkpoint) readShards(l *shardList, read func(dir, name string) (Shard
 		if err == nil {
 			continue
 		}
-		if l.indexed && errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: %s names shard %s, which is missing: %v", ErrInvalid, l.idxPath, l.names[i], err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: shard %s went missing: %v", ErrInvalid, l.names[i], err)
 		}
 		return err
 	}
@@ -136,7 +134,7 @@ func indexShards(idxPath string, data []byte) ([]string, *indexSum, error) {
 		if sum.n == 0 || !bytes.Equal(v, last) {
 			var ok bool
 			if seed, ok = bySpelling[string(v)]; !ok {
-				if !localShard(string(v)) {
+				if !localShard(string(v)) || path.Clean(string(v)) != string(v) {
 					return false
 				}
 				shard := path.Clean(string(v))
@@ -196,8 +194,9 @@ func parseIndex(idxPath string, data []byte) (map[string]string, []string, error
 			return nil, nil, fmt.Errorf("%w: %s maps tensor %q to %q, which is not a file inside the checkpoint", ErrInvalid, idxPath, tensor, shard)
 		}
 		if c := path.Clean(shard); c != shard {
-			shard = c
-			idx.WeightMap[tensor] = shard
+			// vLLM joins the name to the directory as written and
+			// finds no such file among the ones it globbed.
+			return nil, nil, fmt.Errorf("%w: %s maps tensor %q to %q, which is not how the file is named (%q)", ErrInvalid, idxPath, tensor, shard, c)
 		}
 		if !seen[shard] {
 			seen[shard] = true
@@ -206,39 +205,6 @@ func parseIndex(idxPath string, data []byte) (map[string]string, []string, error
 	}
 	slices.Sort(names)
 	return idx.WeightMap, names, nil
-}
-
-// globShards lists the *.safetensors files of dir, sorted.
-func globShards(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	var names, consolidated []string
-	for _, e := range entries {
-		n := e.Name()
-		if !strings.HasSuffix(n, ".safetensors") || strings.HasPrefix(n, ".") {
-			continue
-		}
-		// Skipping a shard that is not a file would serve a checkpoint
-		// without it, or say there are none: name it and what is wrong.
-		if err := shardFile(filepath.Join(dir, n)); err != nil {
-			return nil, err
-		}
-		if strings.HasPrefix(n, "consolidated") {
-			consolidated = append(consolidated, n)
-		} else {
-			names = append(names, n)
-		}
-	}
-	if len(names) == 0 {
-		names = consolidated
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("%w: no *.safetensors files in %s", ErrNotFound, dir)
-	}
-	slices.Sort(names)
-	return names, nil
 }
 
 // shardFile refuses a *.safetensors entry that is not a regular file once

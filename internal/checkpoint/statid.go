@@ -86,18 +86,10 @@ func localName(n string) bool {
 	return c == n && c != "." && c != ".." && !strings.HasPrefix(c, "../")
 }
 
-// IdentityNames lists the files Identity covers for a checkpoint whose
-// shards are names: the index first when hasIndex.
-func IdentityNames(names []string, hasIndex bool) []string {
-	if !hasIndex {
-		return names
-	}
-	return append([]string{IndexName}, names...)
-}
-
-// recordIdentity stats the checkpoint's files before its headers are read.
-func recordIdentity(dir string, names []string, hasIndex bool) (Identity, error) {
-	id, err := StatIdentity(dir, IdentityNames(names, hasIndex))
+// recordIdentity stats the checkpoint's files before its headers are
+// read: index (when not "") first, then names.
+func recordIdentity(dir string, names []string, index string) (Identity, error) {
+	id, err := StatIdentity(dir, WeightSet{Names: names, Index: index}.IdentityNames())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil // reported, in full, by the header reader
 	}

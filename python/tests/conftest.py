@@ -127,3 +127,37 @@ def status(wc_bin, sock_dir):
     out = subprocess.run([wc_bin, "status", "--json", "--socket-dir", sock_dir], check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out)
+
+
+WEIGHT_VECTORS = os.path.join(ROOT, "internal", "checkpoint", "testdata", "weight_files_vectors.json")
+
+
+def weight_cases():
+    """The cases of testdata/weight_files_vectors.json."""
+    with open(WEIGHT_VECTORS, encoding="utf-8") as f:
+        return json.load(f)["cases"]
+
+
+def weight_case_dir(base, v):
+    """Lays a weight-files case out under base (Go's weightCase.build):
+    its directory is base/snap, its blobs base/blobs."""
+    d, blobs = os.path.join(base, "snap"), os.path.join(base, "blobs")
+    os.makedirs(d)
+
+    def write(p, text=""):
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+    for n in v.get("files", []):
+        write(os.path.join(d, *n.split("/")))
+    for n in v.get("dirs", []):
+        os.makedirs(os.path.join(d, n))
+    for n in v.get("blobs", []):
+        write(os.path.join(blobs, *n.split("/")))
+    for n, data in v.get("indexes", {}).items():
+        write(os.path.join(d, n), json.dumps(data))
+    for n, data in v.get("blob_indexes", {}).items():
+        write(os.path.join(blobs, n), json.dumps(data))
+    for n, target in v.get("links", {}).items():
+        os.symlink(target, os.path.join(d, n))
+    return d

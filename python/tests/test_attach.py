@@ -7,6 +7,7 @@ import hashlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -22,7 +23,7 @@ from conftest import status, wait_for
 from weightcache import MissError, attach
 from weightcache.fallback import load_from_disk
 from weightcache import identity, index, protocol
-from weightcache.checkpoint import INDEX_NAME, resolve
+from weightcache.checkpoint import resolve, weight_files
 
 
 def raw(t):
@@ -118,6 +119,23 @@ def test_a_miss_names_the_daemons_model_and_the_fix_as_go_does(model, synth, dae
     with pytest.raises(MissError) as e:
         attach(other, socket_dir=sock_dir, fallback=False)
     assert str(e.value).endswith("; " + info.fix)
+
+
+def test_a_daemon_serving_other_files_is_a_named_mismatch(synth, daemon, sock_dir, tmp_path):
+    """The daemon loaded the shard; then a consolidated.safetensors came
+    beside it, which is all vLLM reads now. The daemon's file is still
+    there, unchanged, but it is not the engine's: a named mismatch, never a
+    hit that serves other bytes than the engine would read."""
+    d = tmp_path / "m"
+    shutil.copytree(synth("tiny", 1, "bf16"), d)
+    daemon(str(d), "--devices", "host")
+    (shard,) = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    shutil.copy(d / shard, d / "consolidated.safetensors")
+    w, info = attach(str(d), socket_dir=sock_dir)
+    assert not info.hit and info.reason == "fingerprint_mismatch"
+    assert [f["field"] for f in info.fields] == ["checkpoint_hash"]
+    assert info.detail == f"the daemon serves the files ['{shard}'], this engine reads ['consolidated.safetensors']"
+    assert len(w) > 0  # from disk: the consolidated file
 
 
 def test_strict_miss_raises_with_reason(model, daemon, sock_dir):
@@ -236,8 +254,7 @@ def frame(msg):
 
 def ok_frame(model, device="host"):
     """The ok a daemon serving model sends: with its files' stat identity."""
-    names = sorted(n for n in os.listdir(model) if n.endswith(".safetensors") or n == INDEX_NAME)
-    names.sort(key=lambda n: (n != INDEX_NAME, n))
+    names = weight_files(model).identity_names()
     return frame({"type": "ok", "version": protocol.VERSION, "state": "ready", "device": device, "daemon": "fake",
                   "identity": identity.stat_identity(model, names)})
 

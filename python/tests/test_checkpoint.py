@@ -1,6 +1,7 @@
 """The safetensors reader's strictness, checkpoint resolution (local and
 offline hub cache), and fingerprints equal to the Go daemon's."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -111,6 +112,39 @@ def test_hub_cache_offline(model, tmp_path, monkeypatch):
         resolve("org/tiny", "v2")
     with pytest.raises(CheckpointError, match="downloads nothing"):
         resolve("org/absent")
+
+
+def test_offline_snapshot_path_hits_a_daemon_preloaded_by_id(model, tmp_path, monkeypatch, daemon, sock_dir, wc_bin):
+    """vLLM offline (HF_HUB_OFFLINE=1) asks with the snapshot directory and
+    no revision; the daemon was preloaded by the id. Both are the id at the
+    snapshot's commit: the same fingerprint, a hit. Files are symlinks into
+    blobs/, as huggingface_hub lays them out."""
+    from weightcache import attach
+    from weightcache.fingerprint import Request
+    from weightcache.identity import light_fingerprint
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for n in sorted(os.listdir(model)):
+        blob = hashlib.sha256(n.encode()).hexdigest()
+        shutil.copy(os.path.join(model, n), repo / "blobs" / blob)
+        os.symlink(os.path.join("..", "..", "blobs", blob), snap / n)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    by_id, by_path = resolve("org/tiny"), resolve(str(snap))
+    assert by_path.revision == by_id.revision == commit
+    assert by_path.fingerprint() == by_id.fingerprint()
+    assert light_fingerprint(Request(model=str(snap)))[0].revision == commit
+    daemon("org/tiny", "--devices", "host")  # preload by the id, from the cache in HF_HUB_CACHE
+    w, info = attach(str(snap), socket_dir=sock_dir, fallback=False)
+    assert info.hit and len(w) == len(resolve(model).tensors())
+    w.close()
+    with pytest.raises(CheckpointError, match=f"is snapshot {commit} of org/tiny, but its ref dev holds {'1' * 40}"):
+        (repo / "refs" / "dev").write_text("1" * 40)
+        resolve(str(snap), "dev")
 
 
 def test_bad_checkpoints(model, tmp_path):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, weight_case_dir, weight_cases
 from weightcache import checkpoint, dtypes, identity, protocol, source
 from weightcache.publish import ALIGNMENT, MAX_SEGMENT, pack
 from weightcache.safetensors import FormatError, parse_header
@@ -122,6 +122,33 @@ def test_hub_resolve(v, hub_cache):
         return
     repo = "models--" + v["model"].replace("/", "--")
     assert checkpoint._resolve_hub(v["model"], v["revision"]) == (str(hub_cache / repo / "snapshots" / v["commit"]), v["commit"])
+
+
+@pytest.mark.parametrize("v", HUB["snapshot_paths"], ids=lambda v: v["name"])
+def test_hub_snapshot_path(v, hub_cache, tmp_path_factory):
+    d = str(hub_cache.joinpath(*v["path"].split("/")))
+    if v.get("via_link"):
+        link = str(tmp_path_factory.mktemp("link") / "model")
+        os.symlink(d, link)
+        d = link
+    if "reason" in v:
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.locate(d, v["revision"])
+        assert v["reason"] in str(e.value)
+        return
+    assert checkpoint.locate(d, v["revision"]) == (d, v["revision_out"])
+
+
+@pytest.mark.parametrize("v", weight_cases(), ids=lambda v: v["name"])
+def test_weight_files(v, tmp_path):
+    d = weight_case_dir(str(tmp_path), v)
+    if "error" in v:
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.weight_files(d)
+        assert v["error"].replace("DIR", d) in str(e.value)
+        return
+    got = checkpoint.weight_files(d)
+    assert {"names": got.names, "index": got.index, "mistral": got.mistral} == v["want"]
 
 
 PACK = _load("internal", "backend", "testdata", "pack_vectors.json")

@@ -160,10 +160,10 @@ def test_tier1_fp8_checkpoint(fp8_model, daemon, sock_dir):
 
 # -- misses ----------------------------------------------------------------
 
-def test_other_files_than_the_daemon_serves(synth, tmp_path, daemon, sock_dir, wc_bin, caplog):
+def test_consolidated_beside_the_shards_hits(synth, tmp_path, daemon, sock_dir, wc_bin, caplog):
     """With a consolidated*.safetensors beside the shards, vLLM's auto format
-    reads only that file (default_loader.py:120-131); the daemon serves the
-    shards. Decided before the daemon is asked, so it counts nothing."""
+    reads only that file (vLLM 0.32 default_loader.py _prepare_weights), and
+    the daemon serves that file (checkpoint.WeightFiles): a hit."""
     d = tmp_path / "m"
     shutil.copytree(synth("tiny", 1, "bf16"), d)
     (shard,) = [f for f in os.listdir(d) if f.endswith(".safetensors")]
@@ -172,11 +172,10 @@ def test_other_files_than_the_daemon_serves(synth, tmp_path, daemon, sock_dir, w
     daemon(str(d), "--devices", "host")
     caplog.set_level(logging.INFO, "vllm.weightcache")
     _, want, _, _ = engine(str(d), "auto")
-    _, got, read, _ = engine(str(d), socket_dir=sock_dir)
-    assert torch.equal(got, want) and read > 0
-    assert fallback_lines(caplog) == [f"weightcache: fallback: layout: vLLM reads ['{d}/consolidated.safetensors'], "
-                                      f"the daemon serves ['{d}/model.safetensors']; loading from disk"]
-    assert status(wc_bin, sock_dir)[0]["handshakes"] == {}
+    _, got, read, _ = engine(str(d), socket_dir=sock_dir, fallback=False)
+    assert torch.equal(got, want) and read == 0
+    assert fallback_lines(caplog) == []
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
 
 
 def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):

@@ -9,6 +9,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -434,3 +435,84 @@ def test_why_tier2_is_refused_on_the_cpu(llama):
         assert callable(qkv.cpu_linear) and qkv.weight.numel() == 0
     finally:
         engines.close(e)
+
+
+# -- hub ids offline, and Mistral's consolidated files -----------------------
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _preload(wc_bin, model, sock, env):
+    """`weightcache preload --model model` on its own socket directory (the
+    plugin's tier 1 asks the host daemon: one per directory)."""
+    import select
+    import subprocess
+    proc = subprocess.Popen([wc_bin, "preload", "--model", model, "--socket-dir", sock, "--devices", "host"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if not select.select([proc.stdout], [], [], 300)[0]:
+        proc.kill()
+        raise AssertionError(f"preload --model {model}: no ready line in 300 s")
+    line = proc.stdout.readline()
+    assert line and json.loads(line)["event"] == "ready", proc.stderr.read()
+    return proc
+
+
+def test_offline_hub_id_and_consolidated_repository_hit(llama, daemon, sock_dir, wc_bin, tmp_path, monkeypatch):
+    """Two setups that used to miss silently, in one vLLM process.
+    A hub id with HF_HUB_OFFLINE=1: vLLM swaps the id for its snapshot
+    directory and drops the revision before any loader runs (vLLM 0.32
+    engine/arg_utils.py), and the daemon was preloaded by the id: both are
+    the id at the snapshot's commit, a hit. A Mistral repository
+    (consolidated.safetensors beside HF shards and their index): vLLM's auto
+    format reads only the consolidated file, and so does the daemon, a hit.
+    Each with fallback off, the plugin's hit line and the daemon's count,
+    and the tokens and logprobs of load_format auto."""
+    import models
+    home = tmp_path / "hf"
+    cache = str(home / "hub")
+    snap = models.hub_cache(llama, cache, "org/tiny-llama", HUB_COMMIT)
+    mistral = models.mistral_consolidated(str(tmp_path / "mistral"))
+    monkeypatch.setenv("HF_HUB_CACHE", cache)
+    monkeypatch.setenv("HF_HOME", str(home))
+    daemon("org/tiny-llama", "--devices", "host")  # by the id, resolved in HF_HUB_CACHE
+    sock2 = tempfile.mkdtemp(prefix="wcmis")
+    os.chmod(sock2, 0o700)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    preload2 = _preload(wc_bin, mistral, sock2, env)
+    script = tmp_path / "offline.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {HERE!r})
+        import engines
+
+        def main():
+            out = {{}}
+            for name, model, sd in (("hub", "org/tiny-llama", {sock_dir!r}), ("mistral", {mistral!r}, {sock2!r})):
+                out[name + " auto"] = engines.run(model, "auto")
+                out[name] = engines.run(model, "weightcache", {{"socket_dir": sd, "fallback": False}})
+            print("RESULT " + json.dumps(out), flush=True)
+
+        if __name__ == "__main__":
+            main()
+    """))
+    p = Logged([sys.executable, str(script)], env, tmp_path / "offline.log", "offline.py (four engine starts)")
+    try:
+        rc = p.wait("four engine starts")
+        out = p.output()
+        assert rc == 0, out[-4000:]
+        got = json.loads([ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+        hits = {s["device"]: s["handshakes"] for s in status(wc_bin, sock2)}
+    finally:
+        p.kill()
+        preload2.kill()
+        preload2.wait()
+        shutil.rmtree(sock2, ignore_errors=True)
+    assert f"replace model_id [org/tiny-llama] to model_path [{snap}]" in out  # vLLM swapped the id
+    assert got["hub"] == got["hub auto"] and got["mistral"] == got["mistral auto"]
+    assert got["hub auto"] != got["mistral auto"]  # two models, each read as its own
+    lines = [ln for ln in out.splitlines() if "weightcache: " in ln and "weightcache: tier" not in ln]
+    assert len(lines) == 2 and all("weightcache: hit, " in ln for ln in lines), lines
+    assert f"from {os.path.join(sock_dir, 'main-host.sock')}" in lines[0], lines
+    assert f"from {os.path.join(sock2, 'main-host.sock')}" in lines[1], lines
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
+    assert hits == {"host": {"hit": 1}}

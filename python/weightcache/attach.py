@@ -265,7 +265,10 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
     weights, info = (None, rank_miss) if rank_miss else try_daemon(fp, directory, "")
     if info.reason == _REHASH:
         fp, directory = identity.quick_fingerprint(req)
-        weights, info = try_daemon(fp, directory, info.detail)
+        change = info.detail
+        weights, info = try_daemon(fp, directory, change)
+        if info.reason == source.FINGERPRINT_MISMATCH and not info.detail:
+            info.detail = change  # which files differ, beside the hashes
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
     if weights is None or not info.hit:

@@ -4,6 +4,7 @@ the hub cache. Only headers are read here; nothing is downloaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from . import dtypes, safetensors
 from .fingerprint import LAYOUT_VERSION, Fingerprint, Request, canonical_json
 
 INDEX_NAME = "model.safetensors.index.json"
+CONSOLIDATED_INDEX_NAME = "consolidated.safetensors.index.json"
 # fullmatch, never match: "$" also matches before a trailing newline.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -153,23 +155,71 @@ def quantization_hash(config: Any) -> str:
 
 def resolve(model: Union[str, os.PathLike[str]], revision: Optional[str] = None) -> Checkpoint:
     """Find and validate a checkpoint, as Go's checkpoint.Resolve."""
-    if not model:
-        raise CheckpointError("checkpoint not found: no model given")
-    model = os.fspath(model)
-    revision = revision or ""
-    if os.path.isdir(model):
-        directory, rev = os.path.abspath(model), revision
-    elif os.path.exists(model):
-        raise CheckpointError(f"invalid checkpoint: model {model} is a file, not a checkpoint directory")
-    elif is_hub_id(model):
-        directory, rev = _resolve_hub(model, revision)
-    else:
-        raise CheckpointError(f"checkpoint not found: model {model}: no such directory (and not a hub id like org/name; nothing is downloaded)")
+    directory, rev = locate(model, revision)
     c = Checkpoint(directory, rev)
     _read_config(c)
     _load_shards(c)
     c.hash = hash_shards(c.shards)
     return c
+
+
+def locate(model: Union[str, os.PathLike[str]], revision: Optional[str] = None) -> tuple[str, str]:
+    """(directory, revision) of a model, as Go's locate: an existing
+    directory wins (a hub snapshot directory is its id at its commit,
+    snapshot_revision), else a hub id is resolved in the cache."""
+    if not model:
+        raise CheckpointError("checkpoint not found: no model given")
+    model = os.fspath(model)
+    revision = revision or ""
+    if os.path.isdir(model):
+        directory = os.path.abspath(model)
+        return directory, snapshot_revision(directory, revision)
+    if os.path.exists(model):
+        raise CheckpointError(f"invalid checkpoint: model {model} is a file, not a checkpoint directory")
+    if is_hub_id(model):
+        return _resolve_hub(model, revision)
+    raise CheckpointError(f"checkpoint not found: model {model}: no such directory (and not a hub id like org/name; nothing is downloaded)")
+
+
+def hub_snapshot(directory: str) -> Optional[tuple[str, str, str]]:
+    """(repository directory, hub id, commit) when directory is a hub
+    cache's .../models--ORG--NAME/snapshots/COMMIT, else None."""
+    commit = os.path.basename(directory)
+    snaps = os.path.dirname(directory)
+    repo = os.path.dirname(snaps)
+    base = os.path.basename(repo)
+    if not is_commit(commit) or os.path.basename(snaps) != "snapshots" or not base.startswith("models--"):
+        return None
+    model_id = base[len("models--"):].replace("--", "/")
+    return (repo, model_id, commit) if is_hub_id(model_id) else None
+
+
+def snapshot_revision(directory: str, revision: str) -> str:
+    """The revision of a local directory given with revision, as Go's
+    snapshotRevision: a hub snapshot directory (as given, else with its
+    symlinks resolved) is its id at its commit, which is what vLLM offline
+    (HF_HUB_OFFLINE=1) puts in place of the id, without the revision; a
+    revision given with it must name that commit. Any other directory keeps
+    the revision given."""
+    snap = hub_snapshot(directory)
+    if snap is None:
+        real = os.path.realpath(directory)
+        snap = hub_snapshot(real) if real != directory else None
+        if snap is None:
+            return revision
+    repo, model_id, commit = snap
+    if revision in ("", commit):
+        return commit
+    if is_commit(revision):
+        raise CheckpointError(f"invalid checkpoint: model {directory} is snapshot {commit} of {model_id}, not revision {revision}")
+    try:
+        named, ref = _read_ref(repo, model_id, revision)
+    except CheckpointError as e:
+        raise CheckpointError(f"model {directory} is snapshot {commit} of {model_id}: {e}") from None
+    if named != commit:
+        raise CheckpointError(f"invalid checkpoint: model {directory} is snapshot {commit} of {model_id}, "
+                              f"but its ref {revision} holds {named} ({ref})")
+    return commit
 
 
 def hub_cache_dir() -> str:
@@ -192,24 +242,30 @@ def _resolve_hub(model_id: str, revision: str) -> tuple[str, str]:
     revision = revision or "main"
     commit = revision
     if not is_commit(revision):
-        # Go's filepath.IsLocal: any path that stays inside refs/.
-        clean = posixpath.normpath(revision)
-        if os.path.isabs(revision) or clean == ".." or clean.startswith("../"):
-            raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision!r} is not a ref name")
-        ref = os.path.join(repo, "refs", clean)
-        try:
-            with open(ref) as f:
-                commit = f.read().strip()
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision} is not in the Hugging Face cache (no {ref}; nothing is downloaded)") from None
-        except OSError as e:  # a directory of refs, say
-            raise CheckpointError(f"model {model_id} revision {revision}: {e}") from None
-        if not is_commit(commit):
-            raise CheckpointError(f"invalid checkpoint: ref {ref} holds {commit!r}, not a commit hash")
+        commit, _ = _read_ref(repo, model_id, revision)
     snap = os.path.join(repo, "snapshots", commit)
     if not os.path.isdir(snap):
         raise CheckpointError(f"checkpoint not found: model {model_id} revision {revision}: snapshot {snap} is not in the cache (nothing is downloaded)")
     return snap, commit
+
+
+def _read_ref(repo: str, model_id: str, revision: str) -> tuple[str, str]:
+    """(commit, ref file) of a branch or tag in a cached repository."""
+    # Go's filepath.IsLocal: any path that stays inside refs/.
+    clean = posixpath.normpath(revision)
+    if os.path.isabs(revision) or clean == ".." or clean.startswith("../"):
+        raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision!r} is not a ref name")
+    ref = os.path.join(repo, "refs", clean)
+    try:
+        with open(ref) as f:
+            commit = f.read().strip()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: model {model_id}: revision {revision} is not in the Hugging Face cache (no {ref}; nothing is downloaded)") from None
+    except OSError as e:  # a directory of refs, say
+        raise CheckpointError(f"model {model_id} revision {revision}: {e}") from None
+    if not is_commit(commit):
+        raise CheckpointError(f"invalid checkpoint: ref {ref} holds {commit!r}, not a commit hash")
+    return commit, ref
 
 
 def _kind(v: Any) -> str:
@@ -262,20 +318,16 @@ def _read_config(c: Checkpoint) -> None:
 
 
 def _load_shards(c: Checkpoint) -> None:
-    idx_path = os.path.join(c.dir, INDEX_NAME)
-    weight_map = None
-    if os.path.exists(idx_path):
-        weight_map, names = _parse_index(idx_path)
-    else:
-        names = _glob_shards(c.dir)
+    chosen = weight_files(c.dir)
+    names = chosen.names
+    idx_path = os.path.join(c.dir, chosen.index)
+    weight_map = _parse_index(idx_path)[0] if chosen.index else None
     for name in names:
         path = os.path.join(c.dir, *name.split("/"))
         try:
             header, size = safetensors.read_header(path)
         except FileNotFoundError as e:
-            if weight_map is not None:
-                raise CheckpointError(f"invalid checkpoint: {idx_path} names shard {name}, which is missing: {e}") from None
-            raise
+            raise CheckpointError(f"invalid checkpoint: shard {name} went missing: {e}") from None
         except safetensors.FormatError as e:
             raise CheckpointError(f"invalid checkpoint: invalid safetensors: {e}") from None
         except OSError as e:
@@ -321,7 +373,10 @@ def _parse_index(idx_path: str) -> tuple[dict[str, str], list[str]]:
         clean = os.path.normpath(shard)
         if clean == ".." or clean.startswith("../") or clean == ".":
             raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {shard!r}, which is not a file inside the checkpoint")
-        wm[tensor] = clean
+        if clean != shard:
+            # vLLM joins the name to the directory as written and finds no
+            # such file among the ones it globbed.
+            raise CheckpointError(f"invalid checkpoint: {idx_path} maps tensor {tensor!r} to {shard!r}, which is not how the file is named ({clean!r})")
         names.add(clean)
     return wm, sorted(names, key=lambda n: n.encode())
 
@@ -344,15 +399,79 @@ def _shard_file(p: str) -> None:
     raise CheckpointError(f"invalid checkpoint: shard {p} is not a regular file")
 
 
-def _glob_shards(directory: str) -> list[str]:
-    names: list[str] = []
-    consolidated: list[str] = []
-    for n in os.listdir(directory):
-        if not n.endswith(".safetensors") or n.startswith("."):
-            continue
-        _shard_file(os.path.join(directory, n))
-        (consolidated if n.startswith("consolidated") else names).append(n)
-    names = names or consolidated
-    if not names:
+@dataclasses.dataclass(frozen=True)
+class WeightFiles:
+    """What the weight-files rule chose in a directory (Go's WeightSet)."""
+
+    names: list[str]  # at the top of the directory, sorted (byte order)
+    index: str  # the index that chose them, "" when none did
+    mistral: bool  # Mistral's consolidated*.safetensors
+
+    def identity_names(self) -> list[str]:
+        """The files the stat identity covers: the index first, then the names."""
+        return ([self.index] if self.index else []) + self.names
+
+
+def _is_shard_name(n: str) -> bool:
+    return n.endswith(".safetensors") and not n.startswith(".")
+
+
+def _is_consolidated_name(n: str) -> bool:
+    return len(n) >= len("consolidated.safetensors") and n.startswith("consolidated") and n.endswith(".safetensors")
+
+
+def _consolidated_anywhere(directory: str) -> tuple[bool, str]:
+    """(a regular consolidated*.safetensors is under directory, the first
+    such name of any kind): vLLM's list_repo_files (rglob, is_file; a
+    symlinked directory is not entered)."""
+    first = ""
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for n in sorted(files + [d for d in dirs if os.path.islink(os.path.join(root, d))]):
+            if not _is_consolidated_name(n):
+                continue
+            p = os.path.join(root, n)
+            first = first or p
+            if os.path.isfile(p):
+                return True, p
+    return False, first
+
+
+def weight_files(directory: str) -> WeightFiles:
+    """Which files of directory are the checkpoint's weights: the files
+    vLLM 0.32.0's DefaultModelLoader reads for load_format auto, as Go's
+    checkpoint.WeightFiles decides them (see there for the rule;
+    testdata/weight_files_vectors.json holds both, and real vLLM, to it).
+    CheckpointError naming the file for anything vLLM would fail on, and
+    for a dangling or unreadable index."""
+    try:
+        entries = os.listdir(directory)
+    except OSError as e:
+        raise CheckpointError(f"unreadable checkpoint: {directory}: {e.strerror or e}") from None
+    mistral, where = _consolidated_anywhere(directory)
+    match, index = (_is_consolidated_name, CONSOLIDATED_INDEX_NAME) if mistral else (_is_shard_name, INDEX_NAME)
+    candidates = sorted((n for n in entries if match(n)), key=lambda n: n.encode())
+    idx_path = os.path.join(directory, index)
+    if os.path.lexists(idx_path) and not os.path.exists(idx_path):
+        raise CheckpointError(f"invalid checkpoint: index {idx_path} is a dangling symlink (to {os.readlink(idx_path)}, which does not exist)")
+    if os.path.exists(idx_path):
+        names = _parse_index(idx_path)[1]
+        have = set(candidates)
+        for n in names:
+            if n not in have:
+                raise CheckpointError(f"invalid checkpoint: {idx_path} names shard {n}, which is missing (no such file at the top of {directory})")
+        chosen = WeightFiles(names, index, mistral)
+    elif candidates:
+        chosen = WeightFiles(candidates, "", mistral)
+    elif mistral:
+        raise CheckpointError(f"invalid checkpoint: {directory} holds {where}, so vLLM reads Mistral's consolidated*.safetensors, "
+                              f"but there are none at the top of {directory}")
+    else:
+        other = sorted(n for n in entries if not n.startswith(".") and (n.endswith(".bin") or n.endswith(".pt")))
+        if other:
+            raise CheckpointError(f"checkpoint not found: no *.safetensors files in {directory} (vLLM would read "
+                                  f"{', '.join(other)}; weightcache serves safetensors only)")
         raise CheckpointError(f"checkpoint not found: no *.safetensors files in {directory}")
-    return sorted(names, key=lambda n: n.encode())
+    for n in chosen.names:
+        _shard_file(os.path.join(directory, n))
+    return chosen

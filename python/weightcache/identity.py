@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from . import checkpoint, dtypes, safetensors
-from .checkpoint import INDEX_NAME, Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
     from .checkpoint import Shard
@@ -45,11 +45,18 @@ def stat_identity(directory: str, names: Sequence[Any]) -> list[dict[str, Any]]:
 
 def files_change(offered: Sequence[dict[str, Any]], directory: str) -> str:
     """How the files under directory differ from the identity a daemon
-    offered: "" when they are the same files, unchanged (Go's filesChange)."""
+    offered: "" when they are the same files, unchanged (Go's filesChange).
+    The files are this engine's own choice (checkpoint.weight_files, what
+    vLLM reads), never the daemon's list: a daemon serving other files of
+    the directory is a named difference."""
     if not offered:
         return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
     try:
-        mine = stat_identity(directory, [f.get("name") for f in offered])
+        names = checkpoint.weight_files(directory).identity_names()
+        theirs = [f.get("name") for f in offered]
+        if theirs != names:
+            return f"the daemon serves the files {theirs}, this engine reads {names}"
+        mine = stat_identity(directory, names)
     except (OSError, CheckpointError) as e:
         return str(e)
     return diff(offered, mine)
@@ -78,14 +85,10 @@ def diff(want: Sequence[dict[str, Any]], got: Sequence[dict[str, Any]]) -> str:
 def _locate(model: str, revision: Optional[str]) -> Optional[tuple[str, str]]:
     """(directory, revision) as resolve() finds them, or None to leave the
     errors to resolve()."""
-    if os.path.isdir(model):
-        return os.path.abspath(model), revision or ""
-    if not os.path.exists(model) and checkpoint.is_hub_id(model):
-        try:
-            return checkpoint._resolve_hub(model, revision or "")
-        except CheckpointError:
-            return None
-    return None
+    try:
+        return checkpoint.locate(model, revision)
+    except CheckpointError:
+        return None
 
 
 def light_fingerprint(req: Request) -> tuple[Fingerprint, str]:
@@ -113,17 +116,8 @@ def shard_paths(model: str, revision: Optional[str] = None) -> tuple[str, list[s
     if loc is None:
         c = checkpoint.resolve(model, revision)  # raises the error that names what is missing
         return c.dir, [s.path for s in c.shards]
-    names = _shard_names(loc[0])
-    if not names:
-        raise CheckpointError(f"no *.safetensors files in {loc[0]}")
+    names = checkpoint.weight_files(loc[0]).names
     return loc[0], [os.path.join(loc[0], *n.split("/")) for n in names]
-
-
-def _shard_names(directory: str) -> list[str]:
-    idx = os.path.join(directory, INDEX_NAME)
-    if os.path.exists(idx):
-        return checkpoint._parse_index(idx)[1]
-    return checkpoint._glob_shards(directory)
 
 
 class _RawShard:
@@ -154,7 +148,7 @@ def quick_fingerprint(req: Request) -> tuple[Fingerprint, str]:
         checkpoint._read_config(c)
         if c.torch_dtype:
             try:
-                shards = [_RawShard(n, os.path.join(c.dir, *n.split("/"))) for n in _shard_names(c.dir)]
+                shards = [_RawShard(n, os.path.join(c.dir, *n.split("/"))) for n in checkpoint.weight_files(c.dir).names]
             except (OSError, CheckpointError):
                 shards = None
             if shards is not None:

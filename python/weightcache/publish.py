@@ -14,7 +14,7 @@ import torch
 
 from . import cuda, dtypes, identity, index, protocol
 from .attach import device_key
-from .checkpoint import INDEX_NAME, resolve
+from .checkpoint import resolve, weight_files
 from .fingerprint import Request
 
 ALIGNMENT = 256  # backend.Alignment
@@ -85,10 +85,7 @@ class Publisher:
                                                     engine_config=engine_config))
         # What later engines compare their files with instead of hashing
         # headers (Go's Checkpoint.Identity).
-        names = [s.name for s in ckpt.shards]
-        if os.path.exists(os.path.join(ckpt.dir, INDEX_NAME)):
-            names.insert(0, INDEX_NAME)
-        self.identity = identity.stat_identity(ckpt.dir, names)
+        self.identity = identity.stat_identity(ckpt.dir, weight_files(ckpt.dir).identity_names())
         # A torch device ("cuda:1") names the daemon of that physical GPU.
         self.device = device_key(device)
         self.dir = socket_dir or protocol.default_socket_dir()
