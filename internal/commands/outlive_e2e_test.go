@@ -170,20 +170,19 @@ func holdLeases(t *testing.T, dir string, n int, models map[string]string, tp in
 	return out
 }
 
+// leasesIn is the leases every daemon in dir holds.
 func leasesIn(t *testing.T, dir string) int {
 	t.Helper()
-	sts, err := client.Status(context.Background(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, st := range sts {
-		n += st.Leases
-	}
-	return n
+	return sumStatus(t, dir, func(st client.DaemonStatus) int { return st.Leases })
 }
 
+// carriedIn is the leases whose connections their ranks' launchers hold.
 func carriedIn(t *testing.T, dir string) int {
+	t.Helper()
+	return sumStatus(t, dir, func(st client.DaemonStatus) int { return st.LeasesCarried })
+}
+
+func sumStatus(t *testing.T, dir string, field func(client.DaemonStatus) int) int {
 	t.Helper()
 	sts, err := client.Status(context.Background(), dir)
 	if err != nil {
@@ -191,7 +190,7 @@ func carriedIn(t *testing.T, dir string) int {
 	}
 	n := 0
 	for _, st := range sts {
-		n += st.LeasesCarried
+		n += field(st)
 	}
 	return n
 }

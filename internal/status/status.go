@@ -36,8 +36,8 @@ type Daemon struct {
 	LoadSeconds    float64          `json:"load_seconds"`
 	Leases         int              `json:"leases"`
 	LeasesCarried  int              `json:"leases_carried,omitempty"` // those a restart of the rank keeps (its launcher holds their connections)
-	LeaseLimit     int              `json:"lease_limit"`    // leases the daemon grants at most
-	LeasesRefused  int64            `json:"leases_refused"` // a process over its cap, or the table full
+	LeaseLimit     int              `json:"lease_limit"`              // leases the daemon grants at most
+	LeasesRefused  int64            `json:"leases_refused"`           // a process over its cap, or the table full
 	Connections    int              `json:"connections"`
 	QueuedFDs      int              `json:"queued_fds"` // in replies not known to be read
 	Handshakes     map[string]int64 `json:"handshakes"` // by result: hit, fingerprint_mismatch, ...
