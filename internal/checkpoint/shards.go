@@ -38,12 +38,10 @@ func (c *Checkpoint) loadShards() error {
 // shardList is what the weight-files rule (weights.go) chose, and what
 // the index said.
 type shardList struct {
-	set     WeightSet
+	set     WeightSet // set.Index is "" when no index chose the names
 	idxPath string    // the index the rule looks for
-	indexed bool      // it exists and chose the names
 	data    []byte    // the index
 	sum     *indexSum // of a plain index
-	names   []string  // set.Names
 }
 
 // listShards names the shard files (WeightFiles) and records their stat
@@ -59,7 +57,7 @@ func (c *Checkpoint) listShards() (*shardList, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.Identity, err = recordIdentity(c.Dir, l.names, ""); err != nil {
+	if c.Identity, err = recordIdentity(c.Dir, l.set.Names, ""); err != nil {
 		return nil, err
 	}
 	if idx := l.set.Index; idx != "" {
@@ -76,18 +74,18 @@ func (c *Checkpoint) listShards() (*shardList, error) {
 // readShards reads every shard of l with read, side by side: at 100,000
 // tensors the parse, not the read, is most of the time.
 func (c *Checkpoint) readShards(l *shardList, read func(dir, name string) (Shard, error)) error {
-	shards := make([]Shard, len(l.names))
-	errs := make([]error, len(l.names))
+	shards := make([]Shard, len(l.set.Names))
+	errs := make([]error, len(l.set.Names))
 	var wg sync.WaitGroup
 	next := make(chan int)
-	for range min(len(l.names), runtime.GOMAXPROCS(0)) {
+	for range min(len(l.set.Names), runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
 			for i := range next {
-				shards[i], errs[i] = read(c.Dir, l.names[i])
+				shards[i], errs[i] = read(c.Dir, l.set.Names[i])
 			}
 		})
 	}
-	for i := range l.names {
+	for i := range l.set.Names {
 		next <- i
 	}
 	close(next)
@@ -97,7 +95,7 @@ func (c *Checkpoint) readShards(l *shardList, read func(dir, name string) (Shard
 			continue
 		}
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: shard %s went missing: %v", ErrInvalid, l.names[i], err)
+			return fmt.Errorf("%w: shard %s went missing: %v", ErrInvalid, l.set.Names[i], err)
 		}
 		return err
 	}
@@ -108,7 +106,7 @@ func (c *Checkpoint) readShards(l *shardList, read func(dir, name string) (Shard
 // check requires the parsed shards to agree with the index, or, without
 // one, no tensor to be in two shards.
 func (l *shardList) check(shards []Shard) error {
-	if l.indexed {
+	if l.set.Index != "" {
 		return checkIndex(l.idxPath, l.data, l.sum, shards)
 	}
 	return checkDisjoint(shards)

@@ -88,7 +88,7 @@ func listWeights(dir string) (*shardList, error) {
 		}
 		l.set.Names = candidates
 	} else {
-		l.indexed, l.data, l.set.Index = true, data, index
+		l.data, l.set.Index = data, index
 		if l.set.Names, l.sum, err = indexShards(l.idxPath, data); err != nil {
 			return nil, err
 		}
@@ -103,7 +103,6 @@ func listWeights(dir string) (*shardList, error) {
 			return nil, err
 		}
 	}
-	l.names = l.set.Names
 	return l, nil
 }
 
