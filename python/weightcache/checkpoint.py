@@ -318,10 +318,9 @@ def _read_config(c: Checkpoint) -> None:
 
 
 def _load_shards(c: Checkpoint) -> None:
-    chosen = weight_files(c.dir)
+    chosen, weight_map = _choose_weights(c.dir)
     names = chosen.names
     idx_path = os.path.join(c.dir, chosen.index)
-    weight_map = _parse_index(idx_path)[0] if chosen.index else None
     for name in names:
         path = os.path.join(c.dir, *name.split("/"))
         try:
@@ -444,6 +443,14 @@ def weight_files(directory: str) -> WeightFiles:
     testdata/weight_files_vectors.json holds both, and real vLLM, to it).
     CheckpointError naming the file for anything vLLM would fail on, and
     for a dangling or unreadable index."""
+    return _choose_weights(directory)[0]
+
+
+def _choose_weights(directory: str) -> tuple[WeightFiles, Optional[dict[str, str]]]:
+    """weight_files, with the weight map of the index that chose the files
+    (None when none did): resolve checks the shards against the very index
+    read here, not against a second read of it."""
+    weight_map: Optional[dict[str, str]] = None
     try:
         entries = os.listdir(directory)
     except OSError as e:
@@ -455,7 +462,7 @@ def weight_files(directory: str) -> WeightFiles:
     if os.path.lexists(idx_path) and not os.path.exists(idx_path):
         raise CheckpointError(f"invalid checkpoint: index {idx_path} is a dangling symlink (to {os.readlink(idx_path)}, which does not exist)")
     if os.path.exists(idx_path):
-        names = _parse_index(idx_path)[1]
+        weight_map, names = _parse_index(idx_path)
         have = set(candidates)
         for n in names:
             if n not in have:
@@ -474,4 +481,4 @@ def weight_files(directory: str) -> WeightFiles:
         raise CheckpointError(f"checkpoint not found: no *.safetensors files in {directory}")
     for n in chosen.names:
         _shard_file(os.path.join(directory, n))
-    return chosen
+    return chosen, weight_map
