@@ -34,7 +34,8 @@ import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from demo_vllm import median_spread  # noqa: E402  (make demo-vllm's: one median and spread)
+# make demo-vllm's model, page-cache handling, and median and spread: one of each.
+from demo_vllm import bench_model, evict, median_spread, warm as warm_cache  # noqa: E402
 
 ENGINE = textwrap.dedent("""
     import json, os, re, sys, time
@@ -119,25 +120,6 @@ def floor(script: str, *args: str) -> dict:
     return json.loads(lines[-1][7:])
 
 
-def evict(model):
-    for n in os.listdir(model):
-        if n.endswith(".safetensors"):
-            fd = os.open(os.path.join(model, n), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def warm_cache(model):
-    for n in os.listdir(model):
-        if n.endswith(".safetensors"):
-            with open(os.path.join(model, n), "rb") as f:
-                while f.read(1 << 24):
-                    pass
-
-
 def cached_bytes(model):
     """Bytes of the checkpoint's files in the page cache (mincore): after an
     eviction, what an engine read of them."""
@@ -201,11 +183,7 @@ def main() -> int:
     ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "weightcache-bench-llama-1g"))
     ap.add_argument("--runs", type=int, default=3, help="rounds, each starting every row once; median and min-max")
     a = ap.parse_args()
-    if not os.path.exists(os.path.join(a.model, "config.json")):
-        sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
-        import models
-        models.big_llama(a.model)
-    size = sum(os.path.getsize(os.path.join(a.model, n)) for n in os.listdir(a.model) if n.endswith(".safetensors"))
+    size = bench_model(a.model)
     work = tempfile.mkdtemp(prefix="wcvb")
     script, floor_script = os.path.join(work, "engine.py"), os.path.join(work, "floor.py")
     with open(script, "w") as f:

@@ -176,6 +176,16 @@ def svg_timeline(rows: Sequence[Tuple[str, Sequence[float]]], title: str, phases
 
 # -- the run ---------------------------------------------------------------
 
+def bench_model(model: str) -> int:
+    """Makes the 1.6 GB Llama at model unless it is there (bench-vllm uses it too);
+    returns its safetensors' size."""
+    if not os.path.exists(os.path.join(model, "config.json")):
+        sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
+        import models  # type: ignore[import-not-found]  # made with transformers, in vLLM's environment
+        models.big_llama(model)
+    return sum(os.path.getsize(os.path.join(model, n)) for n in os.listdir(model) if n.endswith(".safetensors"))
+
+
 def evict(model: str) -> None:
     for n in os.listdir(model):
         if n.endswith(".safetensors"):
@@ -337,11 +347,7 @@ def main() -> int:
     ap.add_argument("--page-cache", choices=("evict", "warm"), default="evict")
     ap.add_argument("--svg", default=os.path.join(ROOT, "docs", "demo-vllm.svg"))
     a = ap.parse_args()
-    if not os.path.exists(os.path.join(a.model, "config.json")):
-        sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
-        import models  # type: ignore[import-not-found]  # made with transformers, in vLLM's environment
-        models.big_llama(a.model)
-    size = sum(os.path.getsize(os.path.join(a.model, n)) for n in os.listdir(a.model) if n.endswith(".safetensors"))
+    size = bench_model(a.model)
     work = tempfile.mkdtemp(prefix="wcdemo-vllm-")
     sock = tempfile.mkdtemp(prefix="wcv")
     os.chmod(sock, 0o700)
