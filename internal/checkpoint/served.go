@@ -138,7 +138,7 @@ func (r *Reader) Copy(s Served, w io.WriterAt, off int64, progress func(int64)) 
 // of the tensor, and returns them as served: in itself, or converted into
 // out, which then holds exactly the converted elements. It is the one place
 // tensors are converted on their way from a checkpoint.
-func (s Served) Read(f *os.File, off int64, in, out []byte) ([]byte, error) {
+func (s Served) Read(f io.ReaderAt, off int64, in, out []byte) ([]byte, error) {
 	at := s.Shard.Header.DataStart + s.Tensor.Begin + off
 	if _, err := f.ReadAt(in, at); err != nil {
 		return nil, fmt.Errorf("read tensor %s from %s at offset %d: %w", s.Tensor.Name, s.Shard.Path, at, err)

@@ -8,6 +8,7 @@ package scatter
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,10 @@ type Config struct {
 	// Read, when set, is advanced by every byte read from the checkpoint,
 	// for progress reports while the load runs.
 	Read *atomic.Int64
+	// Files, when set, are the shard files' bytes by Shard.Path, read
+	// instead of the files themselves: the pieces a node gets from its
+	// peers (internal/peer). The caller keeps them.
+	Files map[string]io.ReaderAt
 }
 
 // Rank is what one target got: sealed segments and its manifest entries.
@@ -164,11 +169,18 @@ func allocate(cfg Config, jobs []*job, res *Result) error {
 // run feeds the tensors, in file order, to the workers and returns the
 // bytes read.
 func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
-	files, err := cfg.Checkpoint.OpenShards()
-	if err != nil {
-		return 0, err
+	files := cfg.Files
+	if files == nil {
+		opened, err := cfg.Checkpoint.OpenShards()
+		if err != nil {
+			return 0, err
+		}
+		defer checkpoint.CloseShards(opened)
+		files = make(map[string]io.ReaderAt, len(opened))
+		for p, f := range opened {
+			files[p] = f
+		}
 	}
-	defer checkpoint.CloseShards(files)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var read atomic.Int64

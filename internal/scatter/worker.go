@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"os"
+	"io"
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
@@ -16,7 +16,7 @@ import (
 // own pinned buffers with asynchronous copies, so that reading the next
 // chunk overlaps the device copying the last.
 type worker struct {
-	files    map[string]*os.File
+	files    map[string]io.ReaderAt
 	chunk    int64
 	read     []byte
 	conv     []byte
@@ -25,7 +25,7 @@ type worker struct {
 	progress func(int64)
 }
 
-func newWorker(cfg Config, files map[string]*os.File, stages int, progress func(int64)) (*worker, error) {
+func newWorker(cfg Config, files map[string]io.ReaderAt, stages int, progress func(int64)) (*worker, error) {
 	w := &worker{files: files, chunk: int64(cfg.ChunkBytes), read: make([]byte, cfg.ChunkBytes), progress: progress,
 		stages: make([]backend.Stage, len(cfg.Targets))}
 	// Targets on one device share its stage.
@@ -286,7 +286,7 @@ func (w *worker) writeTo(t int, pt *part, p []byte, off int64) error {
 }
 
 // file is the open shard that holds s.
-func (w *worker) file(s checkpoint.Served) (*os.File, error) {
+func (w *worker) file(s checkpoint.Served) (io.ReaderAt, error) {
 	if f := w.files[s.Shard.Path]; f != nil {
 		return f, nil
 	}

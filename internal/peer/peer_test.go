@@ -1,0 +1,233 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
+
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+func synth(t *testing.T) *checkpoint.Checkpoint {
+	t.Helper()
+	dir := t.TempDir()
+	if err := checkpoint.Synth(dir, "tiny", 2, "bfloat16"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := checkpoint.Resolve(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func token(t *testing.T, tok string) *Auth {
+	f := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(f, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := &Auth{TokenFile: f}
+	if err := a.Load(); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// serve starts a peer serving s and returns its address.
+func serve(t *testing.T, a *Auth, log *slog.Logger, stores ...*Store) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := &Server{Auth: a, Log: log, Timeout: 2 * time.Second}
+	for _, s := range stores {
+		sv.Add(s)
+	}
+	go func() { _ = sv.Serve(l) }()
+	t.Cleanup(func() { _ = sv.Close() })
+	return l.Addr().String()
+}
+
+// same checks that the store holds exactly the checkpoint's files.
+func same(t *testing.T, c *checkpoint.Checkpoint, s *Store) {
+	t.Helper()
+	for path, r := range s.Readers(context.Background()) {
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(want))
+		if _, err := r.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: the store's bytes differ from the file's", path)
+		}
+	}
+}
+
+func seeded(t *testing.T, c *checkpoint.Checkpoint, pieceSize int64) (*Store, string) {
+	s, err := NewStore(c, pieceSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	digest, err := s.FillFromStorage(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, digest
+}
+
+func TestSeedFromPeersByteForByte(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	first, digest := seeded(t, c, 64<<10)
+	addr := serve(t, a, slog.New(slog.DiscardHandler), first)
+
+	s, err := NewStore(c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: 2 * time.Second, Log: slog.New(slog.DiscardHandler)}
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	if sd.FromStorage.Load() != 0 || sd.FromPeers.Load() != c.Size() {
+		t.Fatalf("from peers %d, from storage %d; want %d and 0", sd.FromPeers.Load(), sd.FromStorage.Load(), c.Size())
+	}
+}
+
+func TestWrongPieceIsDroppedAndItsPeerNamed(t *testing.T) {
+	c := synth(t)
+	a := token(t, "t")
+	good, digest := seeded(t, c, 64<<10)
+	bad, _ := seeded(t, c, 64<<10)
+	bad.slot(0, 1)[7] ^= 0xff // one byte of one piece
+	var logs logBuf
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	badAddr := serve(t, a, log, bad)
+	goodAddr := serve(t, a, log, good)
+
+	s, _ := NewStore(c, 64<<10)
+	defer s.Close()
+	sd := &Seeder{Auth: a, Peers: []string{badAddr, goodAddr}, Digest: digest, Timeout: 2 * time.Second, Log: log, Workers: 1}
+	// Every piece is asked of the bad peer while it is the least busy.
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	if n := strings.Count(logs.String(), "peer served a wrong piece"); n > 1 {
+		t.Fatalf("%d wrong-piece lines, want at most 1 (the peer is avoided after it):\n%s", n, logs.String())
+	}
+}
+
+func TestWrongPieceWhereTheBadPeerHasIt(t *testing.T) {
+	c := synth(t)
+	a := token(t, "t")
+	bad, digest := seeded(t, c, 64<<10)
+	bad.slot(0, 0)[0] ^= 1
+	var logs logBuf
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	addr := serve(t, a, log, bad)
+	s, _ := NewStore(c, 64<<10)
+	defer s.Close()
+	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: 500 * time.Millisecond, Log: log}
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	if !strings.Contains(logs.String(), "peer served a wrong piece") || !strings.Contains(logs.String(), addr) {
+		t.Fatalf("no line names the peer %s:\n%s", addr, logs.String())
+	}
+	if sd.FromStorage.Load() == 0 {
+		t.Fatal("the pieces only the bad peer had did not come from storage")
+	}
+}
+
+func TestUntrustedManifestIsRefused(t *testing.T) {
+	c := synth(t)
+	a := token(t, "t")
+	first, _ := seeded(t, c, 64<<10)
+	addr := serve(t, a, slog.New(slog.DiscardHandler), first)
+	s, _ := NewStore(c, 64<<10)
+	defer s.Close()
+	for _, sd := range []*Seeder{
+		{Auth: a, Peers: []string{addr}, Timeout: 300 * time.Millisecond},                                              // no root at all
+		{Auth: a, Peers: []string{addr}, Digest: "sha256:" + strings.Repeat("0", 64), Timeout: 300 * time.Millisecond}, // another
+	} {
+		sd.Log = slog.New(slog.DiscardHandler)
+		if err := sd.Fill(context.Background(), s); err == nil || !strings.Contains(err.Error(), "trusted manifest") {
+			t.Fatalf("got %v, want a refusal for want of a trusted manifest", err)
+		}
+	}
+}
+
+func TestPeerWithoutTheTokenIsRefused(t *testing.T) {
+	c := synth(t)
+	first, digest := seeded(t, c, 64<<10)
+	var logs logBuf
+	addr := serve(t, token(t, "right"), slog.New(slog.NewTextHandler(&logs, nil)), first)
+	s, _ := NewStore(c, 64<<10)
+	defer s.Close()
+	sd := &Seeder{Auth: token(t, "wrong"), Peers: []string{addr}, Digest: digest, Timeout: 300 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
+	if err := sd.Fill(context.Background(), s); err == nil {
+		t.Fatal("a peer with the wrong token was served")
+	}
+	if !strings.Contains(logs.String(), "no valid token") {
+		t.Fatalf("the refusal is not logged:\n%s", logs.String())
+	}
+}
+
+func TestAuthIsRequired(t *testing.T) {
+	if err := (&Auth{}).Load(); err == nil || !strings.Contains(err.Error(), "--peer-token-file") {
+		t.Fatalf("got %v", err)
+	}
+	if err := (&Auth{CertFile: "x"}).Load(); err == nil || !strings.Contains(err.Error(), "--peer-tls-ca") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestReaderWaitsForThePiece(t *testing.T) {
+	c := synth(t)
+	s, err := NewStore(c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	done := make(chan error, 1)
+	go func() {
+		var r io.ReaderAt = s.Readers(context.Background())[c.Shards[0].Path]
+		_, err := r.ReadAt(make([]byte, 10), 0)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("read before the piece was there: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := s.FillFromStorage(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
