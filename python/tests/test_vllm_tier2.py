@@ -46,7 +46,7 @@ def _as_moe(monkeypatch):
 
 
 REFUSED = {
-    "cpu": (_as_cpu_platform, "the CPU platform keeps post-processed linear weights in oneDNN handles"),
+    "cpu": (_as_cpu_platform, "the CPU platform post-processes linear layers into kernels held outside the parameters"),
     "moe": (_as_moe, "MoE: expert kernels are built in post-processing"),
 }
 

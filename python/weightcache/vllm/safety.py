@@ -24,11 +24,12 @@ def unsafe_for_processed(vllm_config: Any, model_config: Any, api: Optional[Vllm
     kv_dtype = getattr(cache, "cache_dtype", "auto")
     checks: list[tuple[Any, str]] = [
         # vLLM 0.32 linear.py UnquantizedLinearMethod.process_weights_after_loading
-        # on the CPU: dispatch_cpu_unquantized_gemm (layers/utils.py) moves the
-        # weight into a oneDNN handle held by layer.cpu_linear and leaves the
-        # parameter empty; a restored model has no cpu_linear.
-        (platform == "cpu",
-         "the CPU platform keeps post-processed linear weights in oneDNN handles (layer.cpu_linear), not in parameters"),
+        # on the CPU: dispatch_cpu_unquantized_gemm (layers/utils.py) sets
+        # layer.cpu_linear, a kernel closure that is no parameter, and where
+        # oneDNN or the AMX kernel takes the layer (most CPUs) packs the weight
+        # into it and empties the parameter. A restore carries tensors only, so
+        # a restored model has no cpu_linear.
+        (platform == "cpu", "the CPU platform post-processes linear layers into kernels held outside the parameters (layer.cpu_linear)"),
         (platform not in (None, "cpu", "cuda"), f"platform {platform}"),
         # unquantized_fused_moe_method.py: the expert kernel is built in
         # process_weights_after_loading, and its forward asserts it.

@@ -3,7 +3,7 @@
 vLLM's CPU build cannot run (tier 2 over processed weights, FP8), and the
 CUDA platform's post-processing of unquantized layers leaves parameters as
 loaded (vLLM 0.32 linear.py UnquantizedLinearMethod.process_weights_after_loading,
-whose CPU branch moves them into oneDNN handles instead: python/tests_vllm
+whose CPU branch gives each layer a kernel closure instead: python/tests_vllm
 runs that one for real). Memory usage reads the allocator as CudaPlatform
 does (cuda.py get_current_memory_usage -> max_memory_allocated)."""
 
