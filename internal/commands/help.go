@@ -11,7 +11,7 @@ import (
 
 // groupOrder is the order flag groups are printed in. Help lists a command's
 // flags under these headings, so that preload's thirty flags read by topic.
-var groupOrder = []string{"model", "devices", "ranks", "GPU", "serving", "limits", "output", "other"}
+var groupOrder = []string{"model", "devices", "ranks", "GPU", "serving", "peers", "limits", "output", "other"}
 
 // flagGroups places a flag by name; a flag's name means the same thing in
 // every command. A flag missing here lands in its command's fallback group
@@ -35,6 +35,10 @@ var flagGroups = map[string]string{
 	"socket-dir": "serving", "drain-timeout": "serving", "weight-cache-health-host": "serving",
 	"weight-cache-health-port": "serving", "mode": "serving", "fallback": "serving",
 	"connect-timeout": "serving", "state-timeout": "serving",
+
+	"peers": "peers", "peer-listen": "peers", "peer-tls-cert": "peers", "peer-tls-key": "peers", "peer-tls-ca": "peers",
+	"peer-token-file": "peers", "peer-manifest-digest": "peers", "peer-trust-peers": "peers", "peer-rate-limit": "peers",
+	"peer-max-conns": "peers", "peer-timeout": "peers",
 
 	"load-workers": "limits", "read-limit": "limits",
 

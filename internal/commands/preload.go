@@ -2,10 +2,14 @@ package commands
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/daemon"
@@ -35,6 +39,8 @@ type preloadFlags struct {
 	settings                        daemon.Settings // GPU comes from gpu
 	gpu                             gpuFlags
 	takeover, waitAfterHandover     bool
+	peers                           launcher.Peers
+	peerAddrs                       string
 }
 
 func (p *preloadFlags) register(fs *flag.FlagSet) {
@@ -57,6 +63,70 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.takeover, "takeover", false, "take the segments, sockets and leases of a preload of the same model and devices running in --socket-dir (a restart or upgrade without reading the checkpoint); load from it as usual when none runs or its cache is stale")
 	fs.BoolVar(&p.waitAfterHandover, "wait-after-handover", false, "once a successor has taken this preload's cache, wait for SIGTERM instead of exiting 0 (a DaemonSet container: its kubelet would restart it)")
 	p.gpu.register(fs)
+	fs.StringVar(&p.peers.Listen, "peer-listen", "", "serve the checkpoints this preload holds to other nodes' preloads on this TCP address, e.g. :7070 (read-only, authenticated peers only)")
+	fs.StringVar(&p.peerAddrs, "peers", "", "seed the load from these nodes' preloads before storage: HOST:PORT, comma-separated; a host name is every address it resolves to (a headless Service)")
+	fs.StringVar(&p.peers.Auth.CertFile, "peer-tls-cert", "", "this node's certificate (PEM) for mutual TLS with peers")
+	fs.StringVar(&p.peers.Auth.KeyFile, "peer-tls-key", "", "the key of --peer-tls-cert (PEM)")
+	fs.StringVar(&p.peers.Auth.CAFile, "peer-tls-ca", "", "the cluster CA (PEM): a peer is any holder of a certificate it signed")
+	fs.StringVar(&p.peers.Auth.TokenFile, "peer-token-file", "", "a file holding the token peers share (sent as a bearer token; with TLS or on its own)")
+	fs.StringVar(&p.peers.Digest, "peer-manifest-digest", "", "the digest (sha256:HEX) of the piece manifest every byte from peers is checked against, or @FILE holding it (a checkpoint from the hub cache needs none: its blob names are the root)")
+	fs.BoolVar(&p.peers.Trust, "peer-trust-peers", false, "take the manifest from the authenticated peers themselves when there is no digest to check it against")
+	bytesVar(fs, &p.peers.Rate, "peer-rate-limit", 0, "cap on the bytes served to all peers, a `size` per second (0: none)")
+	fs.IntVar(&p.peers.MaxConns, "peer-max-conns", 64, "peer connections served at once; more wait to be accepted")
+	fs.DurationVar(&p.peers.Timeout, "peer-timeout", 10*time.Second, "how long a piece may wait for a peer before it is read from storage, and the bound on each peer request")
+}
+
+// peerConfig checks the peer flags and returns the launcher's, or nil
+// when this preload neither seeds from peers nor serves them.
+func (p *preloadFlags) peerConfig(fs *flag.FlagSet) (*launcher.Peers, error) {
+	for _, a := range strings.Split(p.peerAddrs, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, usageErrorf("--peers %q: want HOST:PORT: %v", a, err)
+		}
+		p.peers.Addrs = append(p.peers.Addrs, a)
+	}
+	if p.peers.Listen == "" && len(p.peers.Addrs) == 0 {
+		for _, name := range []string{"peer-tls-cert", "peer-tls-key", "peer-tls-ca", "peer-token-file", "peer-manifest-digest", "peer-trust-peers", "peer-rate-limit", "peer-max-conns", "peer-timeout"} {
+			if flagSet(fs, name) {
+				return nil, usageErrorf("--%s needs --peers or --peer-listen", name)
+			}
+		}
+		return nil, nil
+	}
+	if p.settings.PublishOnly {
+		return nil, usageErrorf("--publish-only loads nothing: it has no checkpoint to take from peers or serve them")
+	}
+	if p.peers.Listen != "" {
+		if _, _, err := net.SplitHostPort(p.peers.Listen); err != nil {
+			return nil, usageErrorf("--peer-listen %q: want [HOST]:PORT: %v", p.peers.Listen, err)
+		}
+	}
+	if d, ok := strings.CutPrefix(p.peers.Digest, "@"); ok {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			return nil, usageErrorf("--peer-manifest-digest: %v", err)
+		}
+		p.peers.Digest = strings.TrimSpace(string(b))
+	}
+	if d := p.peers.Digest; d != "" {
+		hexPart, ok := strings.CutPrefix(d, "sha256:")
+		if _, err := hex.DecodeString(hexPart); !ok || err != nil || len(hexPart) != 64 {
+			return nil, usageErrorf("--peer-manifest-digest %q: want sha256: and 64 hex digits", d)
+		}
+	}
+	if p.peers.MaxConns < 1 {
+		return nil, usageErrorf("--peer-max-conns must be at least 1, got %d", p.peers.MaxConns)
+	}
+	if p.peers.Timeout <= 0 {
+		return nil, usageErrorf("--peer-timeout must be positive, got %s", p.peers.Timeout)
+	}
+	if p.peers.Rate < 0 {
+		return nil, usageErrorf("--peer-rate-limit must not be negative")
+	}
+	return &p.peers, nil
 }
 
 func runPreload(ctx context.Context, e env, args []string) error {
@@ -83,6 +153,9 @@ func runPreload(ctx context.Context, e env, args []string) error {
 	}
 	cfg.Stdout, cfg.Stderr = e.stdout, e.stderr
 	cfg.Takeover, cfg.WaitAfterHandover, cfg.Version = p.takeover, p.waitAfterHandover, version.Name()
+	if cfg.Peers, err = p.peerConfig(fs); err != nil {
+		return err
+	}
 	con := newConsole(e.stdout, e.stderr)
 	if con != nil {
 		// Ranks log through the console too (a pipe instead of the

@@ -59,6 +59,9 @@ type Config struct {
 	// back.
 	WaitAfterHandover bool
 	Version           string // this binary's, told to a predecessor or successor
+	// Peers, when set, seeds loads from other nodes and serves them this
+	// node's (peers.go).
+	Peers *Peers
 }
 
 type launcher struct {
@@ -83,6 +86,7 @@ type launcher struct {
 	pred     *predecessor    // --takeover: the preload taken over (takeover.go)
 	ctlSock  *sockets.Socket // where successors ask for the cache (handover.go)
 	store    *fdStore        // systemd's fd store (fdstore.go)
+	peers    *peering        // --peer-listen, --peers (peers.go)
 }
 
 // Run starts every rank, prints the ready line once all serve (on every
@@ -99,7 +103,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := sockets.EnsureDir(cfg.SocketDir); err != nil {
 		return err
 	}
-	l := &launcher{cfg: cfg, log: cfg.Logger, ranks: ranks, exited: make(chan *proc, len(ranks)*len(cfg.Groups))}
+	l := &launcher{cfg: cfg, log: cfg.Logger, ranks: ranks, exited: make(chan *proc, len(ranks)*len(cfg.Groups)), peers: newPeering(cfg.Peers)}
 	if l.held, err = l.identities(); err != nil {
 		return err
 	}
@@ -116,6 +120,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := l.prepare(); err != nil {
 		return err
 	}
+	if err := l.startPeers(ctx); err != nil {
+		return err
+	}
+	defer l.stopPeers()
 	if err := l.start(ctx); err != nil {
 		l.abort(err)
 		return err
@@ -320,7 +328,11 @@ func (l *launcher) progress() (int64, int64) {
 	for _, g := range l.cfg.Groups {
 		total += g.Checkpoint.Size()
 	}
-	return l.read.Load(), total
+	n := l.read.Load()
+	if l.peers != nil {
+		n += l.peers.fromPeers.Load()
+	}
+	return n, total
 }
 
 // spawnAll starts a daemon per rank and group.

@@ -79,11 +79,30 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		}
 		cfg.Targets = append(cfg.Targets, scatter.Target{Backend: be, TPRank: p.TPRank})
 	}
+	// With peers, the loader reads the files from a store that peers (or
+	// storage, paced there) fill: l.read counts storage bytes only.
+	var fl *fill
+	if l.peers != nil {
+		cfg.Read, cfg.ReadLimit = nil, 0
+		if fl, err = l.fillFromPeers(ctx, g, &cfg); err != nil {
+			return err
+		}
+	}
 	// Ranks serve their sockets while the launcher reads: status shows
 	// how far it has come (the sends stop before the hand-off's).
 	stop, sent := make(chan struct{}), make(chan struct{})
-	go reportProgress(procs, func() (int64, int64) { return l.read.Load(), g.Checkpoint.Size() }, stop, sent)
+	go reportProgress(procs, func() (int64, int64) { return l.progress() }, stop, sent)
 	res, err := scatter.Load(ctx, cfg)
+	if fl != nil {
+		if err == nil {
+			// Whole, headers and all, before it is offered as the checkpoint.
+			err = fl.wait()
+		}
+		fl.release(err == nil)
+		if res != nil {
+			res.ReadBytes = fl.fromStorage.Load()
+		}
+	}
 	close(stop)
 	<-sent
 	if err != nil {

@@ -79,6 +79,12 @@ type ReadyLine struct {
 	SourcePID     int    `json:"source_pid,omitempty"`
 	SourceVersion string `json:"source_version,omitempty"`
 	Reason        string `json:"reason,omitempty"`
+	// PeerBytes and StorageBytes are where a load with --peers or
+	// --peer-listen got its checkpoint bytes; PeerManifest is the digest
+	// of the manifest every piece was checked against (the main group's).
+	PeerBytes    *int64 `json:"peer_bytes,omitempty"`
+	StorageBytes *int64 `json:"storage_bytes,omitempty"`
+	PeerManifest string `json:"peer_manifest,omitempty"`
 	// Leases is how many leases a predecessor handed over.
 	Leases int `json:"leases,omitempty"`
 	// Generation is this launch's ownership of its sockets: one more than
@@ -116,6 +122,16 @@ func (l *launcher) printReady() error {
 		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.offer.PID, l.pred.offer.Binary
 	case l.store.reason != "" && line.Reason == "":
 		line.Reason = l.store.reason
+	}
+	if pc := l.peers; pc != nil {
+		fromPeers, fromStorage := pc.fromPeers.Load(), pc.fromStorage.Load()
+		line.PeerBytes, line.StorageBytes = &fromPeers, &fromStorage
+		pc.mu.Lock()
+		line.PeerManifest = pc.digests[l.cfg.Groups[0].Name]
+		pc.mu.Unlock()
+		if fromPeers > 0 && line.Source == SourceCheckpoint {
+			line.Source = SourcePeers
+		}
 	}
 	for i, p := range l.procsSnapshot() {
 		spec, err := l.spec(l.groupIndex(p.group), p.Rank)

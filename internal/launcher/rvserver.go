@@ -26,7 +26,7 @@ type rvServer struct {
 	closing atomic.Bool // this node is stopping: peers leaving is expected
 }
 
-type peer struct {
+type rvPeer struct {
 	conn net.Conn
 	enc  *json.Encoder
 	dec  *json.Decoder
@@ -34,7 +34,7 @@ type peer struct {
 }
 
 type peerMsg struct {
-	p   *peer
+	p   *rvPeer
 	msg rvMsg
 	err error
 }
@@ -98,13 +98,13 @@ func (s *rvServer) run() {
 }
 
 // gather accepts joins until every node is in or the timeout passes.
-func (s *rvServer) gather() ([]*peer, error) {
+func (s *rvServer) gather() ([]*rvPeer, error) {
 	arrivals := make(chan peerMsg)
 	go s.accept(arrivals)
 	timer := time.NewTimer(s.timeout)
 	defer timer.Stop()
-	byNode := map[int]*peer{}
-	var peers []*peer
+	byNode := map[int]*rvPeer{}
+	var peers []*rvPeer
 	for len(byNode) < s.nnodes {
 		select {
 		case a := <-arrivals:
@@ -144,7 +144,7 @@ func (s *rvServer) accept(arrivals chan<- peerMsg) {
 		s.conns = append(s.conns, c)
 		s.mu.Unlock()
 		go func() {
-			p := &peer{conn: c, enc: json.NewEncoder(c), dec: json.NewDecoder(c)}
+			p := &rvPeer{conn: c, enc: json.NewEncoder(c), dec: json.NewDecoder(c)}
 			_ = c.SetReadDeadline(time.Now().Add(s.timeout))
 			err := p.dec.Decode(&p.join)
 			_ = c.SetReadDeadline(time.Time{})
@@ -161,8 +161,8 @@ func (s *rvServer) accept(arrivals chan<- peerMsg) {
 
 // check requires every node to agree with node 0 and the ranks of all
 // nodes to cover every (tp_rank, dp_rank) exactly once.
-func (s *rvServer) check(peers []*peer) error {
-	var zero *peer
+func (s *rvServer) check(peers []*rvPeer) error {
+	var zero *rvPeer
 	for _, p := range peers {
 		if p.join.Node == 0 {
 			zero = p
@@ -191,7 +191,7 @@ func (s *rvServer) check(peers []*peer) error {
 
 // follow waits until every node is ready (then tells them all) or one
 // fails (then aborts them all), and afterwards logs nodes that leave.
-func (s *rvServer) follow(peers []*peer, msgs <-chan peerMsg) {
+func (s *rvServer) follow(peers []*rvPeer, msgs <-chan peerMsg) {
 	readyNodes := map[int]bool{}
 	open := len(peers)
 	for open > 0 {
@@ -220,7 +220,7 @@ func (s *rvServer) follow(peers []*peer, msgs <-chan peerMsg) {
 	}
 }
 
-func (s *rvServer) abortAll(peers []*peer, err error) {
+func (s *rvServer) abortAll(peers []*rvPeer, err error) {
 	s.log.Error("rendezvous aborted", "group", s.group, "addr", s.addr, "err", err)
 	s.broadcast(peers, rvMsg{Type: "abort", Error: err.Error()})
 	for _, p := range peers {
@@ -231,7 +231,7 @@ func (s *rvServer) abortAll(peers []*peer, err error) {
 // broadcast holds mu while it writes, so that close (node 0's own launcher
 // stopping because of this very message) cannot cut it off before every
 // node has it.
-func (s *rvServer) broadcast(peers []*peer, m rvMsg) {
+func (s *rvServer) broadcast(peers []*rvPeer, m rvMsg) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range slices.Clone(peers) {

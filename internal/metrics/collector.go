@@ -31,6 +31,9 @@ var (
 	descConns      = desc("weightcache_connections", "Open client connections.")
 	descQueued     = desc("weightcache_queued_descriptors", "Descriptors sent in replies their clients have not read yet (capped at a 16th of RLIMIT_NOFILE).")
 	descRestarts   = desc("weightcache_rank_restarts_total", "Times the rank's daemon died and was replaced on its socket with its segments, reading nothing.")
+	descPeerBytes  = prometheus.NewDesc("weightcache_peer_bytes_total", "Checkpoint bytes the launcher got from peers (--peers), each piece checked against the manifest.", nil, nil)
+	descStorBytes  = prometheus.NewDesc("weightcache_storage_bytes_total", "Checkpoint bytes the launcher read from storage while peering: those no peer served.", nil, nil)
+	descPeerSent   = prometheus.NewDesc("weightcache_peer_sent_bytes_total", "Checkpoint bytes this node served to peers (--peer-listen).", nil, nil)
 	descRead       = prometheus.NewDesc("weightcache_checkpoint_read_bytes_total", "Checkpoint bytes the launcher read since it started: one checkpoint, unless a load was repeated.", nil, nil)
 )
 
@@ -42,7 +45,7 @@ type collector struct{ src Source }
 func newCollector(src Source) *collector { return &collector{src: src} }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descQueued, descRestarts, descRead} {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descQueued, descRestarts, descRead, descPeerBytes, descStorBytes, descPeerSent} {
 		ch <- d
 	}
 }
@@ -50,6 +53,15 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if rb, ok := c.src.(interface{ ReadBytes() int64 }); ok {
 		ch <- prometheus.MustNewConstMetric(descRead, prometheus.CounterValue, float64(rb.ReadBytes()))
+	}
+	if pb, ok := c.src.(interface {
+		PeerBytes() (fromPeers, fromStorage, sent int64, ok bool)
+	}); ok {
+		if fromPeers, fromStorage, sent, ok := pb.PeerBytes(); ok {
+			ch <- prometheus.MustNewConstMetric(descPeerBytes, prometheus.CounterValue, float64(fromPeers))
+			ch <- prometheus.MustNewConstMetric(descStorBytes, prometheus.CounterValue, float64(fromStorage))
+			ch <- prometheus.MustNewConstMetric(descPeerSent, prometheus.CounterValue, float64(sent))
+		}
 	}
 	ranks := c.src.Ranks()
 	stats, _ := fetchStats(ranks)

@@ -146,7 +146,9 @@ func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, int
 // manifest takes the first manifest a peer serves that a trusted root
 // vouches for: the operator's digest, the hub's blob names, or (when the
 // operator said so) the authenticated peers themselves. Peers are asked
-// until Timeout: a fleet's first node may still be reading storage.
+// until Timeout has passed with none of them reading storage: a fleet's
+// first node is waited for as long as it reads, since the alternative is
+// every node reading storage at once.
 func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
 	if sd.Digest == "" && !sd.Trust && !sd.hub() {
 		return fmt.Errorf("%w: no trusted root for it (give --peer-manifest-digest, or --peer-trust-peers)", ErrNoManifest)
@@ -155,7 +157,10 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
 	said := map[string]bool{}
 	for {
 		for _, p := range peers {
-			raw, _, err := sd.get(ctx, p.url+"/manifest", 64<<20)
+			raw, code, err := sd.get(ctx, p.url+"/manifest", 64<<20)
+			if code == http.StatusServiceUnavailable {
+				deadline = time.Now().Add(sd.Timeout)
+			}
 			if err == nil {
 				var m Manifest
 				if err = sd.trusted(raw, &m); err == nil {
@@ -194,6 +199,9 @@ func (sd *Seeder) trusted(raw []byte, m *Manifest) error {
 	}
 	if err := m.matches(sd.store.ckpt); err != nil {
 		return err
+	}
+	if m.PieceSize != sd.store.pieceSize {
+		return fmt.Errorf("manifest in pieces of %d bytes, this node's are %d", m.PieceSize, sd.store.pieceSize)
 	}
 	if sd.Digest == "" && !sd.Trust {
 		for i, sh := range sd.store.ckpt.Shards {
@@ -411,7 +419,7 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 		return errors.New("the peer sent more than the piece")
 	}
 	if ok, got := s.check(id.file, id.piece); !ok {
-		return &wrongPiece{got: got, want: s.man.Files[id.file].Pieces[id.piece]}
+		return &wrongPiece{got: got, want: s.want(id.file, id.piece)}
 	}
 	sd.FromPeers.Add(int64(len(slot)))
 	s.put(id.file, id.piece)
@@ -433,7 +441,7 @@ func (sd *Seeder) fromStorage(id pieceID) error {
 	}
 	if ok, got := s.check(id.file, id.piece); !ok {
 		return fmt.Errorf("%s piece %d (at %d) hashes to %s in storage, the manifest says %s: the files are not the manifest's",
-			sh.Path, id.piece, off, got, s.man.Files[id.file].Pieces[id.piece])
+			sh.Path, id.piece, off, got, s.want(id.file, id.piece))
 	}
 	sd.FromStorage.Add(int64(len(slot)))
 	s.put(id.file, id.piece)

@@ -103,6 +103,7 @@ type Server struct {
 	pace      checkpoint.Pacer
 	paceBytes atomic.Int64
 	srv       *http.Server
+	refused   map[string]time.Time // host: when its refusal was last logged
 }
 
 // Add serves s's pieces from now on.
@@ -164,13 +165,32 @@ func (sv *Server) authenticate(next http.Handler) http.Handler {
 		if tok := sv.Auth.token; tok != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok)) != 1 {
-				sv.Log.Warn("peer refused: no valid token", "peer", r.RemoteAddr)
+				if sv.firstRefusal(r.RemoteAddr) {
+					sv.Log.Warn("peer refused: no valid token (said once a minute per address)", "peer", r.RemoteAddr)
+				}
 				http.Error(w, "a valid peer token is required", http.StatusUnauthorized)
 				return
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// firstRefusal says whether a refusal of addr's host is worth a log line:
+// a peer retrying with the wrong token would otherwise fill the log.
+func (sv *Server) firstRefusal(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	now := time.Now()
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.refused == nil || len(sv.refused) > 4096 {
+		sv.refused = map[string]time.Time{}
+	}
+	if now.Sub(sv.refused[host]) < time.Minute {
+		return false
+	}
+	sv.refused[host] = now
+	return true
 }
 
 func (sv *Server) store(w http.ResponseWriter, r *http.Request) *Store {
@@ -188,8 +208,14 @@ func (sv *Server) manifest(w http.ResponseWriter, r *http.Request) {
 	if s == nil {
 		return
 	}
-	raw := s.manifest()
-	if raw == nil {
+	raw, reading := s.manifest()
+	switch {
+	case raw == nil && reading:
+		// Storage is read once for the fleet: better to wait for this
+		// node than to read it again.
+		http.Error(w, "this node is reading the checkpoint from storage: its manifest is known once it has", http.StatusServiceUnavailable)
+		return
+	case raw == nil:
 		http.Error(w, "the manifest is not known yet", http.StatusNotFound)
 		return
 	}
@@ -278,4 +304,13 @@ func (c *slotConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
+}
+
+// Remove stops serving s, if it is the store served for its checkpoint.
+func (sv *Server) Remove(s *Store) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.stores[s.ckpt.Hash()] == s {
+		delete(sv.stores, s.ckpt.Hash())
+	}
 }

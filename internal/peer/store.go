@@ -23,21 +23,25 @@ import (
 // moment they are checked, so that a node still receiving already sends
 // (a swarm, not a star).
 type Store struct {
-	ckpt  *checkpoint.Checkpoint
-	files [][]byte // anonymous mappings, off the Go heap
+	ckpt      *checkpoint.Checkpoint
+	pieceSize int64    // fixed: a manifest in other pieces is not taken
+	files     [][]byte // anonymous mappings, off the Go heap
 	// inUse is held for reading while bytes of files are being sent or
 	// copied out, so that Close never unmaps them under a reader.
 	inUse sync.RWMutex
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	man    *Manifest
-	raw    []byte // the manifest as served
-	have   [][]bool
-	count  int // pieces held
-	total  int
-	err    error // the fill failed: readers stop waiting
-	wanted map[[2]int]bool
+	mu   sync.Mutex
+	cond *sync.Cond
+	man  *Manifest
+	raw  []byte // the manifest as served
+	// reading: the store is being filled from storage, and its manifest
+	// is known once that is done; peers are told to wait, not to give up.
+	reading bool
+	have    [][]bool
+	count   int // pieces held
+	total   int
+	err     error // the fill failed: readers stop waiting
+	wanted  map[[2]int]bool
 }
 
 // NewStore maps room for every weight file of c. Nothing is touched yet.
@@ -45,7 +49,7 @@ func NewStore(c *checkpoint.Checkpoint, pieceSize int64) (*Store, error) {
 	if pieceSize <= 0 {
 		pieceSize = PieceSize
 	}
-	s := &Store{ckpt: c, wanted: map[[2]int]bool{}}
+	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[[2]int]bool{}}
 	s.cond = sync.NewCond(&s.mu)
 	for _, sh := range c.Shards {
 		var m []byte
@@ -94,8 +98,8 @@ func (s *Store) fail(err error) {
 
 // span is piece j of file i: its offset and length.
 func (s *Store) span(i, j int) (int64, int64) {
-	off := int64(j) * s.man.PieceSize
-	return off, min(s.man.PieceSize, s.ckpt.Shards[i].Size-off)
+	off := int64(j) * s.pieceSize
+	return off, min(s.pieceSize, s.ckpt.Shards[i].Size-off)
 }
 
 // Readers are the files as the loader reads them, keyed by Shard.Path.
@@ -123,7 +127,7 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	first, last := int(off/s.man.PieceSize), int((off+int64(len(p))-1)/s.man.PieceSize)
+	first, last := int(off/s.pieceSize), int((off+int64(len(p))-1)/s.pieceSize)
 	stop := context.AfterFunc(r.ctx, func() { s.cond.Broadcast() })
 	defer stop()
 	s.mu.Lock()
@@ -179,6 +183,13 @@ func (s *Store) check(i, j int) (bool, string) {
 	return s.man.Files[i].Pieces[j] == got, got
 }
 
+// want is the manifest's hash of piece j of file i.
+func (s *Store) want(i, j int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.man.Files[i].Pieces[j]
+}
+
 // put marks a filled piece held and wakes its readers.
 func (s *Store) put(i, j int) {
 	s.mu.Lock()
@@ -205,11 +216,21 @@ func (s *Store) Complete() bool {
 	return s.count == s.total
 }
 
-// manifest is the manifest as served, once every hash in it is known.
-func (s *Store) manifest() []byte {
+// manifest is the manifest as served, once every hash in it is known,
+// and whether it is still being built from storage.
+func (s *Store) manifest() ([]byte, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.raw
+	return s.raw, s.reading && s.err == nil
+}
+
+// Digest is the digest of the manifest the store's pieces are checked
+// against, "" before there is one.
+func (s *Store) Digest() string {
+	if raw, _ := s.manifest(); raw != nil {
+		return Digest(raw)
+	}
+	return ""
 }
 
 // haveMap is one byte per piece, file after file: 1 where held.
@@ -241,7 +262,10 @@ func (s *Store) setManifest(m *Manifest, raw []byte) {
 // file's SHA-256 must be its blob's name (the hub's LFS object id). It
 // returns the manifest's digest.
 func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, error) {
+	s.mu.Lock()
 	m := *s.man
+	s.reading = true
+	s.mu.Unlock()
 	m.Files = make([]File, len(s.ckpt.Shards))
 	for i, sh := range s.ckpt.Shards {
 		f, err := os.Open(sh.Path)
