@@ -73,7 +73,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.peers.Trust, "peer-trust-peers", false, "take the manifest from the authenticated peers themselves when there is no digest to check it against")
 	bytesVar(fs, &p.peers.Rate, "peer-rate-limit", 0, "cap on the bytes served to all peers, a `size` per second (0: none)")
 	fs.IntVar(&p.peers.MaxConns, "peer-max-conns", 64, "peer connections served at once; more wait to be accepted")
-	fs.DurationVar(&p.peers.Timeout, "peer-timeout", 10*time.Second, "how long a piece may wait for a peer before it is read from storage, and the bound on each peer request")
+	fs.DurationVar(&p.peers.Timeout, "peer-timeout", 10*time.Second, "how long a seed waits for a manifest with no peer reading storage, a piece for a peer that has it, and a transfer that stalls, before storage (also the bound on a peer that stops reading what it asked for)")
 }
 
 // peerConfig checks the peer flags and returns the launcher's, or nil

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -229,5 +231,121 @@ func TestReaderWaitsForThePiece(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A peer still reading storage is waited for past Timeout: the seed takes
+// its manifest once it has one, rather than reading storage too.
+func TestSeederWaitsForAPeerReadingStorage(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	first, err := NewStore(c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	addr := serve(t, a, slog.New(slog.DiscardHandler), first)
+	gate := make(chan struct{})
+	go func() {
+		// The first node's storage is slow: its read takes three of the
+		// seeder's Timeouts.
+		_, _ = first.FillFromStorage(context.Background(), func(int64) { <-gate })
+	}()
+	go func() { time.Sleep(1500 * time.Millisecond); close(gate) }()
+	s, err := NewStore(c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sd := &Seeder{Auth: a, Peers: []string{addr}, Trust: true, Timeout: 500 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	if sd.FromStorage.Load() != 0 {
+		t.Fatalf("%d bytes from storage, want 0", sd.FromStorage.Load())
+	}
+}
+
+// Nodes that wait for a manifest leave storage to the lowest address
+// among them.
+func TestLowestWaitingAddressReadsStorage(t *testing.T) {
+	addrs := func(ss ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, s := range ss {
+			out = append(out, netip.MustParseAddr(s))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		self, waiting []netip.Addr
+		reads         bool
+	}{
+		{addrs("10.0.0.1"), addrs("10.0.0.2", "10.0.0.3"), true},
+		{addrs("10.0.0.2"), addrs("10.0.0.1", "10.0.0.3"), false},
+		{addrs("10.0.0.9"), addrs("10.0.0.10"), true}, // as addresses, not strings
+		{addrs("10.0.0.1"), nil, false},               // alone: wait for Timeout
+		{nil, addrs("10.0.0.2"), false},               // own address unknown
+	} {
+		sd := &Seeder{self: tc.self}
+		if got := sd.firstOf(tc.waiting) != ""; got != tc.reads {
+			t.Errorf("self %v, waiting %v: reads storage %v, want %v", tc.self, tc.waiting, got, tc.reads)
+		}
+	}
+}
+
+// A peer whose transfer stops mid-piece is given up after Timeout of
+// silence, and the piece comes from another.
+func TestStalledPieceIsTakenElsewhere(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	good, digest := seeded(t, c, 64<<10)
+	goodAddr := serve(t, a, slog.New(slog.DiscardHandler), good)
+	// The stalling peer says it has every piece, sends a piece's first
+	// bytes and then nothing, holding the connection open.
+	stall, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stall.Close()
+	release := make(chan struct{})
+	defer close(release)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := good.manifest()
+		_, _ = w.Write(raw)
+	})
+	mux.HandleFunc("GET /v1/checkpoints/{key}/have", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(bytes.Repeat([]byte{1}, good.total))
+	})
+	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "65536")
+		_, _ = w.Write(make([]byte, 100))
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	go func() { _ = http.Serve(stall, mux) }()
+
+	s, err := NewStore(c, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	log := &logBuf{}
+	stallURL := "http://" + stall.Addr().String() + "/"
+	sd := &Seeder{Auth: a, Peers: []string{stall.Addr().String(), goodAddr}, Digest: digest, Timeout: 300 * time.Millisecond,
+		Log: slog.New(slog.NewTextHandler(log, nil))}
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	if !strings.Contains(log.String(), "peer="+stallURL) || !strings.Contains(log.String(), "nothing arrived for 300ms") {
+		t.Fatalf("the stalled peer is not named:\n%s", log)
+	}
+	if sd.FromStorage.Load() != 0 {
+		t.Fatalf("%d bytes from storage, want 0", sd.FromStorage.Load())
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,9 +35,11 @@ type Seeder struct {
 
 	client *http.Client
 	store  *Store
+	self   []netip.Addr // this node's addresses among the peers
 }
 
 type remote struct {
+	addr netip.Addr
 	url  string
 	mu   sync.Mutex
 	have []byte
@@ -70,6 +74,13 @@ func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
 	if err := sd.manifest(ctx, peers); err != nil {
 		return err
 	}
+	// Each peer's pieces are known before any piece's wait for them
+	// starts, however slow the first answers.
+	var wg sync.WaitGroup
+	for _, p := range peers {
+		wg.Go(func() { sd.have(ctx, p) })
+	}
+	wg.Wait()
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
 	for _, p := range peers {
@@ -101,13 +112,15 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 			continue
 		}
 		for _, ip := range ips {
-			if port == selfPort && (local[ip] || net.ParseIP(ip).IsLoopback() && strings.HasPrefix(sd.Self, ":")) {
+			a, _ := netip.ParseAddr(ip)
+			if port == selfPort && (local[ip] || a.IsLoopback() && strings.HasPrefix(sd.Self, ":")) {
+				sd.self = append(sd.self, a)
 				continue // this node
 			}
 			addr := net.JoinHostPort(ip, port)
 			if !seen[addr] {
 				seen[addr] = true
-				out = append(out, &remote{url: sd.Auth.scheme() + "://" + addr + "/v1/checkpoints/" + sd.store.ckpt.Hash()})
+				out = append(out, &remote{addr: a, url: sd.Auth.scheme() + "://" + addr + "/v1/checkpoints/" + sd.store.ckpt.Hash()})
 			}
 		}
 	}
@@ -117,30 +130,33 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 	return out, nil
 }
 
-func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, int, error) {
+// get is a small answer from a peer, and its manifest state when it has
+// no manifest yet.
+func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", err
 	}
 	if sd.Auth.token != "" {
 		req.Header.Set("Authorization", "Bearer "+sd.Auth.token)
 	}
 	resp, err := sd.client.Do(req)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", err
 	}
 	defer resp.Body.Close()
+	state := resp.Header.Get(manifestState)
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return nil, resp.StatusCode, err
+		return nil, state, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, resp.StatusCode, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+		return nil, state, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
 	if int64(len(b)) > limit {
-		return nil, resp.StatusCode, fmt.Errorf("more than %d bytes", limit)
+		return nil, state, fmt.Errorf("more than %d bytes", limit)
 	}
-	return b, resp.StatusCode, nil
+	return b, state, nil
 }
 
 // manifest takes the first manifest a peer serves that a trusted root
@@ -156,10 +172,16 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
 	deadline := time.Now().Add(sd.Timeout)
 	said := map[string]bool{}
 	for {
+		var waiting []netip.Addr
+		reading := false
 		for _, p := range peers {
-			raw, code, err := sd.get(ctx, p.url+"/manifest", 64<<20)
-			if code == http.StatusServiceUnavailable {
+			raw, state, err := sd.get(ctx, p.url+"/manifest", 64<<20)
+			switch state {
+			case "reading":
+				reading = true
 				deadline = time.Now().Add(sd.Timeout)
+			case "waiting":
+				waiting = append(waiting, p.addr)
 			}
 			if err == nil {
 				var m Manifest
@@ -173,11 +195,31 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
 				sd.Log.Warn("peer's manifest not taken", "peer", p.url, "err", err)
 			}
 		}
+		if first := sd.firstOf(waiting); first != "" && !reading {
+			return fmt.Errorf("%w: %s", ErrNoManifest, first)
+		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%w in %s", ErrNoManifest, sd.Timeout)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// firstOf says why this node should read storage for the peers that wait
+// for a manifest as it does, or "": a fleet started all at once would
+// otherwise wait out Timeout and then read storage on every node. The
+// rule is fixed, not agreed: the lowest address reads. Two nodes that
+// see each other waiting agree on it; a node not yet answering is not
+// counted, and at worst storage is read twice, never a wrong byte.
+func (sd *Seeder) firstOf(waiting []netip.Addr) string {
+	if len(waiting) == 0 || len(sd.self) == 0 {
+		return ""
+	}
+	self := slices.MinFunc(sd.self, netip.Addr.Compare)
+	if slices.MinFunc(waiting, netip.Addr.Compare).Compare(self) <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("this node (%s) has the lowest address of the %d nodes waiting for a manifest: it reads storage for them", self, len(waiting)+1)
 }
 
 func (sd *Seeder) hub() bool {
@@ -213,17 +255,23 @@ func (sd *Seeder) trusted(raw []byte, m *Manifest) error {
 	return nil
 }
 
+// have asks p which pieces it holds.
+func (sd *Seeder) have(ctx context.Context, p *remote) {
+	if b, _, err := sd.get(ctx, p.url+"/have", int64(sd.store.total)); err == nil && len(b) == sd.store.total {
+		p.mu.Lock()
+		p.have = b
+		p.mu.Unlock()
+	}
+}
+
 func (sd *Seeder) poll(ctx context.Context, p *remote) {
-	for ctx.Err() == nil {
-		if b, _, err := sd.get(ctx, p.url+"/have", int64(sd.store.total)); err == nil && len(b) == sd.store.total {
-			p.mu.Lock()
-			p.have = b
-			p.mu.Unlock()
-		}
+	for {
 		select {
 		case <-ctx.Done():
+			return
 		case <-time.After(100 * time.Millisecond):
 		}
+		sd.have(ctx, p)
 	}
 }
 
@@ -388,10 +436,17 @@ type wrongPiece struct{ got, want string }
 
 func (w *wrongPiece) Error() string { return "wrong piece: sha256 " + w.got + ", want " + w.want }
 
+// errStalled is a piece on which a peer sent nothing for Timeout.
+var errStalled = errors.New("stalled")
+
 func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 	s := sd.store
-	ctx, cancel := context.WithTimeout(ctx, sd.Timeout)
-	defer cancel()
+	// A piece may take long on a slow or busy link; one on which nothing
+	// arrives for Timeout is given up: the link stalled or the peer hangs.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watchdog := time.AfterFunc(sd.Timeout, func() { cancel(errStalled) })
+	defer watchdog.Stop()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/files/%d/pieces/%d", p.url, id.file, id.piece), nil)
 	if err != nil {
 		return err
@@ -410,9 +465,23 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 	}
 	slot := s.slot(id.file, id.piece)
 	s.inUse.RLock()
-	_, err = io.ReadFull(resp.Body, slot)
+	got := 0
+	for got < len(slot) && err == nil {
+		var n int
+		n, err = resp.Body.Read(slot[got:min(got+256<<10, len(slot))])
+		got += n
+		if n > 0 {
+			watchdog.Reset(sd.Timeout)
+		}
+	}
 	s.inUse.RUnlock()
-	if err != nil {
+	if got < len(slot) {
+		if errors.Is(context.Cause(ctx), errStalled) {
+			return fmt.Errorf("nothing arrived for %s, %d of %d bytes in", sd.Timeout, got, len(slot))
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
 		return err
 	}
 	if n, _ := resp.Body.Read(make([]byte, 1)); n != 0 {

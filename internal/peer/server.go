@@ -88,6 +88,10 @@ func (a *Auth) scheme() string {
 	return "http"
 }
 
+// manifestState says why a node has no manifest to serve yet: it is
+// reading storage, or waiting for one from its peers as the asker is.
+const manifestState = "Weightcache-Manifest"
+
 // Server serves the pieces of the checkpoints this node holds, read-only,
 // to authenticated peers. It runs in the launcher, not in the ranks, so
 // engines attach at full speed whatever it sends.
@@ -213,10 +217,12 @@ func (sv *Server) manifest(w http.ResponseWriter, r *http.Request) {
 	case raw == nil && reading:
 		// Storage is read once for the fleet: better to wait for this
 		// node than to read it again.
+		w.Header().Set(manifestState, "reading")
 		http.Error(w, "this node is reading the checkpoint from storage: its manifest is known once it has", http.StatusServiceUnavailable)
 		return
 	case raw == nil:
-		http.Error(w, "the manifest is not known yet", http.StatusNotFound)
+		w.Header().Set(manifestState, "waiting")
+		http.Error(w, "this node is waiting for the manifest from its peers", http.StatusServiceUnavailable)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -240,9 +246,7 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "file and piece are numbers", http.StatusBadRequest)
 		return
 	}
-	// A reader that stops reading is cut off, not waited for.
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(sv.Timeout))
-	cw := &countWriter{w: w, sv: sv, ctx: r.Context()}
+	cw := &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}
 	ok, err := s.send(i, j, cw)
 	if !ok {
 		http.Error(w, fmt.Sprintf("this node does not hold piece %d of file %d", j, i), http.StatusNotFound)
@@ -257,6 +261,7 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 // that the rate holds within a piece.
 type countWriter struct {
 	w   http.ResponseWriter
+	rc  *http.ResponseController
 	sv  *Server
 	ctx context.Context
 }
@@ -266,6 +271,9 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	for len(p) > 0 {
 		k := min(len(p), 1<<20)
 		c.sv.pace.Add(c.ctx, int64(k))
+		// A reader that stops reading is cut off, not waited for; one
+		// that is slow but reads is not.
+		_ = c.rc.SetWriteDeadline(time.Now().Add(c.sv.Timeout))
 		m, err := c.w.Write(p[:k])
 		n += m
 		c.sv.sent.Add(int64(m))
