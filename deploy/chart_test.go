@@ -54,6 +54,15 @@ examples: {vllm: {enabled: true, pluginFromImageVolume: false}, leaderWorkerSet:
 takeover: false
 updateStrategy: {maxUnavailable: 2}
 `,
+	"peers": `
+models:
+  - {name: llama-8b, model: /models/Llama-3.1-8B-Instruct, checkpointMiB: 15320, peerManifestDigest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+  - {name: qwen-7b, model: Qwen/Qwen2.5-7B-Instruct, revision: main, checkpointMiB: 14540}
+runAsUser: 1000
+runAsGroup: 1000
+peers: {enabled: true, tls: {secretName: weightcache-peer-tls}, tokenSecret: {name: weightcache-peer-token}, trustPeers: true, rateLimit: 1GiB, timeout: 30s}
+metrics: {serviceMonitor: {enabled: true}}
+`,
 	"host tier, no GPU runtime": `
 gpu: {enabled: false}
 models: [{name: small, model: /models/small, devices: host, residentMiB: 2048}]

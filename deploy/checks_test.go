@@ -74,6 +74,7 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet) {
 			t.Errorf("container %s runs %q, want preload", c.Name, c.Args[0])
 		}
 		checkFlags(t, c.Name, c.Args[1:])
+		checkPeerFlags(t, pod, c, args)
 		dir := mountOf(t, c, "sockets").MountPath
 		if sd := args["--socket-dir"]; filepath.Dir(sd) != dir {
 			t.Errorf("container %s: --socket-dir %s is not inside the sockets hostPath mount %s", c.Name, sd, dir)
