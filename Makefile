@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive fuzz deps release clean
+.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive bench-fleet fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -161,6 +161,13 @@ bench: build
 # and 100,000 tensors.
 bench-outlive:
 	$(GO) test -run '^$$' -bench Outlive -benchtime 1x -timeout 30m ./internal/commands/
+
+# Seeding from peers in network namespaces (root): one peer to one node
+# against a plain TCP copy and cp, 1 -> 3 nodes on shaped links against one
+# copy and the star, SHA-256's CPU per GB. WEIGHTCACHE_BENCH_FLEET_MODEL,
+# WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change the model and the links.
+bench-fleet:
+	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 30m ./internal/commands/
 
 bench-scale: build python-deps
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/

@@ -179,7 +179,7 @@ func (p *preloadProc) event(t testing.TB, name string) map[string]any {
 	}
 }
 
-func (p *preloadProc) stop(t *testing.T, sig os.Signal) int {
+func (p *preloadProc) stop(t testing.TB, sig os.Signal) int {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)

@@ -17,7 +17,7 @@ import (
 // veth links to a bridge in a namespace of its own, every link shaped
 // with tc in both directions. Traffic stays inside the namespaces.
 type netnsFleet struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	nodes  []string // namespace names
 	addrs  []string // node i's address
@@ -26,7 +26,7 @@ type netnsFleet struct {
 // newNetnsFleet builds n nodes on links of rate (a tc rate, "1gbit"; ""
 // leaves them unshaped). It skips the test where namespaces cannot be
 // made (not root, no ip).
-func newNetnsFleet(t *testing.T, n int, rate string) *netnsFleet {
+func newNetnsFleet(t testing.TB, n int, rate string) *netnsFleet {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
@@ -205,7 +205,7 @@ func TestFleetSurvivesPeerFaults(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "fleet-token")
 	args := func(dir string, peers ...string) []string {
-		return append(peerArgs(model, dir, tok, "", 1, peers...), "--peer-timeout", "1s")
+		return append(peerArgs(model, dir, tok, "", 1, peers...), "--peer-timeout", "2s")
 	}
 	a := f.preload(0, true, args(sockDir(t))...)
 	files := readyInt(t, a, "file_bytes")

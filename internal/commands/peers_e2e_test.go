@@ -29,7 +29,7 @@ func peerArgs(model, dir, tok, listen string, tp int, seeds ...string) []string 
 	return a
 }
 
-func peerToken(t *testing.T, tok string) string {
+func peerToken(t testing.TB, tok string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {

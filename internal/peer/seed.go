@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -303,16 +304,20 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 	next := func() (pieceID, bool) {
 		mu.Lock()
 		defer mu.Unlock()
+		// The first piece a reader waits for, in file order.
 		s.mu.Lock()
+		best, found := pieceID{}, false
 		for w := range s.wanted {
 			id := pieceID{w[0], w[1]}
-			if !taken[id] && !s.have[id.file][id.piece] {
-				s.mu.Unlock()
-				taken[id] = true
-				return id, true
+			if !taken[id] && !s.have[id.file][id.piece] && (!found || id.file < best.file || id.file == best.file && id.piece < best.piece) {
+				best, found = id, true
 			}
 		}
 		s.mu.Unlock()
+		if found {
+			taken[best] = true
+			return best, true
+		}
 		for _, id := range order {
 			if !taken[id] {
 				taken[id] = true
@@ -395,7 +400,9 @@ func (sd *Seeder) one(ctx context.Context, peers []*remote, id pieceID, since ti
 		if errors.As(err, &wrong) {
 			p.bad = true
 		} else {
-			p.down = time.Now().Add(time.Second)
+			// Skipped for a while, well inside the piece's own wait, so
+			// that a lone peer's hiccup is retried rather than storage read.
+			p.down = time.Now().Add(min(time.Second, sd.Timeout/4))
 		}
 		p.mu.Unlock()
 		if wrong != nil {
@@ -466,9 +473,12 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 	slot := s.slot(id.file, id.piece)
 	s.inUse.RLock()
 	got := 0
+	// Hashed as it arrives, while it is still in the CPU's cache.
+	h := sha256.New()
 	for got < len(slot) && err == nil {
 		var n int
 		n, err = resp.Body.Read(slot[got:min(got+256<<10, len(slot))])
+		h.Write(slot[got : got+n])
 		got += n
 		if n > 0 {
 			watchdog.Reset(sd.Timeout)
@@ -487,7 +497,7 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 	if n, _ := resp.Body.Read(make([]byte, 1)); n != 0 {
 		return errors.New("the peer sent more than the piece")
 	}
-	if ok, got := s.check(id.file, id.piece); !ok {
+	if ok, got := s.check(id.file, id.piece, h.Sum(nil)); !ok {
 		return &wrongPiece{got: got, want: s.want(id.file, id.piece)}
 	}
 	sd.FromPeers.Add(int64(len(slot)))
@@ -508,7 +518,7 @@ func (sd *Seeder) fromStorage(id pieceID) error {
 	if _, err := f.ReadAt(slot, off); err != nil {
 		return fmt.Errorf("read %s at %d: %w", sh.Path, off, err)
 	}
-	if ok, got := s.check(id.file, id.piece); !ok {
+	if ok, got := s.check(id.file, id.piece, nil); !ok {
 		return fmt.Errorf("%s piece %d (at %d) hashes to %s in storage, the manifest says %s: the files are not the manifest's",
 			sh.Path, id.piece, off, got, s.want(id.file, id.piece))
 	}

@@ -60,6 +60,9 @@ func NewStore(c *checkpoint.Checkpoint, pieceSize int64) (*Store, error) {
 				s.Close()
 				return nil, fmt.Errorf("map %d bytes for %s: %w", sh.Size, sh.Path, err)
 			}
+			// Huge pages where the kernel has them: a page fault per 2 MiB,
+			// not per 4 KiB, while pieces arrive (advice; ignored elsewhere).
+			_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
 		}
 		s.files = append(s.files, m)
 		n := pieces(sh.Size, pieceSize)
@@ -138,6 +141,9 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 				s.mu.Unlock()
 				return 0, fmt.Errorf("%s piece %d: %w", s.ckpt.Shards[r.file].Path, j, errors.Join(err, r.ctx.Err()))
 			}
+			// One piece at a time: more would put every node seeding at
+			// once on the same pieces in file order (measured: a swarm of
+			// three took 2.2x one copy with four, 1.9x with one).
 			s.wanted[[2]int{r.file, j}] = true
 			s.cond.Broadcast()
 			s.cond.Wait()
@@ -174,10 +180,14 @@ func (s *Store) slot(i, j int) []byte {
 }
 
 // check says whether the bytes in the slot of piece j of file i hash as the
-// manifest says, and their hash.
-func (s *Store) check(i, j int) (bool, string) {
-	h := sha256.Sum256(s.slot(i, j))
-	got := hex.EncodeToString(h[:])
+// manifest says, and their hash; sum, when not nil, is their SHA-256
+// already taken as they arrived.
+func (s *Store) check(i, j int, sum []byte) (bool, string) {
+	if sum == nil {
+		h := sha256.Sum256(s.slot(i, j))
+		sum = h[:]
+	}
+	got := hex.EncodeToString(sum)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.man.Files[i].Pieces[j] == got, got

@@ -1,0 +1,232 @@
+package commands
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// BenchmarkFleet is make bench-fleet: seeding nodes from peers in network
+// namespaces, against the floors that matter. Part 1, one peer to one node
+// on an unshaped veth: throughput against a plain TCP copy of the same
+// bytes between the same namespaces (target >= 0.8x) and against cp of the
+// files into /dev/shm. Part 2, 1 -> 3 nodes on links shaped to
+// WEIGHTCACHE_BENCH_FLEET_RATE (1gbit): the time for the three against one
+// copy over one link (target <= 1.3x) and against the star, each node from
+// the seed alone (~3x). Then SHA-256's CPU time per GB. The model is the
+// medium preset, or WEIGHTCACHE_BENCH_FLEET_MODEL.
+func BenchmarkFleet(b *testing.B) {
+	model := os.Getenv("WEIGHTCACHE_BENCH_FLEET_MODEL")
+	if model == "" {
+		model = benchModel(b)
+	}
+	rate := os.Getenv("WEIGHTCACHE_BENCH_FLEET_RATE")
+	if rate == "" {
+		rate = "1gbit"
+	}
+	shards := shardPaths(b, model)
+	var size int64
+	for _, p := range shards {
+		st, err := os.Stat(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		size += st.Size()
+	}
+	tok := peerToken(b, "bench-token")
+	gb := float64(size) / 1e9
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: "+format+"\n", args...) }
+	say("%s, %.2f GB in %d files", model, gb, len(shards))
+	for range b.N {
+		timeCmd(b, "cat", shards...) // page cache warm, as a node's storage read is in every figure
+		shm, err := os.MkdirTemp("/dev/shm", "wcb")
+		if err != nil {
+			b.Fatal(err)
+		}
+		cp := timeCmd(b, "cp", append(shards, shm)...)
+		os.RemoveAll(shm)
+
+		f := newNetnsFleet(b, 4, "")
+		// The default --peer-timeout: links shared by many pieces stall
+		// flows for seconds (TCP backs off on the shaper's drops).
+		seedArgs := func(peers ...string) []string {
+			return append(peerArgs(model, sockDir(b), tok, "", 1, peers...), "--peer-timeout", "10s")
+		}
+		first := f.preload(0, true, seedArgs()...)
+		one, cpu := timedSeed(b, f, 1, seedArgs(f.peer(0))...)
+		tcp := tcpCopy(b, f, 0, 1, shards)
+		say("one peer to one node, unshaped veth: %.2fs, %.2f GB/s; plain TCP copy %.2fs, %.2f GB/s (peers %.2fx of TCP, target >= 0.8); cp to /dev/shm %.2fs, %.2f GB/s (%.2fx of cp)",
+			one.Seconds(), gb/one.Seconds(), tcp.Seconds(), gb/tcp.Seconds(), tcp.Seconds()/one.Seconds(), cp.Seconds(), gb/cp.Seconds(), cp.Seconds()/one.Seconds())
+		say("the seeding preload's CPU: %.2fs, %.2fs per GB (receiving, hashing, copying into its rank's segment)", cpu, cpu/gb)
+
+		for i := range f.nodes {
+			f.shape(f.nodes[i], "eth0", "tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
+			f.shape(f.prefix+"br", "p"+strconv.Itoa(i), "tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
+		}
+		link, _ := timedSeed(b, f, 1, seedArgs(f.peer(0))...)
+		swarm := timedSeeds(b, f, func(int) []string { return seedArgs(f.peers()...) })
+		star := timedSeeds(b, f, func(int) []string { return seedArgs(f.peer(0)) })
+		say("1 -> 3 nodes on %s links: one copy over one link %.2fs; swarm %.2fs (%.2fx one copy, target <= 1.3); star %.2fs (%.2fx one copy)",
+			rate, link.Seconds(), swarm.Seconds(), swarm.Seconds()/link.Seconds(), star.Seconds(), star.Seconds()/link.Seconds())
+		if code := first.stop(b, syscall.SIGTERM); code != 0 {
+			b.Fatalf("first node exit %d", code)
+		}
+	}
+	buf := make([]byte, 1<<30)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	var ru0, ru1 syscall.Rusage
+	runtime.LockOSThread()
+	_ = syscall.Getrusage(unix.RUSAGE_THREAD, &ru0)
+	sha256.Sum256(buf)
+	_ = syscall.Getrusage(unix.RUSAGE_THREAD, &ru1)
+	runtime.UnlockOSThread()
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	say("SHA-256: %.3fs of CPU per GB (%.2f GB/s on one core)", cpu.Seconds()/1.073741824, 1.073741824/cpu.Seconds())
+}
+
+// timedSeed seeds node i with a preload of args, and returns its time from
+// spawn to ready and the CPU seconds its launcher spent.
+func timedSeed(b *testing.B, f *netnsFleet, i int, args ...string) (time.Duration, float64) {
+	start := time.Now()
+	p := f.preload(i, true, args...)
+	el := time.Since(start)
+	if p.ready["source"] != "peers" || int64(p.ready["storage_bytes"].(float64)) != 0 {
+		b.Fatalf("node %d did not seed from peers alone: %v\n%s", i, p.ready, p.stderr)
+	}
+	cpu := procCPU(p.cmd.Process.Pid)
+	if code := p.stop(b, syscall.SIGTERM); code != 0 {
+		b.Fatalf("node %d exit %d", i, code)
+	}
+	return el, cpu
+}
+
+// timedSeeds seeds nodes 1 to 3 at once and returns the time until the
+// last is ready.
+func timedSeeds(b *testing.B, f *netnsFleet, args func(int) []string) time.Duration {
+	start := time.Now()
+	var ps []*preloadProc
+	for i := 1; i < len(f.nodes); i++ {
+		ps = append(ps, f.preload(i, false, args(i)...))
+	}
+	for i, p := range ps {
+		p.ready = p.event(b, "ready")
+		if p.ready["source"] != "peers" || int64(p.ready["storage_bytes"].(float64)) != 0 {
+			b.Fatalf("node %d did not seed from peers alone: %v\n%s", i+1, p.ready, p.stderr)
+		}
+	}
+	el := time.Since(start)
+	for i, p := range ps {
+		if code := p.stop(b, syscall.SIGTERM); code != 0 {
+			b.Fatalf("node %d exit %d", i+1, code)
+		}
+	}
+	return el
+}
+
+// procCPU is the user and system CPU seconds of process pid.
+func procCPU(pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// After the command, which may hold spaces, in parentheses.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	ut, _ := strconv.ParseFloat(fields[11], 64)
+	st, _ := strconv.ParseFloat(fields[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// tcpCopy sends the files' bytes from node from to node to over one plain
+// TCP connection, from memory into fresh memory as a seed does, and
+// returns the time from connect to the last byte.
+func tcpCopy(b *testing.B, f *netnsFleet, from, to int, files []string) time.Duration {
+	var src [][]byte
+	var size int
+	for _, p := range files {
+		fd, err := os.Open(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, _ := fd.Stat()
+		m, err := unix.Mmap(int(fd.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+		fd.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer unix.Munmap(m)
+		src = append(src, m)
+		size += len(m)
+	}
+	dst, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(dst)
+	var ln net.Listener
+	inNetns(b, f.nodes[to], func() { ln, err = net.Listen("tcp", f.addrs[to]+":7171") })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.ReadFull(c, dst)
+		got <- err
+	}()
+	var c net.Conn
+	start := time.Now()
+	inNetns(b, f.nodes[from], func() { c, err = net.Dial("tcp", f.addrs[to]+":7171") })
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, m := range src {
+		if _, err := c.Write(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-got; err != nil {
+		b.Fatal(err)
+	}
+	el := time.Since(start)
+	c.Close()
+	return el
+}
+
+// inNetns runs fn on a thread in network namespace ns: sockets it makes
+// are that namespace's. The thread is thrown away after.
+func inNetns(b *testing.B, ns string, fn func()) {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // not unlocked: the thread dies with the goroutine
+		fd, err := unix.Open("/var/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			err = unix.Setns(fd, unix.CLONE_NEWNET)
+			unix.Close(fd)
+		}
+		if err == nil {
+			fn()
+		}
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		b.Fatalf("enter namespace %s: %v", ns, err)
+	}
+}
