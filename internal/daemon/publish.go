@@ -271,17 +271,18 @@ func (d *Daemon) abortPublish(s *session, why string) {
 		d.mu.Unlock()
 		return
 	}
-	segs := d.pub.segments
+	// Freed before the daemon says empty: a next writer granted at once
+	// must find the device memory back, not the dead writer's still held.
+	for _, seg := range d.pub.segments {
+		if err := seg.Free(); err != nil {
+			d.log.Warn("free publish segment", "err", err)
+		}
+	}
 	d.pub.writer, d.pub.segments, d.pub.fp = nil, nil, nil
 	d.moveLocked(statePublishing, stateEmpty)
 	d.pub.signal()
 	d.mu.Unlock()
 	s.writer = false
-	for _, seg := range segs {
-		if err := seg.Free(); err != nil {
-			d.log.Warn("free publish segment", "err", err)
-		}
-	}
 	d.log.Warn("publish abandoned before commit: segments freed, cache empty", "client", clip(s.hello.Client), "reason", why)
 }
 
