@@ -328,11 +328,17 @@ func (l *launcher) progress() (int64, int64) {
 	for _, g := range l.cfg.Groups {
 		total += g.Checkpoint.Size()
 	}
+	return l.loaded(), total
+}
+
+// loaded is the checkpoint bytes this launcher has in hand: read from
+// storage, or taken from peers.
+func (l *launcher) loaded() int64 {
 	n := l.read.Load()
 	if l.peers != nil {
 		n += l.peers.fromPeers.Load()
 	}
-	return n, total
+	return n
 }
 
 // spawnAll starts a daemon per rank and group.

@@ -91,7 +91,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 	// Ranks serve their sockets while the launcher reads: status shows
 	// how far it has come (the sends stop before the hand-off's).
 	stop, sent := make(chan struct{}), make(chan struct{})
-	go reportProgress(procs, func() (int64, int64) { return l.progress() }, stop, sent)
+	go reportProgress(procs, func() (int64, int64) { return l.loaded(), g.Checkpoint.Size() }, stop, sent)
 	res, err := scatter.Load(ctx, cfg)
 	if fl != nil {
 		if err == nil {

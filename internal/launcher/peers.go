@@ -123,8 +123,8 @@ type fill struct {
 	cancel   context.CancelFunc
 	err      error
 	finished chan struct{}
-	// This load's checkpoint bytes from peers and from storage.
-	fromPeers, fromStorage atomic.Int64
+	// This load's checkpoint bytes from storage: its read_bytes.
+	fromStorage atomic.Int64
 }
 
 // fillFromPeers starts filling a store with g's checkpoint, from peers
@@ -158,7 +158,7 @@ func (l *launcher) fillFromPeers(ctx context.Context, g Group, cfg *scatter.Conf
 			stop := make(chan struct{})
 			counted := make(chan struct{})
 			go func() {
-				countSeed(sd, stop, count, func(n int64) { pc.fromPeers.Add(n); f.fromPeers.Add(n) })
+				countSeed(sd, stop, count, func(n int64) { pc.fromPeers.Add(n) })
 				close(counted)
 			}()
 			f.err = sd.Fill(fctx, s)
