@@ -139,7 +139,7 @@ func (l *launcher) fillFromPeers(ctx context.Context, g Group, cfg *scatter.Conf
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &fill{l: l, group: g.Name, store: s, cancel: cancel, finished: make(chan struct{})}
-	cfg.Files = s.Readers(fctx)
+	cfg.Files, cfg.Start = s.Readers(fctx), s.Start
 	count := func(n int64) {
 		l.read.Add(n)
 		pc.fromStorage.Add(n)

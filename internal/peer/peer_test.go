@@ -349,3 +349,114 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 		t.Fatalf("%d bytes from storage, want 0", sd.FromStorage.Load())
 	}
 }
+
+// Three nodes seed at once from one, each link as slow as the first node's:
+// a swarm, not a star. The first node sends about one copy, not three, as
+// the others take different pieces from it and trade them, and each node's
+// loader reads from where its pieces arrive first (Store.Start). Each
+// node ends with the files' bytes.
+func TestSwarmSendsTheFirstNodeAboutOneCopy(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	const piece = 32 << 10
+	rate := c.Size() / 2 // one copy in two seconds from each node
+	first, digest := seeded(t, c, piece)
+	log := slog.New(slog.DiscardHandler)
+	listen := func() (net.Listener, *Server) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv := &Server{Auth: a, Log: log, Timeout: 5 * time.Second, Rate: rate}
+		t.Cleanup(func() { _ = sv.Close() })
+		return l, sv
+	}
+	l0, sv0 := listen()
+	sv0.Add(first)
+	go func() { _ = sv0.Serve(l0) }()
+	addrs := []string{l0.Addr().String()}
+	type node struct {
+		l  net.Listener
+		sv *Server
+		s  *Store
+		sd *Seeder
+	}
+	var nodes []*node
+	for range 3 {
+		l, sv := listen()
+		s, err := NewStore(c, piece)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		sv.Add(s)
+		go func() { _ = sv.Serve(l) }()
+		nodes = append(nodes, &node{l: l, sv: sv, s: s})
+		addrs = append(addrs, l.Addr().String())
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(nodes))
+	for _, n := range nodes {
+		n.sd = &Seeder{Auth: a, Peers: addrs, Self: n.l.Addr().String(), Digest: digest, Timeout: 5 * time.Second, Log: log}
+		wg.Go(func() { errs <- n.sd.Fill(context.Background(), n.s) })
+		wg.Go(func() { errs <- load(n.s) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var took int64
+	for _, n := range nodes {
+		same(t, c, n.s)
+		if n.sd.FromStorage.Load() != 0 {
+			t.Fatalf("%d bytes from storage, want 0", n.sd.FromStorage.Load())
+		}
+		took += n.sd.FromPeers.Load()
+	}
+	if took != 3*c.Size() {
+		t.Fatalf("the nodes took %d bytes from peers, want 3 x %d", took, c.Size())
+	}
+	if sent := sv0.Sent(); float64(sent) > 1.45*float64(c.Size()) {
+		t.Fatalf("the first node sent %.2f copies of the checkpoint (%d bytes): a star, not a swarm", float64(sent)/float64(c.Size()), sent)
+	}
+}
+
+// load reads a store as the loader does: in file order from Start on,
+// then from the first file's start, a piece at a time.
+func load(s *Store) error {
+	start, off, err := s.Start(context.Background())
+	if err != nil {
+		return err
+	}
+	at := 0
+	for i, sh := range s.ckpt.Shards {
+		if sh.Path == start {
+			at = i
+		}
+	}
+	rs := s.Readers(context.Background())
+	buf := make([]byte, s.pieceSize)
+	for k := range len(s.ckpt.Shards) + 1 {
+		i := (at + k) % len(s.ckpt.Shards)
+		sh := s.ckpt.Shards[i]
+		from, to := int64(0), sh.Size
+		switch {
+		case k == 0:
+			from = off
+		case k == len(s.ckpt.Shards):
+			if i != at {
+				continue
+			}
+			to = off
+		}
+		for o := from; o < to; o += int64(len(buf)) {
+			if _, err := rs[sh.Path].ReadAt(buf[:min(int64(len(buf)), to-o)], o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,7 @@ type Seeder struct {
 
 type remote struct {
 	addr netip.Addr
+	port uint16
 	url  string
 	mu   sync.Mutex
 	have []byte
@@ -55,8 +57,17 @@ var ErrNoManifest = errors.New("no peer serves a trusted manifest of this checkp
 
 // Fill fills s. It returns ErrNoManifest (wrapped, with why) before it
 // has placed a piece when no peer can be used; any piece after that comes
-// from peers or, failing them, from storage.
+// from peers or, failing them, from storage. Any other error fails the
+// store, so that its readers stop waiting.
 func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
+	err := sd.fill(ctx, s)
+	if err != nil && !errors.Is(err, ErrNoManifest) {
+		s.fail(err)
+	}
+	return err
+}
+
+func (sd *Seeder) fill(ctx context.Context, s *Store) error {
 	if sd.Timeout <= 0 {
 		sd.Timeout = 10 * time.Second
 	}
@@ -121,7 +132,8 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 			addr := net.JoinHostPort(ip, port)
 			if !seen[addr] {
 				seen[addr] = true
-				out = append(out, &remote{addr: a, url: sd.Auth.scheme() + "://" + addr + "/v1/checkpoints/" + sd.store.ckpt.Hash()})
+				pn, _ := strconv.ParseUint(port, 10, 16)
+				out = append(out, &remote{addr: a, port: uint16(pn), url: sd.Auth.scheme() + "://" + addr + "/v1/checkpoints/" + sd.store.ckpt.Hash()})
 			}
 		}
 	}
@@ -278,9 +290,12 @@ func (sd *Seeder) poll(ctx context.Context, p *remote) {
 
 type pieceID struct{ file, piece int }
 
-// pieces runs the workers. Each node starts at a different place in the
-// piece list, so that nodes seeding at once take different pieces from
-// the first node and then trade them among themselves.
+// pieces runs the workers. Nodes seeding at once begin at different
+// places in the piece list, spread evenly by their place among the
+// nodes' addresses, so that they take different pieces from the first
+// node; each worker then asks the least busy peer that has pieces this
+// node lacks for the rarest of them, so that the nodes trade what they
+// got from the first one instead of all asking it for the same pieces.
 func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 	s := sd.store
 	var order []pieceID
@@ -292,39 +307,71 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 	if len(order) == 0 {
 		return nil
 	}
-	h := fnv.New32a()
-	host, _ := os.Hostname()
-	fmt.Fprintf(h, "%s %d %s", host, os.Getpid(), sd.Self)
-	start := int(h.Sum32() % uint32(len(order)))
+	at := make(map[pieceID]int, len(order)) // a piece's place in a have map
+	for k, id := range order {
+		at[id] = k
+	}
+	start := sd.startAt(peers, len(order))
 	order = append(order[start:], order[:start]...)
+	s.begin(order[0])
 
+	perPeer := (sd.Workers + len(peers) - 1) / len(peers)
 	var mu sync.Mutex
 	taken := make(map[pieceID]bool)
+	elsewhere := make(map[pieceID]time.Time) // first seen fetched by another peer
 	since := time.Now()
+	// next is the piece a worker takes, false once none is left: the
+	// first piece the loader waits for; else the rarest piece the least
+	// busy peer below its share of the workers has; else, when no peer
+	// has a piece left to take, the next in order, waited for there and
+	// read from storage when no peer gets it in time.
 	next := func() (pieceID, bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		// The first piece a reader waits for, in file order.
-		s.mu.Lock()
-		best, found := pieceID{}, false
-		for w := range s.wanted {
-			id := pieceID{w[0], w[1]}
-			if !taken[id] && !s.have[id.file][id.piece] && (!found || id.file < best.file || id.file == best.file && id.piece < best.piece) {
-				best, found = id, true
+		for {
+			mu.Lock()
+			s.mu.Lock()
+			best, found := pieceID{}, false
+			for w := range s.wanted {
+				id := pieceID{w[0], w[1]}
+				if !taken[id] && !s.have[id.file][id.piece] && (!found || id.file < best.file || id.file == best.file && id.piece < best.piece) {
+					best, found = id, true
+				}
+			}
+			var left []pieceID
+			if !found {
+				for _, id := range order {
+					if !taken[id] && !s.have[id.file][id.piece] {
+						left = append(left, id)
+					}
+				}
+			}
+			s.mu.Unlock()
+			if !found {
+				var full, waits bool
+				best, found, full, waits = sd.rarest(peers, left, at, perPeer, elsewhere)
+				if !found && len(left) > 0 && !full && !waits {
+					best, found = left[0], true
+				}
+				if len(left) == 0 {
+					mu.Unlock()
+					return pieceID{}, false
+				}
+			}
+			if found {
+				taken[best] = true
+				s.fetch(best, true)
+				mu.Unlock()
+				return best, true
+			}
+			mu.Unlock()
+			// Every peer that has a piece this node lacks is busy with its
+			// share, or another peer is fetching it: wait for one to finish
+			// rather than crowd it.
+			select {
+			case <-ctx.Done():
+				return pieceID{}, false
+			case <-time.After(5 * time.Millisecond):
 			}
 		}
-		s.mu.Unlock()
-		if found {
-			taken[best] = true
-			return best, true
-		}
-		for _, id := range order {
-			if !taken[id] {
-				taken[id] = true
-				return id, true
-			}
-		}
-		return pieceID{}, false
 	}
 	release := func(id pieceID) {
 		mu.Lock()
@@ -342,7 +389,9 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 				if !ok {
 					return
 				}
-				if err := sd.one(ctx, peers, id, since); err != nil {
+				err := sd.one(ctx, peers, id, since)
+				s.fetch(id, false)
+				if err != nil {
 					if ctx.Err() != nil {
 						return
 					}
@@ -365,6 +414,100 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 		return err
 	}
 	return sd.checkFiles()
+}
+
+// startAt is where in the piece list this node begins: its place among
+// every node's address and port (the peers' and its own), times the pieces
+// over the nodes, so that nodes started at once begin evenly apart. A node
+// that does not know its own address hashes its name instead.
+func (sd *Seeder) startAt(peers []*remote, n int) int {
+	_, port, _ := net.SplitHostPort(sd.Self)
+	pn, err := strconv.ParseUint(port, 10, 16)
+	if len(sd.self) == 0 || err != nil {
+		h := fnv.New32a()
+		host, _ := os.Hostname()
+		fmt.Fprintf(h, "%s %d %s", host, os.Getpid(), sd.Self)
+		return int(h.Sum32() % uint32(n))
+	}
+	self := netip.AddrPortFrom(slices.MinFunc(sd.self, netip.Addr.Compare), uint16(pn))
+	nodes := []netip.AddrPort{self}
+	for _, p := range peers {
+		if ap := netip.AddrPortFrom(p.addr, p.port); !slices.Contains(nodes, ap) {
+			nodes = append(nodes, ap)
+		}
+	}
+	slices.SortFunc(nodes, netip.AddrPort.Compare)
+	return slices.Index(nodes, self) * n / len(nodes)
+}
+
+// rarest is, among the pieces left (in this node's order), the one held by
+// the fewest peers of those the least busy usable peer below its share
+// holds. A piece another peer is fetching now is left to come from that
+// peer (waits says so), for at most Timeout: asking the node it comes
+// from as well would send it twice over that node's link. full says that
+// some usable peer holds a piece left but every such peer is at its share.
+func (sd *Seeder) rarest(peers []*remote, left []pieceID, at map[pieceID]int, share int, since map[pieceID]time.Time) (best pieceID, found, full, waits bool) {
+	type view struct {
+		have []byte
+		busy int
+	}
+	var usable []view
+	now := time.Now()
+	for _, p := range peers {
+		p.mu.Lock()
+		if !p.bad && now.After(p.down) {
+			usable = append(usable, view{p.have, p.busy})
+		}
+		p.mu.Unlock()
+	}
+	slices.SortStableFunc(usable, func(a, b view) int { return a.busy - b.busy })
+	holders := func(k int) (held, fetching int) {
+		for _, v := range usable {
+			if k < len(v.have) {
+				switch v.have[k] {
+				case 1:
+					held++
+				case 2:
+					fetching++
+				}
+			}
+		}
+		return held, fetching
+	}
+	for _, v := range usable {
+		fewest := 0
+		for _, id := range left {
+			k := at[id]
+			if k >= len(v.have) || v.have[k] != 1 {
+				continue
+			}
+			if v.busy >= share {
+				full = true
+				break
+			}
+			held, fetching := holders(k)
+			if fetching > 0 {
+				first, ok := since[id]
+				if !ok {
+					since[id], first = now, now
+				}
+				if now.Sub(first) < sd.Timeout {
+					waits = true
+					continue
+				}
+			}
+			if c := held + fetching; !found || c < fewest {
+				best, found, fewest = id, true, c
+				if c == 1 {
+					break
+				}
+			}
+		}
+		if found {
+			return best, true, false, false
+		}
+	}
+	return pieceID{}, false, full, waits
 }
 
 // one gets a piece from a peer that has it, or from storage once no peer
@@ -423,11 +566,12 @@ func (sd *Seeder) pick(peers []*remote, id pieceID) *remote {
 	}
 	at += id.piece
 	var best *remote
+	fewest := 0
 	for _, p := range peers {
 		p.mu.Lock()
 		ok := !p.bad && time.Now().After(p.down) && at < len(p.have) && p.have[at] == 1
-		if ok && (best == nil || p.busy < best.busy) {
-			best = p
+		if ok && (best == nil || p.busy < fewest) {
+			best, fewest = p, p.busy
 		}
 		p.mu.Unlock()
 	}

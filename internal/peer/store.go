@@ -42,6 +42,14 @@ type Store struct {
 	total   int
 	err     error // the fill failed: readers stop waiting
 	wanted  map[[2]int]bool
+	// fetching is the pieces this node's seeder is getting now: peers
+	// are told, and leave them to come from here rather than also ask
+	// the node they come from.
+	fetching map[pieceID]bool
+	// start is the piece the fill begins at, once started is set: the
+	// loader reads from there on and wraps around.
+	start   pieceID
+	started bool
 }
 
 // NewStore maps room for every weight file of c. Nothing is touched yet.
@@ -49,7 +57,7 @@ func NewStore(c *checkpoint.Checkpoint, pieceSize int64) (*Store, error) {
 	if pieceSize <= 0 {
 		pieceSize = PieceSize
 	}
-	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[[2]int]bool{}}
+	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[[2]int]bool{}, fetching: map[pieceID]bool{}}
 	s.cond = sync.NewCond(&s.mu)
 	for _, sh := range c.Shards {
 		var m []byte
@@ -131,8 +139,7 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 		return 0, nil
 	}
 	first, last := int(off/s.pieceSize), int((off+int64(len(p))-1)/s.pieceSize)
-	stop := context.AfterFunc(r.ctx, func() { s.cond.Broadcast() })
-	defer stop()
+	defer s.wake(r.ctx)()
 	s.mu.Lock()
 	for j := first; j <= last; j++ {
 		for !s.have[r.file][j] {
@@ -142,7 +149,7 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 				return 0, fmt.Errorf("%s piece %d: %w", s.ckpt.Shards[r.file].Path, j, errors.Join(err, r.ctx.Err()))
 			}
 			// One piece at a time: more would put every node seeding at
-			// once on the same pieces in file order (measured: a swarm of
+			// once on the same pieces (measured in file order: a swarm of
 			// three took 2.2x one copy with four, 1.9x with one).
 			s.wanted[[2]int{r.file, j}] = true
 			s.cond.Broadcast()
@@ -156,6 +163,49 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("%s: the piece store is closed", s.ckpt.Shards[r.file].Path)
 	}
 	return copy(p, s.files[r.file][off:]), nil
+}
+
+// wake wakes the store's waiters once ctx is done, under the lock, so that
+// a waiter between its check of ctx and its Wait is not missed.
+func (s *Store) wake(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.mu.Unlock()
+		s.cond.Broadcast()
+	})
+}
+
+// begin says where the fill starts; the first call counts.
+func (s *Store) begin(id pieceID) {
+	s.mu.Lock()
+	if !s.started {
+		s.start, s.started = id, true
+	}
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// Start is where the fill begins, as a shard path and a byte offset in it,
+// once the fill knows: "" when the checkpoint has no bytes. The loader
+// reads from there and wraps around, so that it copies pieces in about
+// the order they arrive. Nodes seeding at once each begin at a different
+// piece; a loader that read from the first file's first piece would draw
+// every node's fetches back to the same pieces in the same order.
+func (s *Store) Start(ctx context.Context) (string, int64, error) {
+	if s.total == 0 {
+		return "", 0, nil
+	}
+	defer s.wake(ctx)()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.started {
+		if s.err != nil || ctx.Err() != nil {
+			return "", 0, fmt.Errorf("where the piece store's fill begins: %w", errors.Join(s.err, ctx.Err()))
+		}
+		s.cond.Wait()
+	}
+	off, _ := s.span(s.start.file, s.start.piece)
+	return s.ckpt.Shards[s.start.file].Path, off, nil
 }
 
 // send writes a held piece to w and reports whether it had it.
@@ -243,21 +293,35 @@ func (s *Store) Digest() string {
 	return ""
 }
 
-// haveMap is one byte per piece, file after file: 1 where held.
+// haveMap is one byte per piece, file after file: 1 where held, 2 where
+// being fetched, else 0.
 func (s *Store) haveMap() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]byte, 0, s.total)
-	for _, f := range s.have {
-		for _, h := range f {
+	for i, f := range s.have {
+		for j, h := range f {
 			b := byte(0)
 			if h {
 				b = 1
+			} else if s.fetching[pieceID{i, j}] {
+				b = 2
 			}
 			out = append(out, b)
 		}
 	}
 	return out
+}
+
+// fetch says whether this node's seeder is getting piece id now.
+func (s *Store) fetch(id pieceID, now bool) {
+	s.mu.Lock()
+	if now {
+		s.fetching[id] = true
+	} else {
+		delete(s.fetching, id)
+	}
+	s.mu.Unlock()
 }
 
 // setManifest installs a manifest already checked against a trusted root.
@@ -276,6 +340,7 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 	m := *s.man
 	s.reading = true
 	s.mu.Unlock()
+	s.begin(pieceID{})
 	m.Files = make([]File, len(s.ckpt.Shards))
 	for i, sh := range s.ckpt.Shards {
 		f, err := os.Open(sh.Path)

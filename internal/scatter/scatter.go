@@ -44,6 +44,10 @@ type Config struct {
 	// instead of the files themselves: the pieces a node gets from its
 	// peers (internal/peer). The caller keeps them.
 	Files map[string]io.ReaderAt
+	// Start, when set, is the shard byte the reads begin at, wrapping
+	// around to the first shard's first tensor: where the pieces of
+	// Files arrive first. It may block until that is known.
+	Start func(context.Context) (path string, off int64, err error)
 }
 
 // Rank is what one target got: sealed segments and its manifest entries.
@@ -166,8 +170,8 @@ func allocate(cfg Config, jobs []*job, res *Result) error {
 	return nil
 }
 
-// run feeds the tensors, in file order, to the workers and returns the
-// bytes read.
+// run feeds the tensors, in file order from cfg.Start, to the workers and
+// returns the bytes read.
 func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 	files := cfg.Files
 	if files == nil {
@@ -212,8 +216,17 @@ func run(ctx context.Context, cfg Config, jobs []*job) (int64, error) {
 			}
 		}()
 	}
+	all := batches(jobs, int64(cfg.ChunkBytes))
+	if cfg.Start != nil {
+		path, off, err := cfg.Start(ctx)
+		if err != nil {
+			cancel(err)
+		}
+		k := startBatch(cfg.Checkpoint, all, path, off)
+		all = append(all[k:len(all):len(all)], all[:k]...)
+	}
 loop:
-	for _, b := range batches(jobs, int64(cfg.ChunkBytes)) {
+	for _, b := range all {
 		select {
 		case feed <- b:
 		case <-ctx.Done():
@@ -224,4 +237,24 @@ loop:
 	wg.Wait()
 	// The cause is the first worker's error, or the caller's cancellation.
 	return read.Load(), context.Cause(ctx)
+}
+
+// startBatch is the first batch whose tensor begins at or after byte off of
+// the shard at path, in shard order, or 0 when none does.
+func startBatch(c *checkpoint.Checkpoint, all [][]*job, path string, off int64) int {
+	shard := map[string]int{}
+	for i, sh := range c.Shards {
+		shard[sh.Path] = i
+	}
+	at, ok := shard[path]
+	if !ok {
+		return 0
+	}
+	for k, b := range all {
+		t := b[0].s
+		if i := shard[t.Shard.Path]; i > at || i == at && t.Shard.DataStart+t.Tensor.Begin >= off {
+			return k
+		}
+	}
+	return 0
 }

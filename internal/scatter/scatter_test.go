@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/weightcache/weightcache/internal/backend"
@@ -329,5 +331,80 @@ func TestDataParallelReplicasMatch(t *testing.T) {
 				t.Fatalf("tp rank %d: tensor %s differs between its data-parallel replicas", tp, e.Name)
 			}
 		}
+	}
+}
+
+// recorder is the shard files, noting where each read begins.
+type recorder struct {
+	f   io.ReaderAt
+	mu  *sync.Mutex
+	log *[][2]int64 // shard index, offset
+	idx int64
+}
+
+func (r recorder) ReadAt(p []byte, off int64) (int, error) {
+	r.mu.Lock()
+	*r.log = append(*r.log, [2]int64{r.idx, off})
+	r.mu.Unlock()
+	return r.f.ReadAt(p, off)
+}
+
+// A load told where its bytes arrive first (Config.Start) reads from there
+// to the end and then from the first shard's start, and serves the same
+// bytes.
+func TestStartReadsFromThereThenWraps(t *testing.T) {
+	ck, orig := writeModel(t, "LlamaForCausalLM")
+	opened, err := ck.OpenShards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checkpoint.CloseShards(opened)
+	var mu sync.Mutex
+	var reads [][2]int64
+	files := map[string]io.ReaderAt{}
+	for i, sh := range ck.Shards {
+		files[sh.Path] = recorder{f: opened[sh.Path], mu: &mu, log: &reads, idx: int64(i)}
+	}
+	// Half way into the second shard's data, rounded to a tensor there.
+	second := ck.Shards[1]
+	from := second.DataStart + (second.Size-second.DataStart)/2
+	be, err := host.New("host:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Checkpoint: ck, TPSize: 1, Workers: 1, ChunkBytes: 512, Files: files,
+		Targets: []Target{{Backend: be, TPRank: 0}},
+		Start:   func(context.Context) (string, int64, error) { return second.Path, from, nil }}
+	res, err := Load(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Free()
+	if len(reads) == 0 || reads[0][0] != 1 || reads[0][1] < from {
+		t.Fatalf("first read %v, want shard 1 at or after %d", reads[:min(1, len(reads))], from)
+	}
+	// Then the first shard, and the second up to where the reads began.
+	wrapped, begun := false, reads[0][1]
+	for k, r := range reads {
+		switch {
+		case r[0] == 0:
+			wrapped = true
+		case wrapped && r[1] >= begun:
+			t.Fatalf("read %d, at shard 1 offset %d, comes after the wrap to the start: %v", k, r[1], reads)
+		case !wrapped && r[1] < from:
+			t.Fatalf("read %d, at shard 1 offset %d, comes before the wrap: %v", k, r[1], reads)
+		}
+	}
+	if !wrapped {
+		t.Fatalf("never read the first shard: %v", reads)
+	}
+	maps := mapAll(t, res.Ranks[0].Segments)
+	for _, e := range res.Ranks[0].Tensors {
+		if got := maps[e.Segment][e.Offset : e.Offset+e.NBytes]; !bytes.Equal(got, orig[e.Name]) {
+			t.Fatalf("tensor %s differs from the file", e.Name)
+		}
+	}
+	if len(res.Ranks[0].Tensors) != len(orig) {
+		t.Fatalf("%d tensors served, %d in the files", len(res.Ranks[0].Tensors), len(orig))
 	}
 }
