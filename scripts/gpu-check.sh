@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA backend's check on a real GPU (issues 5 and 10).
 # Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py), and the
-# cache outliving a GPU rank and a preload (--takeover; issue 18).
+# cache outliving a GPU rank and a preload (--takeover; issue 18), and GPU
+# ranks seeded from a peer over loopback (issue 29).
 #
 # Builds weightcache, writes `synth --preset medium` (219 tensors, 1.4 GB),
 # measures plain host-to-device copies of those bytes, preloads them on one
@@ -18,6 +19,7 @@
 #   GPU_CHECK_DEVICE     GPU to use (default cuda:0: the first visible GPU)
 #   GPU_CHECK_TP_DEVICES the two GPUs of the TP 2 check (default cuda:0,cuda:1)
 #   GPU_CHECK_PRESET     synth preset (default medium)
+#   GPU_CHECK_PEER_PORT  loopback port of the peer check (default 7391)
 #   WEIGHTCACHE_BIN      use this binary instead of building one
 #   GPU_CHECK_CGO=1      build with cgo (default: CGO_ENABLED=0, as shipped), to
 #                        tell a purego problem from a driver one
@@ -487,6 +489,38 @@ if command -v python3 >/dev/null && python3 -c 'import torch,sys; sys.exit(not t
 	kill -TERM "$T2H" "$T2G" 2>/dev/null || true
 fi
 
+# 10b. A GPU rank seeded from a peer (issue 29): a host preload serves the
+# checkpoint's pieces on loopback; a GPU preload fills its device segments
+# from them, through the pinned staging path it uses for files, checks
+# every piece against the host's manifest digest and reads none of the
+# files. Its bytes are then compared with the files'.
+PEER_LINE="not run"
+PEER_PORT=${GPU_CHECK_PEER_PORT:-7391}
+PHSOCK=$WORK/peerhsock
+PGSOCK=$WORK/peergsock
+mkdir -m 700 "$PHSOCK" "$PGSOCK"
+printf 'gpu-check-peer-token\n' >"$WORK/peer.token"
+chmod 600 "$WORK/peer.token"
+"$BIN" preload --model "$MODEL" --socket-dir "$PHSOCK" --devices host --peer-listen "127.0.0.1:$PEER_PORT" \
+	--peer-token-file "$WORK/peer.token" >"$WORK/peerh.out" 2>"$WORK/peerh.err" &
+PH=$!
+PIDS+=("$PH")
+PHR=$(wait_ready "$WORK/peerh.out" "$WORK/peerh.err" "$PH")
+T0=$(date +%s.%N)
+"$BIN" preload --model "$MODEL" --socket-dir "$PGSOCK" --devices "$UUID" --peers "127.0.0.1:$PEER_PORT" \
+	--peer-token-file "$WORK/peer.token" --peer-manifest-digest "$(field "$PHR" peer_manifest)" >"$WORK/peerg.out" 2>"$WORK/peerg.err" &
+PG=$!
+PIDS+=("$PG")
+PGR=$(wait_ready "$WORK/peerg.out" "$WORK/peerg.err" "$PG")
+PEER_S=$(calc "$(date +%s.%N) - $T0" 3)
+PEER_LINE="$(field "$PGR" peer_bytes) bytes from the peer, $(field "$PGR" storage_bytes) from storage, $PEER_S s spawn to ready ($(calc "$FILE_BYTES / $PEER_S / 1e9") GB/s)"
+check "GPU ranks seeded from a peer read no file" "$([[ $(field "$PGR" source) == peers && $(field "$PGR" storage_bytes) == 0 && $(field "$PGR" peer_bytes) == "$FILE_BYTES" ]] && echo 1 || echo 0)" "$PEER_LINE"
+step 120 "attach --digest (seeded from a peer)" "$BIN" attach --model "$MODEL" --socket-dir "$PGSOCK" --device "$DEVICE" --fallback=false --digest |
+	grep -E '^[0-9a-f]{64}  ' >"$WORK/peer.digest" || true
+check "GPU bytes seeded from a peer equal the files' bytes" "$(cmp -s "$WORK/peer.digest" "$WORK/disk.digest" && echo 1 || echo 0)"
+stop "$PG"
+stop "$PH"
+
 # 11. Figures.
 RATIO_PAGEABLE=$(calc "100 * $PRELOAD / $PAGEABLE" 0)
 RATIO_PINNED=$(calc "100 * $PRELOAD / $PINNED" 0)
@@ -505,6 +539,7 @@ say "  TP 2 on GPUs:                              $TP_LINE"
 say "  vLLM loader tier 2 restart on the GPU:     $T2_LINE"
 say "  GPU rank killed and replaced:              $RESTART_LINE"
 say "  --takeover on the GPU:                     $TAKEOVER_LINE"
+say "  GPU ranks seeded from a peer (loopback):   $PEER_LINE"
 target "preload >= 70% of the pinned ceiling" "$(ge "$PRELOAD" "0.7 * $PINNED")" "$RATIO_PINNED%"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"

@@ -266,3 +266,34 @@ func TestGPUTensorParallelReadsOnce(t *testing.T) {
 		noSockets(t, gpuDir)
 	}
 }
+
+// GPU ranks seeded from a peer (issue 29): a host node reads storage and
+// serves peers; a TP 2 GPU node fills its device segments from it through
+// the staging path it uses for files, reading none of them, and each rank
+// holds the plan's slice of the files' bytes.
+func TestGPURanksSeededFromPeer(t *testing.T) {
+	fakeGPU(t, "2", "0,1")
+	model := synthModel(t, "small")
+	tok := peerToken(t, "gpu-peer-token")
+	port := freePort(t)
+	host := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:"+port, 1)...)
+	dir := sockDir(t)
+	gpu := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "cuda:0,cuda:1", "--tensor-parallel-size", "2",
+		"--staging-bytes", "4194304", "--peers", "127.0.0.1:"+port, "--peer-token-file", tok,
+		"--peer-manifest-digest", host.ready["peer_manifest"].(string))
+	if gpu.ready["source"] != "peers" || readyInt(t, gpu, "storage_bytes") != 0 || readyInt(t, gpu, "read_bytes") != 0 ||
+		readyInt(t, gpu, "peer_bytes") != readyInt(t, host, "file_bytes") {
+		t.Fatalf("GPU node: %v\nhost node: %v", gpu.ready, host.ready)
+	}
+	for r := range 2 {
+		g, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--device", fmt.Sprintf("cuda:%d", r),
+			"--tensor-parallel-size", "2", "--tp-rank", fmt.Sprint(r), "--fallback=false", "--verify", "--digest")
+		if code != 0 || g.Source != "hit" || g.Verified == nil || !*g.Verified {
+			t.Fatalf("GPU rank %d: exit %d, %+v", r, code, g)
+		}
+		sameDigests(t, fmt.Sprintf("GPU rank %d seeded from a peer", r), g.Digest, servedDigests(t, model, "", 2, r))
+	}
+	gpu.stop(t, syscall.SIGTERM)
+	host.stop(t, syscall.SIGTERM)
+	noSockets(t, dir)
+}
