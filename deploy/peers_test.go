@@ -543,3 +543,33 @@ func keys[V any](m map[string]V) []string {
 	slices.Sort(out)
 	return out
 }
+
+// A model on host devices, with GPUs on (the default), renders no GPU
+// flag: preload refuses --ipc beside --devices host, so the pod would
+// crash-loop. The rendered host model's preload starts and serves.
+func TestHostModelRendersNoGPUFlag(t *testing.T) {
+	c := loadChart(t)
+	ctrs := map[string]corev1.Container{}
+	for _, o := range decodeAll(t, helmTemplate(t, c, `models: [{name: h, model: /models/tiny, devices: host}, {name: h2, model: /models/tiny, devices: "host:0,host:1"}, {name: g, model: /models/tiny, devices: "cuda:0"}, {name: d, model: /models/tiny}]`)) {
+		if ds, ok := o.(*appsv1.DaemonSet); ok {
+			for _, ctr := range ds.Spec.Template.Spec.Containers {
+				ctrs[ctr.Name] = ctr
+			}
+		}
+	}
+	for name, want := range map[string]bool{"h": false, "h2": false, "g": true, "d": true} {
+		ctr, ok := ctrs[name]
+		if !ok {
+			t.Fatalf("no container %s rendered: %v", name, keys(ctrs))
+		}
+		if _, got := flags(t, ctr)["--ipc"]; got != want {
+			t.Errorf("model %s (devices %q): --ipc rendered %v, want %v: %v", name, flags(t, ctr)["--devices"], got, want, ctr.Args)
+		}
+	}
+	if testing.Short() {
+		return
+	}
+	p := startPreload(t, weightcacheBin(t), ctrs["h"], tinyModel(t), map[string]string{"POD_IP": "127.0.0.1"})
+	p.waitReady(t)
+	p.stop(t)
+}
