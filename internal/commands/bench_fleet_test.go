@@ -73,11 +73,18 @@ func BenchmarkFleet(b *testing.B) {
 			f.shape(f.nodes[i], "eth0", "tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
 			f.shape(f.prefix+"br", "p"+strconv.Itoa(i), "tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
 		}
+		busy := machineBusy()
 		link, _ := timedSeed(b, f, 1, seedArgs(f.peer(0))...)
+		linkBusy := busy()
+		busy = machineBusy()
 		swarm := timedSeeds(b, f, func(int) []string { return seedArgs(f.peers()...) })
+		swarmBusy := busy()
 		star := timedSeeds(b, f, func(int) []string { return seedArgs(f.peer(0)) })
 		say("1 -> 3 nodes on %s links: one copy over one link %.2fs; swarm %.2fs (%.2fx one copy, target <= 1.3); star %.2fs (%.2fx one copy)",
 			rate, link.Seconds(), swarm.Seconds(), swarm.Seconds()/link.Seconds(), star.Seconds(), star.Seconds()/link.Seconds())
+		// A swarm on few cores can be bound by the CPU, not the links: each
+		// node hashes and writes every byte twice into fresh memory.
+		say("the machine's CPUs were %.0f%% busy during the one copy, %.0f%% during the swarm (%d CPUs)", 100*linkBusy, 100*swarmBusy, runtime.NumCPU())
 		if code := first.stop(b, syscall.SIGTERM); code != 0 {
 			b.Fatalf("first node exit %d", code)
 		}
@@ -133,6 +140,33 @@ func timedSeeds(b *testing.B, f *netnsFleet, args func(int) []string) time.Durat
 		}
 	}
 	return el
+}
+
+// machineBusy starts a measure of how busy the machine's CPUs are; the
+// function it returns is the busy fraction since.
+func machineBusy() func() float64 {
+	read := func() (busy, all float64) {
+		raw, _ := os.ReadFile("/proc/stat")
+		line, _, _ := strings.Cut(string(raw), "\n")
+		// user nice system idle iowait irq softirq steal: guest time is
+		// counted in user already.
+		for k, f := range strings.Fields(line)[1:min(9, len(strings.Fields(line)))] {
+			v, _ := strconv.ParseFloat(f, 64)
+			all += v
+			if k != 3 && k != 4 {
+				busy += v
+			}
+		}
+		return busy, all
+	}
+	b0, a0 := read()
+	return func() float64 {
+		b1, a1 := read()
+		if a1 == a0 {
+			return 0
+		}
+		return (b1 - b0) / (a1 - a0)
+	}
 }
 
 // procCPU is the user and system CPU seconds of process pid.
