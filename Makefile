@@ -165,7 +165,9 @@ bench-outlive:
 # Seeding from peers in network namespaces (root): one peer to one node
 # against a plain TCP copy and cp, 1 -> 3 nodes on shaped links against one
 # copy and the star, SHA-256's CPU per GB. WEIGHTCACHE_BENCH_FLEET_MODEL,
-# WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change the model and the links.
+# WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change the model and the links; the
+# 4 GiB run: weightcache synth --preset large --shards 4 --out DIR, then
+# WEIGHTCACHE_BENCH_FLEET_MODEL=DIR (its swarm runs where memory allows).
 bench-fleet:
 	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 30m ./internal/commands/
 

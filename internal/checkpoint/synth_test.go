@@ -272,7 +272,7 @@ func TestSynthErrors(t *testing.T) {
 		shards      int
 		dtype, want string
 	}{
-		{t.TempDir(), "huge", 1, "", `unknown synth preset "huge": want one of medium, small, tiny`},
+		{t.TempDir(), "huge", 1, "", `unknown synth preset "huge": want one of large, medium, small, tiny`},
 		{t.TempDir(), "tiny", 1, "int8", `synth dtype: unknown dtype "int8"`},
 		{t.TempDir(), "tiny", 0, "", "0 shards: want 1 to 21"},
 		{t.TempDir(), "tiny", 22, "", "22 shards: want 1 to 21"},

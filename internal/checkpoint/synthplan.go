@@ -21,6 +21,8 @@ var synthPresets = map[string]synthPreset{
 	"small": {hidden: 512, intermediate: 1408, layers: 8, heads: 8, kvHeads: 2, vocab: 32000, maxPos: 4096},
 	// 219 tensors, 1.40 GB (1.31 GiB): benchmarks.
 	"medium": {hidden: 1536, intermediate: 4096, layers: 24, heads: 12, kvHeads: 4, vocab: 32000, maxPos: 4096},
+	// 273 tensors, 4.46 GB (4.15 GiB): the fleet benchmark's large run.
+	"large": {hidden: 2560, intermediate: 6912, layers: 30, heads: 20, kvHeads: 4, vocab: 32000, maxPos: 4096},
 }
 
 // SynthPresets returns the preset names, sorted.

@@ -12,7 +12,7 @@ import (
 func init() {
 	register(command{
 		name:    "synth",
-		summary: "write a synthetic Llama-shaped checkpoint (tiny, small, medium)",
+		summary: "write a synthetic Llama-shaped checkpoint (tiny, small, medium, large)",
 		run:     runSynth,
 		usage:   "synth --out DIR [flags]",
 		examples: []string{

@@ -42,7 +42,7 @@ func TestSynthCommandUsage(t *testing.T) {
 		want string
 	}{
 		{[]string{"synth"}, "--out is required"},
-		{[]string{"synth", "--out", dir, "--preset", "large"}, `unknown --preset "large": want medium|small|tiny`},
+		{[]string{"synth", "--out", dir, "--preset", "huge"}, `unknown --preset "huge": want large|medium|small|tiny`},
 		{[]string{"synth", "--out", dir, "--dtype", "int8"}, `unknown --dtype "int8"`},
 		{[]string{"synth", "--out", dir, "--dtype", "auto"}, `unknown --dtype "auto"`},
 		{[]string{"synth", "--out", dir, "--shards", "0"}, "--shards 0: want at least 1"},
