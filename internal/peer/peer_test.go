@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -231,6 +232,45 @@ func TestReaderWaitsForThePiece(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Readers waiting for pieces wait asleep: a reader's wait once woke the
+// other waiting readers, each of which woke the rest in turn, and the
+// loader's workers kept every core busy for as long as the pieces took.
+func TestWaitingReadersSleep(t *testing.T) {
+	c := synth(t)
+	s, err := NewStore(c, 4<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := s.Readers(ctx)[c.Shards[0].Path]
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			if _, err := r.ReadAt(make([]byte, 10), int64(i)*4<<10); err == nil {
+				t.Error("read a piece no one filled")
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // all four waiting
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	const wait = 400 * time.Millisecond
+	before := cpu()
+	time.Sleep(wait)
+	used := cpu() - before
+	cancel()
+	wg.Wait()
+	if used > wait/4 {
+		t.Fatalf("four readers waiting %s used %s of CPU", wait, used)
 	}
 }
 
