@@ -141,7 +141,7 @@ func (sv *Server) Serve(l net.Listener) error {
 		MaxHeaderBytes: 8 << 10, TLSConfig: sv.Auth.tls, ErrorLog: slog.NewLogLogger(sv.Log.Handler(), slog.LevelDebug)}
 	srv := sv.srv
 	sv.mu.Unlock()
-	l = &limitListener{Listener: l, slots: make(chan struct{}, sv.MaxConns)}
+	l = newLimitListener(l, sv)
 	var err error
 	if sv.Auth.tls != nil {
 		err = srv.ServeTLS(l, "", "")
@@ -169,7 +169,7 @@ func (sv *Server) authenticate(next http.Handler) http.Handler {
 		if tok := sv.Auth.token; tok != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok)) != 1 {
-				if sv.firstRefusal(r.RemoteAddr) {
+				if sv.firstRefusal("token", r.RemoteAddr) {
 					sv.Log.Warn("peer refused: no valid token (said once a minute per address)", "peer", r.RemoteAddr)
 				}
 				http.Error(w, "a valid peer token is required", http.StatusUnauthorized)
@@ -180,10 +180,12 @@ func (sv *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// firstRefusal says whether a refusal of addr's host is worth a log line:
-// a peer retrying with the wrong token would otherwise fill the log.
-func (sv *Server) firstRefusal(addr string) bool {
+// firstRefusal says whether a refusal of addr's host for what is worth a
+// log line: a peer retrying with the wrong token would otherwise fill the
+// log.
+func (sv *Server) firstRefusal(what, addr string) bool {
 	host, _, _ := net.SplitHostPort(addr)
+	host = what + " " + host
 	now := time.Now()
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
@@ -286,20 +288,60 @@ func (c *countWriter) Write(p []byte) (int, error) {
 }
 
 // limitListener bounds the connections open at once: over the bound,
-// peers wait in the kernel's backlog and cost nothing here.
+// peers wait in the kernel's backlog and cost nothing here. One address
+// may hold only a quarter of the bound (at least 16, more than a seeder's
+// workers open): a connection past its share is closed as soon as it is
+// accepted, so that one host holding idle connections cannot fill the
+// bound and the backlog behind it and starve every other peer.
 type limitListener struct {
 	net.Listener
-	slots chan struct{}
+	slots   chan struct{}
+	perHost int
+	sv      *Server
+	mu      sync.Mutex
+	open    map[string]int // by remote host
+}
+
+func newLimitListener(l net.Listener, sv *Server) *limitListener {
+	return &limitListener{Listener: l, slots: make(chan struct{}, sv.MaxConns), perHost: max(16, sv.MaxConns/4), sv: sv, open: map[string]int{}}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
+	for {
+		l.slots <- struct{}{}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.slots
+			return nil, err
+		}
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		l.mu.Lock()
+		over := l.open[host] >= l.perHost
+		if !over {
+			l.open[host]++
+		}
+		l.mu.Unlock()
+		if over {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0) // a reset: nothing of it stays in TIME_WAIT here
+			}
+			_ = c.Close()
+			<-l.slots
+			if l.sv.firstRefusal("connections", c.RemoteAddr().String()) {
+				l.sv.Log.Warn("peer refused: too many connections from one address (said once a minute per address)",
+					"peer", c.RemoteAddr().String(), "open", l.perHost)
+			}
+			continue
+		}
+		return &slotConn{Conn: c, release: func() {
+			l.mu.Lock()
+			if l.open[host]--; l.open[host] <= 0 {
+				delete(l.open, host)
+			}
+			l.mu.Unlock()
+			<-l.slots
+		}}, nil
 	}
-	return &slotConn{Conn: c, release: func() { <-l.slots }}, nil
 }
 
 type slotConn struct {
