@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -387,6 +389,80 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 	}
 	if sd.FromStorage.Load() != 0 {
 		t.Fatalf("%d bytes from storage, want 0", sd.FromStorage.Load())
+	}
+}
+
+// A lone peer that fails a piece rests for a moment; pieces taken while
+// it rests wait for it rather than go to storage. They went to storage at
+// once, by the fill's clock, once the fill was older than Timeout.
+func TestPiecesWaitForARestingPeer(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	const piece = 16 << 10
+	good, digest := seeded(t, c, piece)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var (
+		mu     sync.Mutex
+		first  time.Time
+		failed bool
+	)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := good.manifest()
+		_, _ = w.Write(raw)
+	})
+	mux.HandleFunc("GET /v1/checkpoints/{key}/have", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(good.haveMap())
+	})
+	// Each piece takes 100 ms (the fill about 1 s); one asked for past the fill's first
+	// 600 ms (past Timeout) is cut off after its first bytes.
+	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", func(w http.ResponseWriter, r *http.Request) {
+		i, _ := strconv.Atoi(r.PathValue("file"))
+		j, _ := strconv.Atoi(r.PathValue("piece"))
+		mu.Lock()
+		if first.IsZero() {
+			first = time.Now()
+		}
+		fail := !failed && time.Since(first) > 600*time.Millisecond
+		failed = failed || fail
+		mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		_, n := good.span(i, j)
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		if fail {
+			_, _ = w.Write(make([]byte, 100))
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
+		_, _ = good.send(i, j, w)
+	})
+	srv := &http.Server{Handler: mux, ErrorLog: log.New(io.Discard, "", 0)}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+
+	s, err := NewStore(c, piece)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	logs := &logBuf{}
+	sd := &Seeder{Auth: a, Peers: []string{l.Addr().String()}, Digest: digest, Timeout: 400 * time.Millisecond,
+		Log: slog.New(slog.NewTextHandler(logs, nil))}
+	if err := sd.Fill(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	same(t, c, s)
+	mu.Lock()
+	defer mu.Unlock()
+	if !failed || !strings.Contains(logs.String(), "peer failed a piece") {
+		t.Fatalf("the peer's failure did not happen (the fill took %s):\n%s", time.Since(first), logs)
+	}
+	if n := sd.FromStorage.Load(); n != 0 {
+		t.Fatalf("%d bytes from storage while the one peer rested, want 0:\n%s", n, logs)
 	}
 }
 
