@@ -180,9 +180,10 @@ func machineBusy() func() float64 {
 	read := func() (busy, all float64) {
 		raw, _ := os.ReadFile("/proc/stat")
 		line, _, _ := strings.Cut(string(raw), "\n")
+		fields := strings.Fields(line)
 		// user nice system idle iowait irq softirq steal: guest time is
 		// counted in user already.
-		for k, f := range strings.Fields(line)[1:min(9, len(strings.Fields(line)))] {
+		for k, f := range fields[1:min(9, len(fields))] {
 			v, _ := strconv.ParseFloat(f, 64)
 			all += v
 			if k != 3 && k != 4 {

@@ -389,7 +389,7 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 				if !ok {
 					return
 				}
-				err := sd.one(ctx, peers, id, since)
+				err := sd.one(ctx, peers, id, at[id], since)
 				s.fetch(id, false)
 				if err != nil {
 					if ctx.Err() != nil {
@@ -510,14 +510,14 @@ func (sd *Seeder) rarest(peers []*remote, left []pieceID, at map[pieceID]int, sh
 	return pieceID{}, false, full, waits
 }
 
-// one gets a piece from a peer that has it, or from storage once no peer
-// has served it for Timeout. It returns nil having placed the piece, or
-// without it, to be taken again.
-func (sd *Seeder) one(ctx context.Context, peers []*remote, id pieceID, since time.Time) error {
+// one gets a piece (k its place in a have map) from a peer that has it, or
+// from storage once no peer has served it for Timeout. It returns nil
+// having placed the piece, or without it, to be taken again.
+func (sd *Seeder) one(ctx context.Context, peers []*remote, id pieceID, k int, since time.Time) error {
 	s := sd.store
 	taken := time.Now()
 	for {
-		p, held := sd.pick(peers, id)
+		p, held := sd.pick(peers, k)
 		if p == nil {
 			// A peer that has the piece and is only resting after a
 			// failure is waited for from when this piece was taken: by
@@ -567,18 +567,14 @@ func (sd *Seeder) one(ctx context.Context, peers []*remote, id pieceID, since ti
 	}
 }
 
-// pick is the least busy usable peer that says it has the piece; held
-// says whether any peer not found bad has it, resting ones included.
-func (sd *Seeder) pick(peers []*remote, id pieceID) (best *remote, held bool) {
-	at := 0
-	for i := 0; i < id.file; i++ {
-		at += len(sd.store.have[i])
-	}
-	at += id.piece
+// pick is the least busy usable peer that says it has the piece at place
+// k of the have maps; held says whether any peer not found bad has it,
+// resting ones included.
+func (sd *Seeder) pick(peers []*remote, k int) (best *remote, held bool) {
 	fewest := 0
 	for _, p := range peers {
 		p.mu.Lock()
-		has := !p.bad && at < len(p.have) && p.have[at] == 1
+		has := !p.bad && k < len(p.have) && p.have[k] == 1
 		held = held || has
 		if has && time.Now().After(p.down) && (best == nil || p.busy < fewest) {
 			best, fewest = p, p.busy
