@@ -48,6 +48,9 @@ type Config struct {
 	// around to the first shard's first tensor: where the pieces of
 	// Files arrive first. It may block until that is known.
 	Start func(context.Context) (path string, off int64, err error)
+	// placed: the caller writes the segments (Loader.Placed); the
+	// workers read only for the checksums.
+	placed bool
 }
 
 // Rank is what one target got: sealed segments and its manifest entries.
@@ -71,6 +74,25 @@ const DefaultChunk = 1 << 20
 // Load reads the checkpoint once and fills every target's segments. On
 // error every segment is freed.
 func Load(ctx context.Context, cfg Config) (*Result, error) {
+	ld, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return ld.Run(ctx)
+}
+
+// Loader is a load planned, with every target's segments allocated: Run
+// fills them. Between the two, Placed can hand the filling to the caller.
+type Loader struct {
+	cfg   Config
+	jobs  []*job
+	res   *Result
+	start time.Time
+}
+
+// Prepare plans the load and allocates every target's segments, all of
+// which are freed on error.
+func Prepare(cfg Config) (*Loader, error) {
 	start := time.Now()
 	cfg.defaults()
 	jobs, err := planJobs(cfg)
@@ -78,16 +100,30 @@ func Load(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Ranks: make([]Rank, len(cfg.Targets))}
+	if err := allocate(cfg, jobs, res); err != nil {
+		res.Free()
+		return nil, err
+	}
+	return &Loader{cfg: cfg, jobs: jobs, res: res, start: start}, nil
+}
+
+// Read has Run read the shard files' bytes from files, beginning where
+// start says (Config.Files and Config.Start).
+func (ld *Loader) Read(files map[string]io.ReaderAt, start func(context.Context) (string, int64, error)) {
+	ld.cfg.Files, ld.cfg.Start = files, start
+}
+
+// Run fills the segments, seals them and returns them. On error, or when
+// ctx ends first, every segment is freed.
+func (ld *Loader) Run(ctx context.Context) (*Result, error) {
+	cfg, res := ld.cfg, ld.res
 	ok := false
 	defer func() {
 		if !ok {
 			res.Free()
 		}
 	}()
-	if err := allocate(cfg, jobs, res); err != nil {
-		return nil, err
-	}
-	read, err := run(ctx, cfg, jobs)
+	read, err := run(ctx, cfg, ld.jobs)
 	res.ReadBytes = read
 	if err != nil {
 		return nil, err
@@ -99,9 +135,68 @@ func Load(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		}
 	}
-	res.Elapsed = time.Since(start)
+	res.Elapsed = time.Since(ld.start)
 	ok = true
 	return res, nil
+}
+
+// Free drops the segments of a load that is not run.
+func (ld *Loader) Free() { ld.res.Free() }
+
+// Place is where bytes [Off, Off+N) of the checkpoint's shard Shard (its
+// index in Checkpoint.Shards) land unchanged: at each of To, one per
+// target that holds them.
+type Place struct {
+	Shard int
+	Off   int64
+	N     int64
+	To    []Dest
+}
+
+// Dest is a place in one target's segment.
+type Dest struct {
+	Seg backend.Segment
+	Off int64
+}
+
+// Placed hands the caller the writing of the segments when every target
+// takes every tensor whole, as stored, into memory filled by plain writes
+// (host memory): it returns where each tensor's file bytes go, and Run
+// then reads Files only for the checksums, once the caller has written
+// what it reads. Bytes that arrive from peers go straight to their place,
+// written once rather than into a copy of the files first. For any other
+// load it returns false and changes nothing.
+func (ld *Loader) Placed() ([]Place, bool) {
+	for _, tg := range ld.cfg.Targets {
+		if _, ok := tg.Backend.(backend.Stager); ok {
+			return nil, false
+		}
+	}
+	shard := make(map[string]int, len(ld.cfg.Checkpoint.Shards))
+	for i, sh := range ld.cfg.Checkpoint.Shards {
+		shard[sh.Path] = i
+	}
+	places := make([]Place, 0, len(ld.jobs))
+	dests := make([]Dest, 0, len(ld.jobs)*len(ld.cfg.Targets))
+	for _, j := range ld.jobs {
+		if j.s.DType != j.s.Tensor.DType {
+			return nil, false
+		}
+		at := len(dests)
+		for _, p := range j.part {
+			// A device segment's export is a handle, not its bytes.
+			if _, shared := p.seg.(backend.Shared); shared || !p.slice.Whole() {
+				return nil, false
+			}
+			dests = append(dests, Dest{Seg: p.seg, Off: p.off})
+		}
+		if j.s.NBytes > 0 {
+			places = append(places, Place{Shard: shard[j.s.Shard.Path], Off: j.s.Shard.DataStart + j.s.Tensor.Begin,
+				N: j.s.NBytes, To: dests[at:len(dests):len(dests)]})
+		}
+	}
+	ld.cfg.placed = true
+	return places, true
 }
 
 func (c *Config) defaults() {
