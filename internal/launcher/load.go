@@ -81,10 +81,17 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 	}
 	// With peers, the loader reads the files from a store that peers (or
 	// storage, paced there) fill: l.read counts storage bytes only.
-	var fl *fill
 	if l.peers != nil {
 		cfg.Read, cfg.ReadLimit = nil, 0
-		if fl, err = l.fillFromPeers(ctx, g, &cfg); err != nil {
+	}
+	ld, err := scatter.Prepare(cfg)
+	if err != nil {
+		return err
+	}
+	var fl *fill
+	if l.peers != nil {
+		if fl, err = l.fillFromPeers(ctx, g, ld); err != nil {
+			ld.Free()
 			return err
 		}
 	}
@@ -92,7 +99,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 	// how far it has come (the sends stop before the hand-off's).
 	stop, sent := make(chan struct{}), make(chan struct{})
 	go reportProgress(procs, func() (int64, int64) { return l.loaded(), g.Checkpoint.Size() }, stop, sent)
-	res, err := scatter.Load(ctx, cfg)
+	res, err := ld.Run(ctx)
 	if fl != nil {
 		if err == nil {
 			// Whole, headers and all, before it is offered as the checkpoint.

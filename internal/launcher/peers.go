@@ -129,17 +129,20 @@ type fill struct {
 
 // fillFromPeers starts filling a store with g's checkpoint, from peers
 // when there are any that serve a manifest this node trusts, else from
-// storage, and points cfg at it: the loader copies each piece into the
-// segments as soon as it is checked.
-func (l *launcher) fillFromPeers(ctx context.Context, g Group, cfg *scatter.Config) (*fill, error) {
+// storage, and points the loader at it: the loader copies each piece into
+// the segments as soon as it is checked. Where the segments take the
+// files' bytes as they are (host ranks, whole tensors), the store puts
+// them there itself and the loader only checksums them.
+func (l *launcher) fillFromPeers(ctx context.Context, g Group, ld *scatter.Loader) (*fill, error) {
 	pc := l.peers
-	s, err := peer.NewStore(g.Checkpoint, 0)
+	places, _ := ld.Placed()
+	s, err := peer.NewStore(g.Checkpoint, 0, places)
 	if err != nil {
 		return nil, fmt.Errorf("group %s: %w", g.Name, err)
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &fill{l: l, group: g.Name, store: s, cancel: cancel, finished: make(chan struct{})}
-	cfg.Files, cfg.Start = s.Readers(fctx), s.Start
+	ld.Read(s.Readers(fctx), s.Start)
 	count := func(n int64) {
 		l.read.Add(n)
 		pc.fromStorage.Add(n)

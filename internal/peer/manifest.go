@@ -81,8 +81,3 @@ func (m *Manifest) matches(c *checkpoint.Checkpoint) error {
 	}
 	return nil
 }
-
-func fileHash(b []byte) string {
-	h := sha256.Sum256(b)
-	return hex.EncodeToString(h[:])
-}

@@ -88,7 +88,7 @@ func same(t *testing.T, c *checkpoint.Checkpoint, s *Store) {
 }
 
 func seeded(t *testing.T, c *checkpoint.Checkpoint, pieceSize int64) (*Store, string) {
-	s, err := NewStore(c, pieceSize)
+	s, err := NewStore(c, pieceSize, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestSeedFromPeersByteForByte(t *testing.T) {
 	first, digest := seeded(t, c, 64<<10)
 	addr := serve(t, a, slog.New(slog.DiscardHandler), first)
 
-	s, err := NewStore(c, 64<<10)
+	s, err := NewStore(c, 64<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,13 +126,13 @@ func TestWrongPieceIsDroppedAndItsPeerNamed(t *testing.T) {
 	a := token(t, "t")
 	good, digest := seeded(t, c, 64<<10)
 	bad, _ := seeded(t, c, 64<<10)
-	bad.slot(0, 1)[7] ^= 0xff // one byte of one piece
+	flip(t, bad, 0, 64<<10+7) // one byte of one piece
 	var logs logBuf
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	badAddr := serve(t, a, log, bad)
 	goodAddr := serve(t, a, log, good)
 
-	s, _ := NewStore(c, 64<<10)
+	s, _ := NewStore(c, 64<<10, nil)
 	defer s.Close()
 	sd := &Seeder{Auth: a, Peers: []string{badAddr, goodAddr}, Digest: digest, Timeout: 2 * time.Second, Log: log, Workers: 1}
 	// Every piece is asked of the bad peer while it is the least busy.
@@ -149,11 +149,11 @@ func TestWrongPieceWhereTheBadPeerHasIt(t *testing.T) {
 	c := synth(t)
 	a := token(t, "t")
 	bad, digest := seeded(t, c, 64<<10)
-	bad.slot(0, 0)[0] ^= 1
+	flip(t, bad, 0, 0)
 	var logs logBuf
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	addr := serve(t, a, log, bad)
-	s, _ := NewStore(c, 64<<10)
+	s, _ := NewStore(c, 64<<10, nil)
 	defer s.Close()
 	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: 500 * time.Millisecond, Log: log}
 	if err := sd.Fill(context.Background(), s); err != nil {
@@ -173,7 +173,7 @@ func TestUntrustedManifestIsRefused(t *testing.T) {
 	a := token(t, "t")
 	first, _ := seeded(t, c, 64<<10)
 	addr := serve(t, a, slog.New(slog.DiscardHandler), first)
-	s, _ := NewStore(c, 64<<10)
+	s, _ := NewStore(c, 64<<10, nil)
 	defer s.Close()
 	for _, sd := range []*Seeder{
 		{Auth: a, Peers: []string{addr}, Timeout: 300 * time.Millisecond},                                              // no root at all
@@ -191,7 +191,7 @@ func TestPeerWithoutTheTokenIsRefused(t *testing.T) {
 	first, digest := seeded(t, c, 64<<10)
 	var logs logBuf
 	addr := serve(t, token(t, "right"), slog.New(slog.NewTextHandler(&logs, nil)), first)
-	s, _ := NewStore(c, 64<<10)
+	s, _ := NewStore(c, 64<<10, nil)
 	defer s.Close()
 	sd := &Seeder{Auth: token(t, "wrong"), Peers: []string{addr}, Digest: digest, Timeout: 300 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}
 	if err := sd.Fill(context.Background(), s); err == nil {
@@ -213,7 +213,7 @@ func TestAuthIsRequired(t *testing.T) {
 
 func TestReaderWaitsForThePiece(t *testing.T) {
 	c := synth(t)
-	s, err := NewStore(c, 64<<10)
+	s, err := NewStore(c, 64<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestReaderWaitsForThePiece(t *testing.T) {
 // loader's workers kept every core busy for as long as the pieces took.
 func TestWaitingReadersSleep(t *testing.T) {
 	c := synth(t)
-	s, err := NewStore(c, 4<<10)
+	s, err := NewStore(c, 4<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestWaitingReadersSleep(t *testing.T) {
 func TestSeederWaitsForAPeerReadingStorage(t *testing.T) {
 	c := synth(t)
 	a := token(t, "cluster-secret")
-	first, err := NewStore(c, 64<<10)
+	first, err := NewStore(c, 64<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestSeederWaitsForAPeerReadingStorage(t *testing.T) {
 		_, _ = first.FillFromStorage(context.Background(), func(int64) { <-gate })
 	}()
 	go func() { time.Sleep(1500 * time.Millisecond); close(gate) }()
-	s, err := NewStore(c, 64<<10)
+	s, err := NewStore(c, 64<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 	})
 	go func() { _ = http.Serve(stall, mux) }()
 
-	s, err := NewStore(c, 64<<10)
+	s, err := NewStore(c, 64<<10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestPiecesWaitForARestingPeer(t *testing.T) {
 	go func() { _ = srv.Serve(l) }()
 	defer srv.Close()
 
-	s, err := NewStore(c, piece)
+	s, err := NewStore(c, piece, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +500,7 @@ func TestSwarmSendsTheFirstNodeAboutOneCopy(t *testing.T) {
 	var nodes []*node
 	for range 3 {
 		l, sv := listen()
-		s, err := NewStore(c, piece)
+		s, err := NewStore(c, piece, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -575,4 +575,17 @@ func load(s *Store) error {
 		}
 	}
 	return nil
+}
+
+// flip changes byte off of file i as s holds it.
+func flip(t *testing.T, s *Store, i int, off int64) {
+	t.Helper()
+	b := make([]byte, 1)
+	if err := s.readAt(i, b, off); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if err := s.writeAt(i, b, off); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -620,24 +619,27 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
-	slot := s.slot(id.file, id.piece)
-	s.inUse.RLock()
-	got := 0
-	// Hashed as it arrives, while it is still in the CPU's cache.
-	h := sha256.New()
-	for got < len(slot) && err == nil {
+	_, size := s.span(id.file, id.piece)
+	w := s.writer(id.file, id.piece)
+	buf := getBuf()
+	defer putBuf(buf)
+	got := int64(0)
+	// Read into a buffer that stays in the CPU's cache while it is
+	// hashed and written to its place.
+	for got < size && err == nil {
 		var n int
-		n, err = resp.Body.Read(slot[got:min(got+256<<10, len(slot))])
-		h.Write(slot[got : got+n])
-		got += n
+		n, err = resp.Body.Read((*buf)[:min(int64(len(*buf)), size-got)])
 		if n > 0 {
+			if _, werr := w.Write((*buf)[:n]); werr != nil {
+				return werr
+			}
 			watchdog.Reset(sd.Timeout)
 		}
+		got += int64(n)
 	}
-	s.inUse.RUnlock()
-	if got < len(slot) {
+	if got < size {
 		if errors.Is(context.Cause(ctx), errStalled) {
-			return fmt.Errorf("nothing arrived for %s, %d of %d bytes in", sd.Timeout, got, len(slot))
+			return fmt.Errorf("nothing arrived for %s, %d of %d bytes in", sd.Timeout, got, size)
 		}
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -647,10 +649,10 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 	if n, _ := resp.Body.Read(make([]byte, 1)); n != 0 {
 		return errors.New("the peer sent more than the piece")
 	}
-	if ok, got := s.check(id.file, id.piece, h.Sum(nil)); !ok {
+	if ok, got := s.check(id.file, id.piece, w.h.Sum(nil)); !ok {
 		return &wrongPiece{got: got, want: s.want(id.file, id.piece)}
 	}
-	sd.FromPeers.Add(int64(len(slot)))
+	sd.FromPeers.Add(size)
 	s.put(id.file, id.piece)
 	return nil
 }
@@ -663,16 +665,16 @@ func (sd *Seeder) fromStorage(id pieceID) error {
 		return fmt.Errorf("no peer served piece %d of %s in %s, and storage: %w", id.piece, sh.Name, sd.Timeout, err)
 	}
 	defer f.Close()
-	off, _ := s.span(id.file, id.piece)
-	slot := s.slot(id.file, id.piece)
-	if _, err := f.ReadAt(slot, off); err != nil {
-		return fmt.Errorf("read %s at %d: %w", sh.Path, off, err)
+	off, n := s.span(id.file, id.piece)
+	w := s.writer(id.file, id.piece)
+	if err := copyPiece(w, f, off, n); err != nil {
+		return fmt.Errorf("%s: %w", sh.Path, err)
 	}
-	if ok, got := s.check(id.file, id.piece, nil); !ok {
+	if ok, got := s.check(id.file, id.piece, w.h.Sum(nil)); !ok {
 		return fmt.Errorf("%s piece %d (at %d) hashes to %s in storage, the manifest says %s: the files are not the manifest's",
 			sh.Path, id.piece, off, got, s.want(id.file, id.piece))
 	}
-	sd.FromStorage.Add(int64(len(slot)))
+	sd.FromStorage.Add(n)
 	s.put(id.file, id.piece)
 	return nil
 }
@@ -686,7 +688,11 @@ func (sd *Seeder) checkFiles() error {
 		if blob == "" {
 			continue
 		}
-		if got := fileHash(s.files[i]); got != blob {
+		got, err := s.fileHash(i)
+		if err != nil {
+			return err
+		}
+		if got != blob {
 			return fmt.Errorf("%s from peers hashes to %s, its hub blob is %s", sh.Name, got, blob)
 		}
 	}

@@ -1,34 +1,49 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/scatter"
 )
 
-// Store holds a checkpoint's files in host memory piece by piece, as they
-// arrive from storage or from peers, and hands them to the loader as the
-// files themselves. It serves the pieces it has to other nodes from the
-// moment they are checked, so that a node still receiving already sends
-// (a swarm, not a star).
+// Store holds a checkpoint's files piece by piece, as they arrive from
+// storage or from peers, and hands them to the loader as the files
+// themselves. It serves the pieces it has to other nodes from the moment
+// they are checked, so that a node still receiving already sends (a
+// swarm, not a star).
+//
+// A file's bytes live in memfds, written with pwrite from buffers the
+// size of a cache: the kernel neither zeroes the pages first nor backs
+// them with huge pages it must compact memory for, as it does for a
+// fresh anonymous mapping written in place (on a 2-core VM that was a
+// third of a seed's CPU). A store given places keeps the tensors' bytes
+// in the segments themselves, so that a host rank's bytes are written
+// once, not copied there from a copy of the files.
 type Store struct {
 	ckpt      *checkpoint.Checkpoint
-	pieceSize int64    // fixed: a manifest in other pieces is not taken
-	files     [][]byte // anonymous mappings, off the Go heap
-	// inUse is held for reading while bytes of files are being sent or
-	// copied out, so that Close never unmaps them under a reader.
-	inUse sync.RWMutex
+	pieceSize int64      // fixed: a manifest in other pieces is not taken
+	files     [][]extent // per file, in order, covering it
+	own       []*os.File // the memfds and exported segments to close
+	// inUse is held for reading while bytes of files are being written,
+	// sent or copied out, so that Close never closes them under a reader.
+	inUse  sync.RWMutex
+	closed bool
 
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -52,27 +67,34 @@ type Store struct {
 	started bool
 }
 
-// NewStore maps room for every weight file of c. Nothing is touched yet.
-func NewStore(c *checkpoint.Checkpoint, pieceSize int64) (*Store, error) {
+// extent is where bytes [off, off+n) of a file live: written to every
+// place of to, read back from the first.
+type extent struct {
+	off, n int64
+	to     []place
+}
+
+type place struct {
+	w  io.WriterAt
+	r  io.ReaderAt
+	at int64
+}
+
+// NewStore makes room for every weight file of c: in memory of its own,
+// or, for the bytes places names (scatter.Loader.Placed), in the targets'
+// segments, which must stay writable until the fill is done. Nothing is
+// touched yet.
+func NewStore(c *checkpoint.Checkpoint, pieceSize int64, places []scatter.Place) (*Store, error) {
 	if pieceSize <= 0 {
 		pieceSize = PieceSize
 	}
 	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[[2]int]bool{}, fetching: map[pieceID]bool{}}
 	s.cond = sync.NewCond(&s.mu)
+	if err := s.lay(places); err != nil {
+		s.Close()
+		return nil, err
+	}
 	for _, sh := range c.Shards {
-		var m []byte
-		if sh.Size > 0 {
-			var err error
-			m, err = unix.Mmap(-1, 0, int(sh.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
-			if err != nil {
-				s.Close()
-				return nil, fmt.Errorf("map %d bytes for %s: %w", sh.Size, sh.Path, err)
-			}
-			// Huge pages where the kernel has them: a page fault per 2 MiB,
-			// not per 4 KiB, while pieces arrive (advice; ignored elsewhere).
-			_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
-		}
-		s.files = append(s.files, m)
 		n := pieces(sh.Size, pieceSize)
 		s.have = append(s.have, make([]bool, n))
 		s.total += n
@@ -83,19 +105,153 @@ func NewStore(c *checkpoint.Checkpoint, pieceSize int64) (*Store, error) {
 	return s, nil
 }
 
-// Close unmaps the files; readers still waiting get an error.
+// lay builds each file's extents: the places given, in the segments, and
+// every byte between them (headers, padding) in a memfd of the file's own.
+func (s *Store) lay(places []scatter.Place) error {
+	byFile := make([][]scatter.Place, len(s.ckpt.Shards))
+	for _, p := range places {
+		if p.Shard < 0 || p.Shard >= len(byFile) || p.N <= 0 || len(p.To) == 0 {
+			return fmt.Errorf("piece store: a place of %d bytes in shard %d of %d, to %d targets", p.N, p.Shard, len(byFile), len(p.To))
+		}
+		byFile[p.Shard] = append(byFile[p.Shard], p)
+	}
+	exported := map[backend.Segment]*os.File{}
+	reader := func(seg backend.Segment) (io.ReaderAt, error) {
+		if f := exported[seg]; f != nil {
+			return f, nil
+		}
+		f, err := seg.Export()
+		if err != nil {
+			return nil, fmt.Errorf("piece store: read back a segment: %w", err)
+		}
+		exported[seg] = f
+		s.own = append(s.own, f)
+		return f, nil
+	}
+	s.files = make([][]extent, len(s.ckpt.Shards))
+	for i, sh := range s.ckpt.Shards {
+		ps := byFile[i]
+		slices.SortFunc(ps, func(a, b scatter.Place) int { return cmp.Compare(a.Off, b.Off) })
+		var ext []extent
+		var gaps [][2]int64
+		at := int64(0)
+		for _, p := range ps {
+			if p.Off < at || p.Off+p.N > sh.Size {
+				return fmt.Errorf("piece store: %s: bytes [%d, %d) overlap others or pass its %d bytes", sh.Path, p.Off, p.Off+p.N, sh.Size)
+			}
+			if p.Off > at {
+				gaps = append(gaps, [2]int64{at, p.Off - at})
+				ext = append(ext, extent{})
+			}
+			e := extent{off: p.Off, n: p.N}
+			for _, d := range p.To {
+				r, err := reader(d.Seg)
+				if err != nil {
+					return err
+				}
+				e.to = append(e.to, place{w: d.Seg, r: r, at: d.Off})
+			}
+			ext = append(ext, e)
+			at = p.Off + p.N
+		}
+		if at < sh.Size {
+			gaps = append(gaps, [2]int64{at, sh.Size - at})
+			ext = append(ext, extent{})
+		}
+		if len(gaps) > 0 {
+			var size int64
+			for _, g := range gaps {
+				size += g[1]
+			}
+			f, err := memfd(sh.Name, size)
+			if err != nil {
+				return err
+			}
+			s.own = append(s.own, f)
+			k, in := 0, int64(0)
+			for e := range ext {
+				if ext[e].to == nil {
+					ext[e] = extent{off: gaps[k][0], n: gaps[k][1], to: []place{{w: f, r: f, at: in}}}
+					in += gaps[k][1]
+					k++
+				}
+			}
+		}
+		s.files[i] = ext
+	}
+	return nil
+}
+
+// memfd is an empty memfd of size bytes, for store memory.
+func memfd(name string, size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate("weightcache:peers:"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("piece store for %s: memfd_create: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), "weightcache:peers:"+name)
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("piece store for %s: size its memfd to %d bytes: %w", name, size, err)
+	}
+	return f, nil
+}
+
+// writeAt puts p at byte off of file i, in every place that holds it.
+func (s *Store) writeAt(i int, p []byte, off int64) error {
+	return s.each(i, p, off, true, func(pl place, b []byte, at int64) error {
+		_, err := pl.w.WriteAt(b, at)
+		return err
+	})
+}
+
+// readAt fills p from byte off of file i.
+func (s *Store) readAt(i int, p []byte, off int64) error {
+	return s.each(i, p, off, false, func(pl place, b []byte, at int64) error {
+		n, err := pl.r.ReadAt(b, at)
+		if n == len(b) {
+			return nil
+		}
+		return cmp.Or(err, io.ErrUnexpectedEOF)
+	})
+}
+
+// each calls fn for the part of p that each extent of file i under
+// [off, off+len(p)) holds: for every place of it when all is set, else
+// for the first.
+func (s *Store) each(i int, p []byte, off int64, all bool, fn func(place, []byte, int64) error) error {
+	s.inUse.RLock()
+	defer s.inUse.RUnlock()
+	if s.closed {
+		return errors.New("the piece store is closed")
+	}
+	ext := s.files[i]
+	end := off + int64(len(p))
+	for k, _ := slices.BinarySearchFunc(ext, off, func(e extent, off int64) int { return cmp.Compare(e.off+e.n, off+1) }); k < len(ext) && ext[k].off < end; k++ {
+		e := ext[k]
+		lo, hi := max(off, e.off), min(end, e.off+e.n)
+		for _, pl := range e.to {
+			if err := fn(pl, p[lo-off:hi-off], pl.at+lo-e.off); err != nil {
+				return fmt.Errorf("%s at %d: %w", s.ckpt.Shards[i].Path, lo, err)
+			}
+			if !all {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// Close frees the store's memory (a segment's stays its owners'); readers
+// still waiting get an error.
 func (s *Store) Close() {
 	s.fail(errors.New("the piece store is closed"))
 	s.inUse.Lock()
 	defer s.inUse.Unlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, m := range s.files {
-		if m != nil {
-			_ = unix.Munmap(m)
-			s.files[i] = nil
-		}
+	s.closed = true
+	for _, f := range s.own {
+		_ = f.Close()
 	}
+	s.own = nil
 }
 
 func (s *Store) fail(err error) {
@@ -159,12 +315,10 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 		}
 	}
 	s.mu.Unlock()
-	s.inUse.RLock()
-	defer s.inUse.RUnlock()
-	if s.files[r.file] == nil {
-		return 0, fmt.Errorf("%s: the piece store is closed", s.ckpt.Shards[r.file].Path)
+	if err := s.readAt(r.file, p, off); err != nil {
+		return 0, err
 	}
-	return copy(p, s.files[r.file][off:]), nil
+	return len(p), nil
 }
 
 // wake wakes the store's waiters once ctx is done, under the lock, so that
@@ -212,33 +366,86 @@ func (s *Store) Start(ctx context.Context) (string, int64, error) {
 
 // send writes a held piece to w and reports whether it had it.
 func (s *Store) send(i, j int, w io.Writer) (bool, error) {
-	s.inUse.RLock()
-	defer s.inUse.RUnlock()
 	s.mu.Lock()
-	ok := i >= 0 && i < len(s.have) && j >= 0 && j < len(s.have[i]) && s.have[i][j] && s.files[i] != nil
+	ok := i >= 0 && i < len(s.have) && j >= 0 && j < len(s.have[i]) && s.have[i][j]
 	s.mu.Unlock()
 	if !ok {
 		return false, nil
 	}
+	buf := getBuf()
+	defer putBuf(buf)
 	off, n := s.span(i, j)
-	_, err := w.Write(s.files[i][off : off+n])
-	return true, err
-}
-
-// slot is where piece j of file i goes, to be filled and then put.
-func (s *Store) slot(i, j int) []byte {
-	off, n := s.span(i, j)
-	return s.files[i][off : off+n]
-}
-
-// check says whether the bytes in the slot of piece j of file i hash as the
-// manifest says, and their hash; sum, when not nil, is their SHA-256
-// already taken as they arrived.
-func (s *Store) check(i, j int, sum []byte) (bool, string) {
-	if sum == nil {
-		h := sha256.Sum256(s.slot(i, j))
-		sum = h[:]
+	for done := int64(0); done < n; {
+		b := (*buf)[:min(int64(len(*buf)), n-done)]
+		if err := s.readAt(i, b, off+done); err != nil {
+			return true, err
+		}
+		if _, err := w.Write(b); err != nil {
+			return true, err
+		}
+		done += int64(len(b))
 	}
+	return true, nil
+}
+
+// bufSize is the buffer pieces pass through: small enough to stay in the
+// CPU's cache between the read that fills it and the hash and write that
+// empty it.
+const bufSize = 256 << 10
+
+var bufs = sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+
+func getBuf() *[]byte  { return bufs.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufs.Put(b) }
+
+// pieceWriter writes piece j of file i into the store as its bytes come,
+// in order, and hashes them.
+type pieceWriter struct {
+	s    *Store
+	i    int
+	off  int64 // where the next byte goes
+	h    hash.Hash
+	also io.Writer // another hash that sees the bytes, or nil
+}
+
+func (s *Store) writer(i, j int) *pieceWriter {
+	off, _ := s.span(i, j)
+	return &pieceWriter{s: s, i: i, off: off, h: sha256.New()}
+}
+
+func (w *pieceWriter) Write(p []byte) (int, error) {
+	w.h.Write(p)
+	if w.also != nil {
+		w.also.Write(p)
+	}
+	if err := w.s.writeAt(w.i, p, w.off); err != nil {
+		return 0, err
+	}
+	w.off += int64(len(p))
+	return len(p), nil
+}
+
+// copyPiece writes piece j of file i from r, n bytes at off of a file,
+// through a buffer of the pool, into w.
+func copyPiece(w *pieceWriter, r io.ReaderAt, off, n int64) error {
+	buf := getBuf()
+	defer putBuf(buf)
+	for done := int64(0); done < n; {
+		b := (*buf)[:min(int64(len(*buf)), n-done)]
+		if _, err := r.ReadAt(b, off+done); err != nil {
+			return fmt.Errorf("read at %d: %w", off+done, err)
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		done += int64(len(b))
+	}
+	return nil
+}
+
+// check says whether the bytes of piece j of file i, whose SHA-256 is
+// sum, hash as the manifest says, and their hash.
+func (s *Store) check(i, j int, sum []byte) (bool, string) {
 	got := hex.EncodeToString(sum)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -358,19 +565,18 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 				s.fail(err)
 				return "", err
 			}
-			off, _ := s.span(i, j)
-			b := s.slot(i, j)
-			if _, err := f.ReadAt(b, off); err != nil {
+			off, n := s.span(i, j)
+			w := s.writer(i, j)
+			w.also = whole
+			if err := copyPiece(w, f, off, n); err != nil {
 				f.Close()
-				err = fmt.Errorf("read %s at %d: %w", sh.Path, off, err)
+				err = fmt.Errorf("%s: %w", sh.Path, err)
 				s.fail(err)
 				return "", err
 			}
-			h := sha256.Sum256(b)
-			m.Files[i].Pieces[j] = hex.EncodeToString(h[:])
-			whole.Write(b)
+			m.Files[i].Pieces[j] = hex.EncodeToString(w.h.Sum(nil))
 			if read != nil {
-				read(int64(len(b)))
+				read(n)
 			}
 			s.put(i, j)
 		}
@@ -385,6 +591,23 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 	raw, digest := m.Encode()
 	s.setManifest(&m, raw)
 	return digest, nil
+}
+
+// fileHash is the SHA-256 of file i as the store holds it.
+func (s *Store) fileHash(i int) (string, error) {
+	h := sha256.New()
+	buf := getBuf()
+	defer putBuf(buf)
+	size := s.ckpt.Shards[i].Size
+	for off := int64(0); off < size; {
+		b := (*buf)[:min(int64(len(*buf)), size-off)]
+		if err := s.readAt(i, b, off); err != nil {
+			return "", err
+		}
+		h.Write(b)
+		off += int64(len(b))
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // hubBlob is the hub's LFS object id of a snapshot file, the name of the
