@@ -25,6 +25,14 @@ type Stage interface {
 	Close() error
 }
 
+// WritableMapper is implemented by segments of host memory the daemon can
+// map for writing: a writer filling one from many threads at once takes
+// its fresh pages on every core, where WriteAt takes the file's lock for
+// each write. The caller unmaps the mapping (unix.Munmap) before Seal.
+type WritableMapper interface {
+	MapWritable() ([]byte, error)
+}
+
 // Planner is implemented by backends that can tell, before anything is
 // allocated, whether segments of the given sizes fit on the device.
 type Planner interface {

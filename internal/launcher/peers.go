@@ -142,7 +142,7 @@ func (l *launcher) fillFromPeers(ctx context.Context, g Group, ld *scatter.Loade
 	}
 	fctx, cancel := context.WithCancel(ctx)
 	f := &fill{l: l, group: g.Name, store: s, cancel: cancel, finished: make(chan struct{})}
-	ld.Read(s.Readers(fctx), s.Start)
+	ld.Read(s.Readers(fctx), s.Start, s.Settle)
 	count := func(n int64) {
 		l.read.Add(n)
 		pc.fromStorage.Add(n)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"hash/crc32"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -56,7 +55,7 @@ func TestPlacedStoreWritesTheSegmentsOnce(t *testing.T) {
 	var own, headers int64
 	for _, ext := range s.files {
 		for _, e := range ext {
-			if _, mem := e.to[0].w.(*os.File); mem {
+			if !e.to[0].d.seg {
 				own += e.n
 			}
 		}
@@ -71,7 +70,7 @@ func TestPlacedStoreWritesTheSegmentsOnce(t *testing.T) {
 	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: 2 * time.Second, Log: slog.New(slog.DiscardHandler)}
 	filled := make(chan error, 1)
 	go func() { filled <- sd.Fill(context.Background(), s) }()
-	ld.Read(s.Readers(context.Background()), s.Start)
+	ld.Read(s.Readers(context.Background()), s.Start, s.Settle)
 	res, err := ld.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -28,20 +28,24 @@ import (
 // they are checked, so that a node still receiving already sends (a
 // swarm, not a star).
 //
-// A file's bytes live in memfds, written with pwrite from buffers the
-// size of a cache: the kernel neither zeroes the pages first nor backs
-// them with huge pages it must compact memory for, as it does for a
-// fresh anonymous mapping written in place (on a 2-core VM that was a
-// third of a seed's CPU). A store given places keeps the tensors' bytes
-// in the segments themselves, so that a host rank's bytes are written
-// once, not copied there from a copy of the files.
+// A file's bytes live in memfds, written through shared mappings from
+// buffers the size of a cache. On a VM most of a seed's CPU is the first
+// touch of fresh pages: page faults on a mapping take those pages on
+// every core at once, where pwrite takes the file's lock for each write
+// (and its waiters spin), and shmem is not backed by huge pages the
+// kernel must compact memory for, as a fresh anonymous mapping was (a
+// third of a 2-core seed's CPU). A store given places keeps the tensors'
+// bytes in the segments themselves, so that a host rank's bytes are
+// written once, not copied there from a copy of the files.
 type Store struct {
 	ckpt      *checkpoint.Checkpoint
 	pieceSize int64      // fixed: a manifest in other pieces is not taken
 	files     [][]extent // per file, in order, covering it
 	own       []*os.File // the memfds and exported segments to close
+	dsts      []*dest
 	// inUse is held for reading while bytes of files are being written,
-	// sent or copied out, so that Close never closes them under a reader.
+	// sent or copied out, so that Close and Settle never close or unmap
+	// them under a reader.
 	inUse  sync.RWMutex
 	closed bool
 
@@ -75,9 +79,16 @@ type extent struct {
 }
 
 type place struct {
-	w  io.WriterAt
-	r  io.ReaderAt
+	d  *dest
 	at int64
+}
+
+// dest is a memfd bytes are written to: the store's own or a segment.
+type dest struct {
+	w   io.WriterAt
+	r   io.ReaderAt
+	mem []byte // a writable mapping of it, while there is one
+	seg bool   // a segment's: unmapped by Settle, before it is sealed
 }
 
 // NewStore makes room for every weight file of c: in memory of its own,
@@ -115,18 +126,24 @@ func (s *Store) lay(places []scatter.Place) error {
 		}
 		byFile[p.Shard] = append(byFile[p.Shard], p)
 	}
-	exported := map[backend.Segment]*os.File{}
-	reader := func(seg backend.Segment) (io.ReaderAt, error) {
-		if f := exported[seg]; f != nil {
-			return f, nil
+	segs := map[backend.Segment]*dest{}
+	segDest := func(seg backend.Segment) (*dest, error) {
+		if d := segs[seg]; d != nil {
+			return d, nil
 		}
 		f, err := seg.Export()
 		if err != nil {
 			return nil, fmt.Errorf("piece store: read back a segment: %w", err)
 		}
-		exported[seg] = f
 		s.own = append(s.own, f)
-		return f, nil
+		d := &dest{w: seg, r: f, seg: true}
+		if m, ok := seg.(backend.WritableMapper); ok {
+			// Without a mapping the bytes still arrive, through WriteAt.
+			d.mem, _ = m.MapWritable()
+		}
+		segs[seg] = d
+		s.dsts = append(s.dsts, d)
+		return d, nil
 	}
 	s.files = make([][]extent, len(s.ckpt.Shards))
 	for i, sh := range s.ckpt.Shards {
@@ -145,11 +162,11 @@ func (s *Store) lay(places []scatter.Place) error {
 			}
 			e := extent{off: p.Off, n: p.N}
 			for _, d := range p.To {
-				r, err := reader(d.Seg)
+				sd, err := segDest(d.Seg)
 				if err != nil {
 					return err
 				}
-				e.to = append(e.to, place{w: d.Seg, r: r, at: d.Off})
+				e.to = append(e.to, place{d: sd, at: d.Off})
 			}
 			ext = append(ext, e)
 			at = p.Off + p.N
@@ -168,10 +185,17 @@ func (s *Store) lay(places []scatter.Place) error {
 				return err
 			}
 			s.own = append(s.own, f)
+			d := &dest{w: f, r: f}
+			if size > 0 {
+				if d.mem, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+					return fmt.Errorf("piece store for %s: map its memfd of %d bytes: %w", sh.Name, size, err)
+				}
+			}
+			s.dsts = append(s.dsts, d)
 			k, in := 0, int64(0)
 			for e := range ext {
 				if ext[e].to == nil {
-					ext[e] = extent{off: gaps[k][0], n: gaps[k][1], to: []place{{w: f, r: f, at: in}}}
+					ext[e] = extent{off: gaps[k][0], n: gaps[k][1], to: []place{{d: d, at: in}}}
 					in += gaps[k][1]
 					k++
 				}
@@ -199,7 +223,11 @@ func memfd(name string, size int64) (*os.File, error) {
 // writeAt puts p at byte off of file i, in every place that holds it.
 func (s *Store) writeAt(i int, p []byte, off int64) error {
 	return s.each(i, p, off, true, func(pl place, b []byte, at int64) error {
-		_, err := pl.w.WriteAt(b, at)
+		if pl.d.mem != nil {
+			copy(pl.d.mem[at:], b)
+			return nil
+		}
+		_, err := pl.d.w.WriteAt(b, at)
 		return err
 	})
 }
@@ -207,7 +235,11 @@ func (s *Store) writeAt(i int, p []byte, off int64) error {
 // readAt fills p from byte off of file i.
 func (s *Store) readAt(i int, p []byte, off int64) error {
 	return s.each(i, p, off, false, func(pl place, b []byte, at int64) error {
-		n, err := pl.r.ReadAt(b, at)
+		if pl.d.mem != nil {
+			copy(b, pl.d.mem[at:])
+			return nil
+		}
+		n, err := pl.d.r.ReadAt(b, at)
 		if n == len(b) {
 			return nil
 		}
@@ -248,10 +280,31 @@ func (s *Store) Close() {
 	s.inUse.Lock()
 	defer s.inUse.Unlock()
 	s.closed = true
+	s.unmap(false)
 	for _, f := range s.own {
 		_ = f.Close()
 	}
 	s.own = nil
+}
+
+// Settle drops the store's writable mappings of the segments, which must
+// be gone before they are sealed: the loader has read every byte they
+// take by then. The store goes on serving them, read through their
+// exports.
+func (s *Store) Settle() {
+	s.inUse.Lock()
+	defer s.inUse.Unlock()
+	s.unmap(true)
+}
+
+// unmap drops the mappings of the segments, and with all of the memfds.
+func (s *Store) unmap(segsOnly bool) {
+	for _, d := range s.dsts {
+		if d.mem != nil && (d.seg || !segsOnly) {
+			_ = unix.Munmap(d.mem)
+			d.mem = nil
+		}
+	}
 }
 
 func (s *Store) fail(err error) {

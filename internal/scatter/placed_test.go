@@ -93,7 +93,7 @@ func TestPlacedLoadServesTheBytesItWasGiven(t *testing.T) {
 	for k, f := range opened {
 		files[k] = f
 	}
-	ld.Read(files, nil)
+	ld.Read(files, nil, nil)
 	before := writes.Load()
 	res, err := ld.Run(context.Background())
 	if err != nil {

@@ -84,10 +84,11 @@ func Load(ctx context.Context, cfg Config) (*Result, error) {
 // Loader is a load planned, with every target's segments allocated: Run
 // fills them. Between the two, Placed can hand the filling to the caller.
 type Loader struct {
-	cfg   Config
-	jobs  []*job
-	res   *Result
-	start time.Time
+	cfg     Config
+	jobs    []*job
+	res     *Result
+	start   time.Time
+	sealing func()
 }
 
 // Prepare plans the load and allocates every target's segments, all of
@@ -108,9 +109,10 @@ func Prepare(cfg Config) (*Loader, error) {
 }
 
 // Read has Run read the shard files' bytes from files, beginning where
-// start says (Config.Files and Config.Start).
-func (ld *Loader) Read(files map[string]io.ReaderAt, start func(context.Context) (string, int64, error)) {
-	ld.cfg.Files, ld.cfg.Start = files, start
+// start says (Config.Files and Config.Start), and call sealing, when not
+// nil, once it has read them all and before it seals the segments.
+func (ld *Loader) Read(files map[string]io.ReaderAt, start func(context.Context) (string, int64, error), sealing func()) {
+	ld.cfg.Files, ld.cfg.Start, ld.sealing = files, start, sealing
 }
 
 // Run fills the segments, seals them and returns them. On error, or when
@@ -127,6 +129,9 @@ func (ld *Loader) Run(ctx context.Context) (*Result, error) {
 	res.ReadBytes = read
 	if err != nil {
 		return nil, err
+	}
+	if ld.sealing != nil {
+		ld.sealing()
 	}
 	for t, r := range res.Ranks {
 		for i, s := range r.Segments {
@@ -163,7 +168,8 @@ type Dest struct {
 // takes every tensor whole, as stored, into memory filled by plain writes
 // (host memory): it returns where each tensor's file bytes go, and Run
 // then reads Files only for the checksums, once the caller has written
-// what it reads. Bytes that arrive from peers go straight to their place,
+// what it reads. A caller that maps the segments for writing unmaps them
+// when Run calls Read's sealing. Bytes that arrive from peers go straight to their place,
 // written once rather than into a copy of the files first. For any other
 // load it returns false and changes nothing.
 func (ld *Loader) Placed() ([]Place, bool) {

@@ -115,6 +115,17 @@ func (s *segment) Export() (*os.File, error) {
 
 func (s *segment) Free() error { return s.f.Close() }
 
+func (s *segment) MapWritable() ([]byte, error) {
+	if s.size == 0 {
+		return nil, fmt.Errorf("map %s: it is empty", s.f.Name())
+	}
+	b, err := unix.Mmap(int(s.f.Fd()), 0, int(s.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s (%d bytes) for writing: %w", s.f.Name(), s.size, err)
+	}
+	return b, nil
+}
+
 // Map maps a sealed segment descriptor read-only. Used by clients and tests.
 func Map(f *os.File, size int64) ([]byte, error) {
 	if size <= 0 {

@@ -13,6 +13,7 @@ func (s *segment) WriteAt(p []byte, off int64) (int, error) { return 0, ErrUnsup
 func (s *segment) Seal() error                              { return ErrUnsupported }
 func (s *segment) Export() (*os.File, error)                { return nil, ErrUnsupported }
 func (s *segment) Free() error                              { return nil }
+func (s *segment) MapWritable() ([]byte, error)             { return nil, ErrUnsupported }
 
 func (s *segment) fill(func([]byte) error) error { return ErrUnsupported }
 
