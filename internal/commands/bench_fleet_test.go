@@ -2,10 +2,12 @@ package commands
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -100,15 +102,18 @@ func BenchmarkFleet(b *testing.B) {
 			link, _ := timedSeed(b, f, 1, seedArgs(f.peer(0))...)
 			linkBusy := busy()
 			busy = machineBusy()
+			sent := txBytes(b, f, 0)
 			swarm := timedSeeds(b, f, func(int) []string { return seedArgs(f.peers()...) })
 			swarmBusy := busy()
+			sent = txBytes(b, f, 0) - sent
 			star := timedSeeds(b, f, func(int) []string { return seedArgs(f.peer(0)) })
 			say("1 -> 3 nodes on %s links: one copy over one link %.2fs; swarm %.2fs (%.2fx one copy, target <= 1.3); star %.2fs (%.2fx one copy)",
 				rate, link.Seconds(), swarm.Seconds(), swarm.Seconds()/link.Seconds(), star.Seconds(), star.Seconds()/link.Seconds())
 			// A swarm on few cores can be bound by the CPU, not the links: each
 			// node hashes every byte, writes it into fresh memory and
 			// checksums it again for its rank's index.
-			say("the machine's CPUs were %.0f%% busy during the one copy, %.0f%% during the swarm (%d CPUs)", 100*linkBusy, 100*swarmBusy, runtime.NumCPU())
+			say("the machine's CPUs were %.0f%% busy during the one copy, %.0f%% during the swarm (%d CPUs); the first node sent %.2f GB in the swarm, %.2f copies",
+				100*linkBusy, 100*swarmBusy, runtime.NumCPU(), float64(sent)/1e9, float64(sent)/float64(size))
 		}
 		if code := first.stop(b, syscall.SIGTERM); code != 0 {
 			b.Fatalf("first node exit %d", code)
@@ -165,6 +170,25 @@ func timedSeeds(b *testing.B, f *netnsFleet, args func(int) []string) time.Durat
 		}
 	}
 	return el
+}
+
+// txBytes is what node i's link has sent, headers included.
+func txBytes(b *testing.B, f *netnsFleet, i int) int64 {
+	out, err := exec.Command("ip", "-n", f.nodes[i], "-s", "-j", "link", "show", "eth0").Output()
+	if err != nil {
+		b.Fatalf("ip -s link in %s: %v", f.nodes[i], err)
+	}
+	var links []struct {
+		Stats struct {
+			TX struct {
+				Bytes int64 `json:"bytes"`
+			} `json:"tx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+		b.Fatalf("ip -s -j link in %s: %v: %s", f.nodes[i], err, out)
+	}
+	return links[0].Stats.TX.Bytes
 }
 
 // memAvailable is the kernel's estimate of the memory available to new work.
