@@ -535,6 +535,7 @@ func TestSwarmSendsTheFirstNodeAboutOneCopy(t *testing.T) {
 	if took != 3*c.Size() {
 		t.Fatalf("the nodes took %d bytes from peers, want 3 x %d", took, c.Size())
 	}
+	t.Logf("the first node sent %.2f copies", float64(sv0.Sent())/float64(c.Size()))
 	if sent := sv0.Sent(); float64(sent) > 1.45*float64(c.Size()) {
 		t.Fatalf("the first node sent %.2f copies of the checkpoint (%d bytes): a star, not a swarm", float64(sent)/float64(c.Size()), sent)
 	}
@@ -587,5 +588,23 @@ func flip(t *testing.T, s *Store, i int, off int64) {
 	b[0] ^= 0xff
 	if err := s.writeAt(i, b, off); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Nodes seeding at once spread their starts over the nodes still seeding:
+// a peer that holds every piece takes no place among them.
+func TestStartAtLeavesOutPeersThatHoldEverything(t *testing.T) {
+	peer := func(ip string, have ...byte) *remote {
+		return &remote{addr: netip.MustParseAddr(ip), port: 7070, have: have}
+	}
+	peers := []*remote{peer("10.0.0.1", 1, 1, 1, 1, 1, 1), peer("10.0.0.3", 0, 0, 0, 0, 0, 0), peer("10.0.0.4", 0, 2, 1, 0, 0, 0)}
+	for _, c := range []struct {
+		self string
+		want int
+	}{{"10.0.0.2", 0}, {"10.0.0.5", 4}} {
+		sd := &Seeder{Self: c.self + ":7070", self: []netip.Addr{netip.MustParseAddr(c.self)}}
+		if got := sd.startAt(peers, 6); got != c.want {
+			t.Errorf("node %s starts at piece %d of 6, want %d (its place among the three nodes still seeding)", c.self, got, c.want)
+		}
 	}
 }
