@@ -10,7 +10,6 @@ import (
 
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/backend/host"
-	"github.com/weightcache/weightcache/internal/backend/stagetest"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/plan"
 )
@@ -122,29 +121,13 @@ func TestPlacedLoadServesTheBytesItWasGiven(t *testing.T) {
 // they always have.
 func TestLoadsThatReshapeAreNotPlaced(t *testing.T) {
 	ck, _ := writeModel(t, "LlamaForCausalLM")
-	p, _ := plan.ForArchitecture(ck.Architecture)
-	m, _ := plan.ReadModel(ck.Dir)
 	for _, c := range []struct {
 		name   string
 		tp     int
 		dtype  string
 		staged bool
 	}{{"tp 2", 2, "", false}, {"cast", 1, "float32->bfloat16", false}, {"staged", 1, "", true}} {
-		cfg := Config{Checkpoint: ck, Plan: p, Model: m, TPSize: c.tp, DType: c.dtype}
-		for r := range c.tp {
-			var be backend.Backend
-			var err error
-			if c.staged {
-				be, err = stagetest.New(fmt.Sprintf("host:%d", r))
-			} else {
-				be, err = host.New(fmt.Sprintf("host:%d", r))
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.Targets = append(cfg.Targets, Target{Backend: be, TPRank: r})
-		}
-		ld, err := Prepare(cfg)
+		ld, err := Prepare(config(t, ck, c.tp, c.dtype, 0, c.staged))
 		if err != nil {
 			t.Fatal(err)
 		}

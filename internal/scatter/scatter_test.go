@@ -124,6 +124,26 @@ func load(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk i
 // loadOn is load, on staging backends (as GPUs are filled) when staged.
 func loadOn(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk int, staged bool) ([]map[string]served, *Result) {
 	t.Helper()
+	res, err := Load(context.Background(), config(t, ck, tp, dtype, chunk, staged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(res.Free)
+	out := make([]map[string]served, tp)
+	for r, rk := range res.Ranks {
+		out[r] = map[string]served{}
+		maps := mapAll(t, rk.Segments)
+		for _, e := range rk.Tensors {
+			out[r][e.Name] = served{shape: e.Shape, data: maps[e.Segment][e.Offset : e.Offset+e.NBytes], crc: e.CRC32C}
+		}
+	}
+	return out, res
+}
+
+// config is a load of ck for tp ranks, one host device each, on staging
+// backends (as GPUs are filled) when staged.
+func config(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk int, staged bool) Config {
+	t.Helper()
 	p, err := plan.ForArchitecture(ck.Architecture)
 	if err != nil {
 		t.Fatal(err)
@@ -145,20 +165,7 @@ func loadOn(t *testing.T, ck *checkpoint.Checkpoint, tp int, dtype string, chunk
 		}
 		cfg.Targets = append(cfg.Targets, Target{Backend: be, TPRank: r})
 	}
-	res, err := Load(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(res.Free)
-	out := make([]map[string]served, tp)
-	for r, rk := range res.Ranks {
-		out[r] = map[string]served{}
-		maps := mapAll(t, rk.Segments)
-		for _, e := range rk.Tensors {
-			out[r][e.Name] = served{shape: e.Shape, data: maps[e.Segment][e.Offset : e.Offset+e.NBytes], crc: e.CRC32C}
-		}
-	}
-	return out, res
+	return cfg
 }
 
 type served struct {
