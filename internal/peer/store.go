@@ -149,16 +149,16 @@ func (s *Store) lay(places []scatter.Place) error {
 	for i, sh := range s.ckpt.Shards {
 		ps := byFile[i]
 		slices.SortFunc(ps, func(a, b scatter.Place) int { return cmp.Compare(a.Off, b.Off) })
-		var ext []extent
-		var gaps [][2]int64
+		var ext []extent // a gap's extent has no places until its memfd is made
+		var gaps int64
 		at := int64(0)
 		for _, p := range ps {
 			if p.Off < at || p.Off+p.N > sh.Size {
 				return fmt.Errorf("piece store: %s: bytes [%d, %d) overlap others or pass its %d bytes", sh.Path, p.Off, p.Off+p.N, sh.Size)
 			}
 			if p.Off > at {
-				gaps = append(gaps, [2]int64{at, p.Off - at})
-				ext = append(ext, extent{})
+				ext = append(ext, extent{off: at, n: p.Off - at})
+				gaps += p.Off - at
 			}
 			e := extent{off: p.Off, n: p.N}
 			for _, d := range p.To {
@@ -172,32 +172,25 @@ func (s *Store) lay(places []scatter.Place) error {
 			at = p.Off + p.N
 		}
 		if at < sh.Size {
-			gaps = append(gaps, [2]int64{at, sh.Size - at})
-			ext = append(ext, extent{})
+			ext = append(ext, extent{off: at, n: sh.Size - at})
+			gaps += sh.Size - at
 		}
-		if len(gaps) > 0 {
-			var size int64
-			for _, g := range gaps {
-				size += g[1]
-			}
-			f, err := memfd(sh.Name, size)
+		if gaps > 0 {
+			f, err := memfd(sh.Name, gaps)
 			if err != nil {
 				return err
 			}
 			s.own = append(s.own, f)
 			d := &dest{w: f, r: f}
-			if size > 0 {
-				if d.mem, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-					return fmt.Errorf("piece store for %s: map its memfd of %d bytes: %w", sh.Name, size, err)
-				}
+			if d.mem, err = unix.Mmap(int(f.Fd()), 0, int(gaps), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+				return fmt.Errorf("piece store for %s: map its memfd of %d bytes: %w", sh.Name, gaps, err)
 			}
 			s.dsts = append(s.dsts, d)
-			k, in := 0, int64(0)
+			in := int64(0)
 			for e := range ext {
 				if ext[e].to == nil {
-					ext[e] = extent{off: gaps[k][0], n: gaps[k][1], to: []place{{d: d, at: in}}}
-					in += gaps[k][1]
-					k++
+					ext[e].to = []place{{d: d, at: in}}
+					in += ext[e].n
 				}
 			}
 		}
@@ -425,20 +418,8 @@ func (s *Store) send(i, j int, w io.Writer) (bool, error) {
 	if !ok {
 		return false, nil
 	}
-	buf := getBuf()
-	defer putBuf(buf)
 	off, n := s.span(i, j)
-	for done := int64(0); done < n; {
-		b := (*buf)[:min(int64(len(*buf)), n-done)]
-		if err := s.readAt(i, b, off+done); err != nil {
-			return true, err
-		}
-		if _, err := w.Write(b); err != nil {
-			return true, err
-		}
-		done += int64(len(b))
-	}
-	return true, nil
+	return true, copyRange(w, func(b []byte, at int64) error { return s.readAt(i, b, at) }, off, n)
 }
 
 // bufSize is the buffer pieces pass through: small enough to stay in the
@@ -478,15 +459,25 @@ func (w *pieceWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// copyPiece writes piece j of file i from r, n bytes at off of a file,
-// through a buffer of the pool, into w.
+// copyPiece writes n bytes at off of a file, read from r, into w.
 func copyPiece(w *pieceWriter, r io.ReaderAt, off, n int64) error {
+	return copyRange(w, func(b []byte, at int64) error {
+		if _, err := r.ReadAt(b, at); err != nil {
+			return fmt.Errorf("read at %d: %w", at, err)
+		}
+		return nil
+	}, off, n)
+}
+
+// copyRange writes bytes [off, off+n), read by readAt, to w through a
+// buffer of the pool.
+func copyRange(w io.Writer, readAt func(b []byte, at int64) error, off, n int64) error {
 	buf := getBuf()
 	defer putBuf(buf)
 	for done := int64(0); done < n; {
 		b := (*buf)[:min(int64(len(*buf)), n-done)]
-		if _, err := r.ReadAt(b, off+done); err != nil {
-			return fmt.Errorf("read at %d: %w", off+done, err)
+		if err := readAt(b, off+done); err != nil {
+			return err
 		}
 		if _, err := w.Write(b); err != nil {
 			return err
@@ -649,16 +640,8 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 // fileHash is the SHA-256 of file i as the store holds it.
 func (s *Store) fileHash(i int) (string, error) {
 	h := sha256.New()
-	buf := getBuf()
-	defer putBuf(buf)
-	size := s.ckpt.Shards[i].Size
-	for off := int64(0); off < size; {
-		b := (*buf)[:min(int64(len(*buf)), size-off)]
-		if err := s.readAt(i, b, off); err != nil {
-			return "", err
-		}
-		h.Write(b)
-		off += int64(len(b))
+	if err := copyRange(h, func(b []byte, at int64) error { return s.readAt(i, b, at) }, 0, s.ckpt.Shards[i].Size); err != nil {
+		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
