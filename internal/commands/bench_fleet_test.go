@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -83,7 +82,6 @@ func BenchmarkFleet(b *testing.B) {
 			os.RemoveAll(shm)
 		}
 		say("one peer to one node, three rounds: seed %v, TCP %v, cp %v", ones, tcps, cps)
-		median := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 		one, tcp, cp := median(ones), median(tcps), median(cps)
 		say("one peer to one node, unshaped veth, medians: %.2fs, %.2f GB/s; plain TCP copy %.2fs, %.2f GB/s (peers %.2fx of TCP, target >= 0.8); cp to /dev/shm %.2fs, %.2f GB/s (%.2fx of cp)",
 			one.Seconds(), gb/one.Seconds(), tcp.Seconds(), gb/tcp.Seconds(), tcp.Seconds()/one.Seconds(), cp.Seconds(), gb/cp.Seconds(), cp.Seconds()/one.Seconds())

@@ -169,9 +169,9 @@ type Dest struct {
 // (host memory): it returns where each tensor's file bytes go, and Run
 // then reads Files only for the checksums, once the caller has written
 // what it reads. A caller that maps the segments for writing unmaps them
-// when Run calls Read's sealing. Bytes that arrive from peers go straight to their place,
-// written once rather than into a copy of the files first. For any other
-// load it returns false and changes nothing.
+// when Run calls Read's sealing. Bytes that arrive from peers go straight
+// to their place, written once rather than into a copy of the files
+// first. For any other load it returns false and changes nothing.
 func (ld *Loader) Placed() ([]Place, bool) {
 	for _, tg := range ld.cfg.Targets {
 		if _, ok := tg.Backend.(backend.Stager); ok {
