@@ -15,71 +15,21 @@ import (
 	"github.com/weightcache/weightcache/internal/sockets"
 )
 
-// Daemon is what `weightcache status` shows of one daemon. Its JSON is
-// the daemon's stats message.
-type Daemon struct {
-	Type           string           `json:"type"`    // "stats"; "" for an unreachable socket
-	Version        int              `json:"version"` // the daemon's protocol version
-	Device         string           `json:"device"`
-	Group          string           `json:"group"`
-	State          string           `json:"state"` // loading, empty, publishing, ready, draining; or unreachable
-	PID            int              `json:"pid"`
-	Socket         string           `json:"socket"`
-	Model          string           `json:"model"`
-	Fingerprint    Fingerprint      `json:"fingerprint"`
-	FingerprintSum string           `json:"fingerprint_sum"`
-	Tensors        int              `json:"tensors"`
-	Bytes          int64            `json:"bytes"`
-	Segments       int              `json:"segments"`
-	LoadedBytes    int64            `json:"loaded_bytes"`
-	TotalBytes     int64            `json:"total_bytes,omitempty"` // what loading reads in all
-	LoadSeconds    float64          `json:"load_seconds"`
-	Leases         int              `json:"leases"`
-	LeasesCarried  int              `json:"leases_carried,omitempty"` // those a restart of the rank keeps (its launcher holds their connections)
-	LeaseLimit     int              `json:"lease_limit"`              // leases the daemon grants at most
-	LeasesRefused  int64            `json:"leases_refused"`           // a process over its cap, or the table full
-	Connections    int              `json:"connections"`
-	QueuedFDs      int              `json:"queued_fds"` // in replies not known to be read
-	Handshakes     map[string]int64 `json:"handshakes"` // by result: hit, fingerprint_mismatch, ...
-	Mismatches     map[string]int64 `json:"mismatches"` // by fingerprint field
-	Releases       int64            `json:"releases"`
-	Plan           *PlanReport      `json:"plan,omitempty"` // tensor-parallel ranks only
-	Error          string           `json:"error,omitempty"`
-}
+// Daemon is what `weightcache status` shows of one daemon: the daemon's
+// stats message itself, so that a counter added to the protocol is shown
+// without a copy to keep in step. Type is "" and State "unreachable" for
+// a socket that did not answer.
+type Daemon = protocol.Stats
 
 // Fingerprint is what a daemon serves under: checkpoint hash,
 // architecture, ranks, dtype, quantization, revision, layout version and,
 // for published layouts, the engine. Its fields are kept once, in the
 // daemon's own type.
-type Fingerprint checkpoint.Fingerprint
+type Fingerprint = checkpoint.Fingerprint
 
 // PlanReport says what a tensor-parallel rank's sharding plan left whole:
 // replicated bytes, and the tensors no rule matched.
-type PlanReport struct {
-	Plan            string   `json:"plan"`
-	ReplicatedBytes int64    `json:"replicated_bytes"`
-	Unmatched       int      `json:"unmatched"`
-	UnmatchedBytes  int64    `json:"unmatched_bytes"`
-	FirstUnmatched  []string `json:"first_unmatched,omitempty"`
-}
-
-// statusOf converts the wire message; the fields are copied one by one so
-// that the client's type does not change with the protocol's by accident.
-func statusOf(st protocol.Stats) Daemon {
-	out := Daemon{
-		Type: st.Type, Version: st.Version, Device: st.Device, Group: st.Group, State: st.State, PID: st.PID,
-		Socket: st.Socket, Model: st.Model, Fingerprint: Fingerprint(st.Fingerprint), FingerprintSum: st.FingerprintSum,
-		Tensors: st.Tensors, Bytes: st.Bytes, Segments: st.Segments, LoadedBytes: st.LoadedBytes, TotalBytes: st.TotalBytes,
-		LoadSeconds: st.LoadSeconds, Leases: st.Leases, LeasesCarried: st.LeasesCarried, LeaseLimit: st.LeaseLimit, LeasesRefused: st.LeasesRefused,
-		Connections: st.Connections, QueuedFDs: st.QueuedFDs, Handshakes: st.Handshakes,
-		Mismatches: st.Mismatches, Releases: st.Releases, Error: st.Error,
-	}
-	if p := st.Plan; p != nil {
-		out.Plan = &PlanReport{Plan: p.Plan, ReplicatedBytes: p.ReplicatedBytes, Unmatched: p.Unmatched,
-			UnmatchedBytes: p.UnmatchedBytes, FirstUnmatched: p.FirstUnmatched}
-	}
-	return out
-}
+type PlanReport = protocol.PlanReport
 
 // All asks every daemon whose socket is in dir (the default socket
 // directory when dir is "") for its stats. A socket that does not answer
@@ -117,6 +67,5 @@ func Of(ctx context.Context, path string) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := statusOf(st)
-	return &out, nil
+	return &st, nil
 }
