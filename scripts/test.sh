@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 MAKE=${MAKE:-make}
-stages=(build:build go:test-go python:test-python vllm:test-vllm deploy:test-deploy)
+stages=(build:build lint:lint go:test-go python:test-python vllm:test-vllm deploy:test-deploy)
 logs=${TEST_LOGS:-bin/test-logs}
 mkdir -p "$logs"
 
