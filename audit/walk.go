@@ -19,8 +19,8 @@ import (
 // gcPercent is the GC target Run holds while it works. An audit makes much
 // short-lived garbage (yaml.v3's trees most of it) against a live heap of
 // a few MB, which the default target (100) collects many times a run; 400
-// trades about 13 MB of peak memory for a fifth of the time, and without
-// it the audit misses its target against grep (BenchmarkAuditVsGrep).
+// trades a little peak memory for much of the time, without which the
+// audit misses its target against grep (docs/architecture.md, Measurements).
 const gcPercent = 400
 
 // ErrUnreadable is the category of a path named on the command line that

@@ -43,8 +43,8 @@ func Convert(dst []byte, to DType, src []byte, from DType) error {
 		}
 	case from == BF16 && to == F32:
 		// Widening is a shift, so four elements go at a time in two 64-bit
-		// words: element by element this ran at 2 GB/s, short of memory
-		// speed, and it is the whole cost of a bf16 checkpoint served as f32.
+		// words: element by element it fell short of memory speed, and it
+		// is the whole cost of a bf16 checkpoint served as f32.
 		i := 0
 		for ; i+4 <= n; i += 4 {
 			v := le.Uint64(src[2*i:])

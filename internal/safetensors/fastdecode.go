@@ -7,10 +7,10 @@ import (
 
 // decodeHeader parses a header with encoding/json's fast path and falls
 // back to the token walk of strictDecode whenever the fast path is not sure
-// the header is well formed. The token walk costs ~15µs per tensor, which
-// an engine would pay on every attach; the fast path accepts nothing the
-// token walk would refuse, and errors always come from the token walk, so
-// both paths report the same thing.
+// the header is well formed. The token walk's cost grows with the
+// tensors, and an engine would pay it on every attach; the fast path
+// accepts nothing the token walk would refuse, and errors always come from
+// the token walk, so both paths report the same thing.
 func decodeHeader(raw []byte) (*Header, error) {
 	if h, ok := scanHeader(raw); ok {
 		return h, nil
