@@ -19,6 +19,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -28,80 +29,171 @@ import (
 // ErrOwned means another live process owns the device's sockets.
 var ErrOwned = errors.New("another process owns the device's sockets")
 
-// Owner is this process's ownership of one launch's sockets.
+// Owner is this process's ownership of one launch's sockets: whether it
+// owns them now, the generation it holds (or last held), and the acts it
+// began as owner (a rank's restart) that a cede or release waits for. The
+// zero Owner has never claimed. A launcher restarts a rank, answers a
+// successor and removes a socket only while it owns; it cedes before it
+// sends its sockets, and from then on does none of that unless it takes
+// ownership back (its successor died first).
 type Owner struct {
+	mu   sync.Mutex
 	path string
-	f    *os.File // flock'd: released by Release, or by the kernel at exit
-	gen  uint64
+	f    *os.File // flock'd: released by Release or Cede, or by the kernel at exit; nil: not owning
+	gen  uint64   // the generation held, or last held
+	acts sync.WaitGroup
 }
 
 // Claim takes ownership at path, waiting up to wait for a holder to let go
 // (a predecessor releases just before it sends its sockets). The
 // generation is one more than the file records, and more than after.
 func Claim(path string, after uint64, wait time.Duration) (*Owner, error) {
+	o := &Owner{}
+	if err := o.Claim(path, after, wait); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Claim takes ownership at path as the function Claim does, for an Owner
+// that does not hold it now: a first claim, or one taken back.
+func (o *Owner) Claim(path string, after uint64, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
 		f, err := sockets.LockFile(path, nil) // the record once its generation is known
 		if err == nil {
 			rec, _, _ := parseRecord(f)
-			o := &Owner{path: path, f: f, gen: max(rec, after) + 1}
-			if err := o.write(); err != nil {
-				o.Release(true)
-				return nil, err
+			gen := max(rec, after) + 1
+			if err := writeRecord(f, path, gen); err != nil {
+				_ = f.Close()
+				return err
 			}
-			return o, nil
+			o.mu.Lock()
+			o.path, o.f, o.gen = path, f, gen
+			o.mu.Unlock()
+			return nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("owner file %s: %w", path, err)
+			return fmt.Errorf("owner file %s: %w", path, err)
 		}
 		if time.Now().After(deadline) {
 			gen, pid, _ := Recorded(path)
-			return nil, fmt.Errorf("%w: owner file %s is held (generation %d, pid %d)", ErrOwned, path, gen, pid)
+			return fmt.Errorf("%w: owner file %s is held (generation %d, pid %d)", ErrOwned, path, gen, pid)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// write puts the record, of a fixed width, over the last
+// writeRecord puts the record, of a fixed width, over the last
 // (sockets.WriteRecord): a reader never sees half of one, nor an empty
 // file.
-func (o *Owner) write() error {
-	if err := sockets.WriteRecord(o.f, fmt.Appendf(nil, "%020d %010d\n", o.gen, os.Getpid())); err != nil {
-		return fmt.Errorf("owner file %s: %w", o.path, err)
+func writeRecord(f *os.File, path string, gen uint64) error {
+	if err := sockets.WriteRecord(f, fmt.Appendf(nil, "%020d %010d\n", gen, os.Getpid())); err != nil {
+		return fmt.Errorf("owner file %s: %w", path, err)
 	}
 	return nil
 }
 
-// Generation is this ownership's number.
-func (o *Owner) Generation() uint64 { return o.gen }
+// Generation is this ownership's number, or the last it held.
+func (o *Owner) Generation() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.gen
+}
+
+// Path is the owner file's path, once claimed.
+func (o *Owner) Path() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.path
+}
 
 // Holds reports whether o still owns: its lock is the file at the path,
 // and the file records its generation and pid. Every owner asks before
 // it acts, so that nothing is done on the strength of a lock that another
 // process replaced.
 func (o *Owner) Holds() bool {
-	if o == nil || o.f == nil {
+	if o == nil {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return holds(o.f, o.path, o.gen)
+}
+
+func holds(f *os.File, path string, gen uint64) bool {
+	if f == nil {
 		return false
 	}
 	var held, now syscall.Stat_t
-	if syscall.Fstat(int(o.f.Fd()), &held) != nil || syscall.Lstat(o.path, &now) != nil || held.Ino != now.Ino || held.Dev != now.Dev {
+	if syscall.Fstat(int(f.Fd()), &held) != nil || syscall.Lstat(path, &now) != nil || held.Ino != now.Ino || held.Dev != now.Dev {
 		return false
 	}
-	gen, pid, err := parseRecord(o.f)
-	return err == nil && gen == o.gen && pid == os.Getpid()
+	g, pid, err := parseRecord(f)
+	return err == nil && g == gen && pid == os.Getpid()
 }
 
-// Release gives ownership up. With remove (a clean stop, nobody to hand
-// over to), the file goes too, while still locked, as lock files do.
+// Begin counts an act of the owner in (a rank's restart), if o owns now;
+// End counts it out. Cede and Release wait for the acts begun.
+func (o *Owner) Begin() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !holds(o.f, o.path, o.gen) {
+		return false
+	}
+	o.acts.Add(1)
+	return true
+}
+
+// End counts out an act Begin counted in.
+func (o *Owner) End() { o.acts.Done() }
+
+// Wait waits for the acts begun as owner.
+func (o *Owner) Wait() { o.acts.Wait() }
+
+// Cede gives ownership up for a successor, once the acts begun under it
+// are over, leaving the file to the successor, and returns the generation
+// it held.
+func (o *Owner) Cede() uint64 {
+	o.let(false)
+	return o.Generation()
+}
+
+// TakeBack claims ownership again after a handover that did not finish.
+// It fails while the successor lives and holds it: then the successor
+// owns everything, and this process must only stop. wait covers a
+// process that holds the lock for a moment without owning (the
+// successor's, as it dies).
+func (o *Owner) TakeBack(wait time.Duration) bool {
+	o.mu.Lock()
+	path, gen := o.path, o.gen
+	o.mu.Unlock()
+	return o.Claim(path, gen, wait) == nil
+}
+
+// Release gives ownership up, once the acts begun under it are over. With
+// remove (a clean stop, nobody to hand over to), the file goes too, while
+// still locked, as lock files do.
 func (o *Owner) Release(remove bool) {
-	if o == nil || o.f == nil {
+	if o == nil {
 		return
 	}
-	if remove && o.Holds() {
-		_ = os.Remove(o.path)
-	}
-	_ = o.f.Close()
+	o.let(remove)
+}
+
+func (o *Owner) let(remove bool) {
+	o.mu.Lock()
+	f, path, gen := o.f, o.path, o.gen
 	o.f = nil
+	o.mu.Unlock()
+	o.acts.Wait()
+	if f == nil {
+		return
+	}
+	if remove && holds(f, path, gen) {
+		_ = os.Remove(path)
+	}
+	_ = f.Close()
 }
 
 // Recorded is what the owner file at path says: the last owner's

@@ -34,16 +34,18 @@ type Successor struct {
 	src   Source
 	want  []Rank
 	now   map[string]checkpoint.Identity // each group's checkpoint files now
-	claim func(after uint64) error
+	own   *Owner
+	path  string // the owner file
 	owns  bool
 	ended bool
 }
 
 // NewSuccessor is the successor side for ranks want, whose checkpoint
-// files have identity now (by group), over src. claim takes ownership
-// after the source's generation.
-func NewSuccessor(src Source, want []Rank, now map[string]checkpoint.Identity, claim func(after uint64) error) *Successor {
-	return &Successor{src: src, want: want, now: now, claim: claim}
+// files have identity now (by group), over src. own claims the owner
+// file at path after the source's generation, unless it holds it already
+// (a launch that found no predecessor and claimed it first).
+func NewSuccessor(src Source, want []Rank, now map[string]checkpoint.Identity, own *Owner, path string) *Successor {
+	return &Successor{src: src, want: want, now: now, own: own, path: path}
 }
 
 // Caches runs the offer and cache steps. It returns a verified cache per
@@ -130,9 +132,11 @@ func (s *Successor) Own(req SocketRequest) (Sockets, error) {
 		socks.Close()
 		return Sockets{}, stepErr("sockets", fmt.Errorf("%d ranks' sockets handed over for %d ranks", len(socks.Ranks), len(req.Ranks)))
 	}
-	if err := s.claim(socks.Generation); err != nil {
-		socks.Close()
-		return Sockets{}, stepErr("claim", err)
+	if !s.own.Holds() {
+		if err := s.own.Claim(s.path, socks.Generation, StepTimeout); err != nil {
+			socks.Close()
+			return Sockets{}, stepErr("claim", err)
+		}
 	}
 	s.owns = true
 	return socks, nil

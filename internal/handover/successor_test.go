@@ -3,8 +3,10 @@ package handover
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
@@ -80,11 +82,12 @@ func twoRanks(t *testing.T) (*fakeSource, []Rank) {
 	return src, want
 }
 
-func successorOf(src Source, want []Rank, claimed *uint64) *Successor {
-	return NewSuccessor(src, want, map[string]checkpoint.Identity{"main": loaded}, func(after uint64) error {
-		*claimed = after
-		return nil
-	})
+// successorOf is a successor over src that claims an owner file of its
+// own; own is its ownership.
+func successorOf(t *testing.T, src Source, want []Rank) (s *Successor, own *Owner) {
+	own = &Owner{}
+	t.Cleanup(func() { own.Release(true) })
+	return NewSuccessor(src, want, map[string]checkpoint.Identity{"main": loaded}, own, filepath.Join(t.TempDir(), "owner")), own
 }
 
 func TestSuccessorAdoptsAndOwns(t *testing.T) {
@@ -94,8 +97,7 @@ func TestSuccessorAdoptsAndOwns(t *testing.T) {
 	src.leases = func(d Deliver) (int, error) {
 		return 1, d(0, []daemon.HandedLease{{}}, []*os.File{nil}, true)
 	}
-	var claimed uint64
-	s := successorOf(src, want, &claimed)
+	s, own := successorOf(t, src, want)
 	caches, reason, err := s.Caches()
 	if err != nil || reason != "" || len(caches) != 2 || caches[0] == nil || caches[1] == nil {
 		t.Fatalf("Caches: %v %q %v", caches, reason, err)
@@ -103,8 +105,8 @@ func TestSuccessorAdoptsAndOwns(t *testing.T) {
 	if len(src.kept) != 2 || !src.kept[0] || !src.kept[1] {
 		t.Fatalf("the source was told %v were kept", src.kept)
 	}
-	if _, err := s.Own(SocketRequest{Ranks: []string{"/a", "/b"}}); err != nil || claimed != 7 {
-		t.Fatalf("Own: %v, claimed after %d, want 7", err, claimed)
+	if _, err := s.Own(SocketRequest{Ranks: []string{"/a", "/b"}}); err != nil || !own.Holds() || own.Generation() != 8 {
+		t.Fatalf("Own: %v, holds %v at generation %d, want 8 (after the source's 7)", err, own.Holds(), own.Generation())
 	}
 	n, err := s.Finish(func(int, []daemon.HandedLease, []*os.File, bool) error { delivered++; return nil })
 	if err != nil || n != 1 || delivered != 1 {
@@ -170,8 +172,8 @@ func TestSuccessorRefusesWhatDoesNotFitOrVerify(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			src, want := twoRanks(t)
 			c.forge(t, src)
-			var claimed uint64
-			caches, reason, err := successorOf(src, want, &claimed).Caches()
+			s, _ := successorOf(t, src, want)
+			caches, reason, err := s.Caches()
 			if err != nil || caches != nil || !strings.Contains(reason, c.want) {
 				t.Fatalf("Caches: %v %v, reason %q; want none, reason with %q", caches, err, reason, c.want)
 			}
@@ -193,8 +195,8 @@ func TestSuccessorRefusesWhatDoesNotFitOrVerify(t *testing.T) {
 func TestSuccessorLoadsAfreshARankWithoutACache(t *testing.T) {
 	src, want := twoRanks(t)
 	src.offer.Caches[1] = nil
-	var claimed uint64
-	caches, reason, err := successorOf(src, want, &claimed).Caches()
+	s, _ := successorOf(t, src, want)
+	caches, reason, err := s.Caches()
 	if err != nil || reason != "" || caches[0] == nil || caches[1] != nil {
 		t.Fatalf("Caches: %v %q %v", caches, reason, err)
 	}
@@ -208,42 +210,54 @@ func TestSuccessorLoadsAfreshARankWithoutACache(t *testing.T) {
 func TestSuccessorStepFailures(t *testing.T) {
 	for _, c := range []struct {
 		name  string
-		setup func(src *fakeSource) (claim error, skipOwn bool)
+		setup func(src *fakeSource) (held bool, skipOwn bool)
 		step  string
 		want  string
 	}{
-		{"an offer refused", func(src *fakeSource) (error, bool) {
+		{"an offer refused", func(src *fakeSource) (bool, bool) {
 			src.offErr = errors.New("the preload at /s refused: serves another model")
-			return nil, false
+			return false, false
 		}, "offer", "serves another model"},
-		{"the sockets frame lost", func(src *fakeSource) (error, bool) {
+		{"the sockets frame lost", func(src *fakeSource) (bool, bool) {
 			src.sockErr = errors.New("EOF")
-			return nil, false
+			return false, false
 		}, "sockets", "EOF"},
-		{"sockets for another rank count", func(src *fakeSource) (error, bool) {
+		{"sockets for another rank count", func(src *fakeSource) (bool, bool) {
 			src.socks = Sockets{Ranks: make([]*sockets.Socket, 1)}
-			return nil, false
+			return false, false
 		}, "sockets", "1 ranks' sockets handed over for 2 ranks"},
-		{"ownership held by another", func(src *fakeSource) (error, bool) {
+		{"ownership held by another", func(src *fakeSource) (bool, bool) {
 			src.socks = Sockets{Ranks: make([]*sockets.Socket, 2)}
-			return ErrOwned, false
+			return true, false
 		}, "claim", ErrOwned.Error()},
 		// Planted bug: Finish not checking that Own succeeded.
-		{"leases asked without owning", func(src *fakeSource) (error, bool) {
-			return nil, true
+		{"leases asked without owning", func(src *fakeSource) (bool, bool) {
+			return false, true
 		}, "leases", "does not own the sockets"},
-		{"the predecessor dies after ceding", func(src *fakeSource) (error, bool) {
+		{"the predecessor dies after ceding", func(src *fakeSource) (bool, bool) {
 			src.socks = Sockets{Ranks: make([]*sockets.Socket, 2)}
 			src.leases = func(Deliver) (int, error) {
 				return 0, errors.New("the predecessor went away while handing over its leases: EOF")
 			}
-			return nil, false
+			return false, false
 		}, "leases", "went away"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			src, want := twoRanks(t)
-			claimErr, skipOwn := c.setup(src)
-			s := NewSuccessor(src, want, map[string]checkpoint.Identity{"main": loaded}, func(uint64) error { return claimErr })
+			held, skipOwn := c.setup(src)
+			s, own := successorOf(t, src, want)
+			if held {
+				// Another owner holds the file: the claim waits a step
+				// for it, shortened here.
+				saved := StepTimeout
+				defer func() { StepTimeout = saved }()
+				StepTimeout = 50 * time.Millisecond
+				other, err := Claim(s.path, 0, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer other.Release(true)
+			}
 			err := func() error {
 				if _, _, err := s.Caches(); err != nil {
 					return err
@@ -262,6 +276,9 @@ func TestSuccessorStepFailures(t *testing.T) {
 			}
 			if c.step != "sockets" && c.step != "claim" && (len(src.closed) != 1 || src.closed[0] == nil) {
 				t.Fatalf("the source was closed with %v, want the step's error once", src.closed)
+			}
+			if c.step == "claim" && own.Holds() {
+				t.Fatal("claimed a file another owner holds")
 			}
 			if skipOwn && strings.Contains(strings.Join(src.calls, " "), "leases") {
 				t.Fatalf("the source was asked for leases by a successor that does not own: %v", src.calls)

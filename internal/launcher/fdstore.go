@@ -47,7 +47,7 @@ const fdMetaName = "wc-meta"
 
 // fdMeta is what the stored descriptors are.
 type fdMeta struct {
-	Version int             `json:"version"` // handoverVersion
+	Version int             `json:"version"` // handover.Version
 	Binary  string          `json:"binary"`
 	Ranks   []handover.Rank `json:"ranks"`
 	Caches  []rank.Segments `json:"caches"` // per rank; zero Segments and Tensors: none kept
@@ -342,7 +342,7 @@ func (l *launcher) storeFDs() {
 		return
 	}
 	procs := l.procsSnapshot()
-	meta := fdMeta{Version: handoverVersion, Binary: l.cfg.Version, Ranks: l.handoverRanks()}
+	meta := fdMeta{Version: handover.Version, Binary: l.cfg.Version, Ranks: l.handoverRanks()}
 	put := func(name string, f *os.File) bool {
 		if err := s.send("FDSTORE=1\nFDNAME="+name, f); err != nil {
 			l.log.Warn("fd store: not stored; a restart will load from the checkpoint", "name", name, "err", err)

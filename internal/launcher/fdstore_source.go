@@ -20,10 +20,10 @@ func (s *fdStore) Offer() (handover.Offer, error) {
 	switch {
 	case s.metaErr != nil:
 		o.Reason = "fd store: " + s.metaErr.Error()
-	case s.meta.Version != handoverVersion:
-		o.Reason = fmt.Sprintf("stored by %s in handover version %d; this binary reads %d", s.meta.Binary, s.meta.Version, handoverVersion)
+	case s.meta.Version != handover.Version:
+		o.Reason = fmt.Sprintf("stored by %s in handover version %d; this binary reads %d", s.meta.Binary, s.meta.Version, handover.Version)
 	case len(s.meta.Ranks) != len(s.want) || len(s.meta.Caches) != len(s.want):
-		o.Reason = fmt.Sprintf("stored for %s; this launch serves %s", describeRanks(s.meta.Ranks), describeRanks(s.want))
+		o.Reason = fmt.Sprintf("stored for %s; this launch serves %s", handover.Describe(s.meta.Ranks), handover.Describe(s.want))
 	default:
 		o.Ranks = s.meta.Ranks
 		for i := range s.meta.Caches {

@@ -16,21 +16,21 @@ import (
 // ranks' bound caches under their stored names, less those in lost.
 func storedCaches(t *testing.T, lost ...string) (*fdStore, []handover.Rank, <-chan string) {
 	t.Helper()
-	l := testLauncher(t, 2, true)
+	held, caches := cachedRanks(t, 2)
 	s, c := storeSocket(t)
 	names := make(chan string, 64)
 	go readStore(c, 0, names)
-	s.want, s.files = l.held, map[string]*os.File{}
-	s.meta = fdMeta{Version: handoverVersion, Binary: "test", Ranks: l.held}
-	for i, p := range l.procs {
-		s.meta.Caches = append(s.meta.Caches, p.cache.Msg)
+	s.want, s.files = held, map[string]*os.File{}
+	s.meta = fdMeta{Version: handover.Version, Binary: "test", Ranks: held}
+	for i, cache := range caches {
+		s.meta.Caches = append(s.meta.Caches, cache.Msg)
 		for k, name := range []string{fdName(i, "seg-0"), fdName(i, "index")} {
 			if !slices.Contains(lost, name) {
-				s.files[name] = p.cache.Files[k]
+				s.files[name] = cache.Files[k]
 			}
 		}
 	}
-	return s, l.held, names
+	return s, held, names
 }
 
 // received is every datagram the store got until it has been quiet a
@@ -55,7 +55,7 @@ func TestFDStoreAsASource(t *testing.T) {
 	now := map[string]checkpoint.Identity{"main": testIdentity}
 	t.Run("intact", func(t *testing.T) {
 		s, want, names := storedCaches(t)
-		caches, reason, err := handover.NewSuccessor(s, want, now, nil).Caches()
+		caches, reason, err := handover.NewSuccessor(s, want, now, nil, "").Caches()
 		if err != nil || reason != "" || len(caches) != 2 || caches[0] == nil || caches[1] == nil {
 			t.Fatalf("Caches: %v %q %v", caches, reason, err)
 		}
@@ -65,7 +65,7 @@ func TestFDStoreAsASource(t *testing.T) {
 	})
 	t.Run("an index lost", func(t *testing.T) {
 		s, want, names := storedCaches(t, "wc-1-index")
-		caches, reason, err := handover.NewSuccessor(s, want, now, nil).Caches()
+		caches, reason, err := handover.NewSuccessor(s, want, now, nil, "").Caches()
 		if err != nil || caches != nil || !strings.Contains(reason, "handover step cache: rank host:1 (group main) from the fd store (stored by test): the store lacks some of its segments") {
 			t.Fatalf("Caches: %v %v, reason %q", caches, err, reason)
 		}

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/internal/handover"
 )
 
 // testMemfd is a memfd holding b, then grown to size (sparse: no memory
@@ -49,7 +51,7 @@ func testMemfd(t *testing.T, b []byte, size int64, sealed bool) *os.File {
 }
 
 func TestReadMeta(t *testing.T) {
-	good, err := json.Marshal(fdMeta{Version: handoverVersion, Binary: "weightcache test", Control: "/run/wc/main.ctl"})
+	good, err := json.Marshal(fdMeta{Version: handover.Version, Binary: "weightcache test", Control: "/run/wc/main.ctl"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func TestReadMeta(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m, err := readMeta(tt.f(t))
 			if tt.want == "" {
-				if err != nil || m.Version != handoverVersion || m.Binary != "weightcache test" || m.Control != "/run/wc/main.ctl" {
+				if err != nil || m.Version != handover.Version || m.Binary != "weightcache test" || m.Control != "/run/wc/main.ctl" {
 					t.Fatalf("readMeta: %+v, %v", m, err)
 				}
 				return

@@ -51,7 +51,7 @@ type Config struct {
 	// begins; the function it returns is called before the ready line.
 	Progress func(progress func() (done, total int64)) (stop func())
 	// Takeover: take the cache of a preload of the same model and devices
-	// running in SocketDir (handover.go), or load as usual when none runs.
+	// running in SocketDir (internal/handover), or load as usual when none runs.
 	Takeover bool
 	// WaitAfterHandover keeps a launcher that handed over running, holding
 	// nothing, until it is told to stop: a DaemonSet's kubelet restarts a
@@ -80,7 +80,7 @@ type launcher struct {
 	exe     string // started as `exe daemon` per rank
 
 	stopping atomic.Bool     // stop began: exits are not restarted
-	own      ownership       // of the sockets: restarts, handovers, removal
+	own      handover.Owner  // of the sockets: restarts, handovers, removal
 	oom      oomWatch        // the memory cgroup's OOM kills since start
 	outMu    sync.Mutex      // event lines on stdout
 	pred     *predecessor    // --takeover: the preload taken over (takeover.go)
@@ -162,18 +162,18 @@ func (l *launcher) prepare() error {
 			l.report.reason = none
 		} else {
 			if passed {
-				l.store.succ.Abort(fmt.Errorf("preload pid %d serves the device: taken over instead", pr.offer.PID))
+				l.store.succ.Abort(fmt.Errorf("preload pid %d serves the device: taken over instead", pr.src.PID()))
 				passed = false
 			}
-			if pr.adoption, err = l.adopt(pr); err != nil {
+			if pr.adoption, err = l.adopt(pr.src); err != nil {
 				return err
 			}
 			l.pred = pr
 			l.report.reason = pr.reason
 			if pr.caches != nil {
-				l.log.Info("takeover: adopting the predecessor's segments", "pid", pr.offer.PID, "binary", pr.offer.Binary)
+				l.log.Info("takeover: adopting the predecessor's segments", "pid", pr.src.PID(), "binary", pr.src.Binary())
 			} else {
-				l.log.Warn("takeover: loading afresh", "pid", pr.offer.PID, "reason", pr.reason)
+				l.log.Warn("takeover: loading afresh", "pid", pr.src.PID(), "reason", pr.reason)
 			}
 			return nil // the control socket and ownership come with the others
 		}
@@ -192,14 +192,14 @@ func (l *launcher) prepare() error {
 			return fmt.Errorf("control socket: %w", err)
 		}
 	}
-	if l.own.holds() {
+	if l.own.Holds() {
 		return nil // claimed with the store's sockets
 	}
 	// Whoever holds the control socket's lock may own: a dead owner's lock
 	// went with it. One still held is a launcher that handed over and has
 	// not let go: it never acts again, but it is not this launch's to
 	// override either.
-	return l.own.claim(sockets.OwnerPath(path), 0, stepTimeout)
+	return l.own.Claim(sockets.OwnerPath(path), 0, handover.StepTimeout)
 }
 
 // identities is every rank this launch serves, as a handover and the fd
@@ -429,7 +429,7 @@ func (l *launcher) takeSocket(ctx context.Context, spec rank.Spec) (*sockets.Soc
 	}
 	deadline := time.Now()
 	if l.cfg.Takeover {
-		deadline = deadline.Add(handoverTimeout)
+		deadline = deadline.Add(handover.TurnTimeout)
 	}
 	s, err := takeFresh(ctx, path, deadline)
 	if err != nil {
@@ -462,7 +462,7 @@ func (l *launcher) abort(err error) {
 // them the launcher's copy of every segment.
 func (l *launcher) stop() {
 	l.stopping.Store(true)
-	l.own.restarts.Wait()
+	l.own.Wait()
 	var wg sync.WaitGroup
 	for _, p := range l.procsSnapshot() {
 		wg.Add(1)
@@ -483,7 +483,7 @@ func (l *launcher) stop() {
 // only those nobody else holds (sockets.Socket.Remove): a launcher that
 // handed over, even halfway, leaves every path to its successor.
 func (l *launcher) release() {
-	owner := l.own.holds()
+	owner := l.own.Holds()
 	let := func(s *sockets.Socket) {
 		switch {
 		case s == nil:
@@ -503,7 +503,7 @@ func (l *launcher) release() {
 	let(l.ctlSock)
 	l.closeStore(!owner)
 	if owner {
-		l.own.release()
+		l.own.Release(true)
 	}
 }
 
@@ -547,16 +547,16 @@ func (l *launcher) serve(ctx context.Context) error {
 			if l.stopping.Load() || p.current() != rankExited {
 				continue // handed over, or its exit handled already
 			}
-			if l.restartable(p) && l.own.beginRestart() {
+			if l.restartable(p) && l.own.Begin() {
 				// Restarting until its replacement takes the slot.
 				if p.move(rankExited, rankRestarting) {
 					go l.restart(ctx, p)
 				} else {
-					l.own.endRestart()
+					l.own.End()
 				}
 				continue
 			}
-			if !l.own.holds() {
+			if !l.own.Holds() {
 				// Ceded to a successor: its ranks serve this device now.
 				// The exit stays unhandled, for this launcher to restart
 				// if it takes ownership back (handoverFailed).

@@ -114,12 +114,12 @@ func (l *launcher) printReady() error {
 	if l.health != nil {
 		line.Health = l.health.Addr()
 	}
-	line.Source, line.Reason, line.Leases, line.Generation = SourceCheckpoint, r.reason, r.leases, l.own.generation()
+	line.Source, line.Reason, line.Leases, line.Generation = SourceCheckpoint, r.reason, r.leases, l.own.Generation()
 	switch {
 	case l.store.caches != nil:
 		line.Source = SourceFDStore
 	case l.pred != nil && l.pred.caches != nil:
-		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.offer.PID, l.pred.offer.Binary
+		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.src.PID(), l.pred.src.Binary()
 	case l.store.reason != "" && line.Reason == "":
 		line.Reason = l.store.reason
 	}

@@ -49,7 +49,7 @@ func (l *launcher) restartable(p *proc) bool {
 // restart replaces the dead rank p. It runs on its own goroutine; the
 // replacement's exit comes back to the serve loop like any other.
 func (l *launcher) restart(ctx context.Context, old *proc) {
-	defer l.own.endRestart()
+	defer l.own.End()
 	begin := time.Now()
 	reason := l.oom.explain(old.exitError()).Error()
 	old.mu.Lock()
