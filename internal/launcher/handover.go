@@ -42,7 +42,7 @@ func (l *launcher) serveHandovers(ctx context.Context, done chan<- struct{}) {
 }
 
 // Serving implements handover.Holder: started, and not stopping.
-func (l *launcher) Serving() bool { return l.started.Load() && !l.stopping.Load() }
+func (l *launcher) Serving() bool { return l.phase.now() == phaseServing }
 
 // Held implements handover.Holder: every rank, with what the launcher
 // keeps of it.

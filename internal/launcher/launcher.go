@@ -65,28 +65,28 @@ type Config struct {
 }
 
 type launcher struct {
-	cfg     Config
-	log     *slog.Logger
-	ranks   []Rank
-	held    []handover.Rank // every rank, as handed over (identities)
-	pmu     sync.Mutex      // guards procs against /health readers
-	procs   []*proc
-	read    atomic.Int64 // checkpoint bytes read, all groups
-	started atomic.Bool  // start-up finished: a rank exit is no longer fatal
-	exited  chan *proc
-	nodes   []*member // one rendezvous membership per group, multi-node only
-	health  *metrics.Server
-	report  report
-	exe     string // started as `exe daemon` per rank
+	cfg    Config
+	log    *slog.Logger
+	ranks  []Rank
+	held   []handover.Rank // every rank, as handed over (identities)
+	pmu    sync.Mutex      // guards procs against /health readers
+	procs  []*proc
+	read   atomic.Int64 // checkpoint bytes read, all groups
+	phase  phaseOf      // starting, serving, stopping (phase.go)
+	source source       // where this launch's bytes come from, chosen in prepare (source.go)
+	exited chan *proc
+	nodes  []*member // one rendezvous membership per group, multi-node only
+	health *metrics.Server
+	report report
+	exe    string // started as `exe daemon` per rank
 
-	stopping atomic.Bool     // stop began: exits are not restarted
-	own      handover.Owner  // of the sockets: restarts, handovers, removal
-	oom      oomWatch        // the memory cgroup's OOM kills since start
-	outMu    sync.Mutex      // event lines on stdout
-	pred     *predecessor    // --takeover: the preload taken over (takeover.go)
-	ctlSock  *sockets.Socket // where successors ask for the cache (handover.go)
-	store    *fdStore        // systemd's fd store (fdstore.go)
-	peers    *peering        // --peer-listen, --peers (peers.go)
+	own     handover.Owner  // of the sockets: restarts, handovers, removal
+	oom     oomWatch        // the memory cgroup's OOM kills since start
+	outMu   sync.Mutex      // event lines on stdout
+	pred    *predecessor    // --takeover: the preload taken over (takeover.go)
+	ctlSock *sockets.Socket // where successors ask for the cache (handover.go)
+	store   *fdStore        // systemd's fd store (fdstore.go)
+	peers   *peering        // --peer-listen, --peers (peers.go)
 }
 
 // Run starts every rank, prints the ready line once all serve (on every
@@ -137,48 +137,25 @@ func Run(ctx context.Context, cfg Config) error {
 	return l.serve(ctx)
 }
 
-// prepare finds where this launch's segments come from before any rank
-// starts: systemd's fd store, a predecessor (--takeover), or the
-// checkpoint; and takes the control socket successors will ask. A source
-// goes through the one sequence of handover.Successor: the store's
-// sockets and ownership are taken here, since nobody else serves them; a
-// predecessor's only once this launch's ranks can serve them
-// (takeSockets).
+// prepare chooses where this launch's bytes come from before any rank
+// starts (l.source): systemd's fd store, a predecessor (--takeover), or
+// the checkpoint, from storage or peers; and takes the control socket
+// successors will ask. A kept cache goes through the one sequence of
+// handover.Successor: the store's sockets and ownership are taken here,
+// since nobody else serves them; a predecessor's only once this launch's
+// ranks can serve them (takeSockets).
 func (l *launcher) prepare() error {
 	if err := l.adoptStore(); err != nil {
 		return err
 	}
-	passed := l.store.succ != nil
+	defer func() { l.source = l.chooseSource() }()
 	if l.cfg.Takeover && l.store.caches == nil {
-		pr, none, err := l.findPredecessor()
-		if err != nil {
-			if passed {
-				l.store.succ.Abort(err)
-			}
-			return err
-		}
-		if pr == nil {
-			l.log.Info("takeover: loading from the checkpoint", "reason", none)
-			l.report.reason = none
-		} else {
-			if passed {
-				l.store.succ.Abort(fmt.Errorf("preload pid %d serves the device: taken over instead", pr.src.PID()))
-				passed = false
-			}
-			if pr.adoption, err = l.adopt(pr.src); err != nil {
-				return err
-			}
-			l.pred = pr
-			l.report.reason = pr.reason
-			if pr.caches != nil {
-				l.log.Info("takeover: adopting the predecessor's segments", "pid", pr.src.PID(), "binary", pr.src.Binary())
-			} else {
-				l.log.Warn("takeover: loading afresh", "pid", pr.src.PID(), "reason", pr.reason)
-			}
-			return nil // the control socket and ownership come with the others
+		found, err := l.takeOver()
+		if found || err != nil {
+			return err // the control socket and ownership come with the others
 		}
 	}
-	if passed {
+	if l.store.succ != nil {
 		if err := l.ownStore(); err != nil {
 			return err
 		}
@@ -200,6 +177,37 @@ func (l *launcher) prepare() error {
 	// not let go: it never acts again, but it is not this launch's to
 	// override either.
 	return l.own.Claim(sockets.OwnerPath(path), 0, handover.StepTimeout)
+}
+
+// takeOver finds the preload to take over (--takeover) and takes its
+// offer; found says there is one, which the fd store gives way to.
+func (l *launcher) takeOver() (found bool, err error) {
+	pr, none, err := l.findPredecessor()
+	if err != nil {
+		if l.store.succ != nil {
+			l.store.succ.Abort(err)
+		}
+		return false, err
+	}
+	if pr == nil {
+		l.log.Info("takeover: loading from the checkpoint", "reason", none)
+		l.report.reason = none
+		return false, nil
+	}
+	if l.store.succ != nil {
+		l.store.succ.Abort(fmt.Errorf("preload pid %d serves the device: taken over instead", pr.src.PID()))
+	}
+	if pr.adoption, err = l.adopt(pr.src); err != nil {
+		return true, err
+	}
+	l.pred = pr
+	l.report.reason = pr.reason
+	if pr.caches != nil {
+		l.log.Info("takeover: adopting the predecessor's segments", "pid", pr.src.PID(), "binary", pr.src.Binary())
+	} else {
+		l.log.Warn("takeover: loading afresh", "pid", pr.src.PID(), "reason", pr.reason)
+	}
+	return true, nil
 }
 
 // identities is every rank this launch serves, as a handover and the fd
@@ -228,7 +236,8 @@ func (l *launcher) identities() ([]handover.Rank, error) {
 func (l *launcher) handoverRanks() []handover.Rank { return l.held }
 
 // start runs the whole start-up under one context that any rank's death
-// cancels with that rank's exit error.
+// cancels with that rank's exit error: meet the other nodes, start the
+// ranks, fill them from the source, wait for every node; then serve.
 func (l *launcher) start(parent context.Context) error {
 	ctx, cancel := context.WithCancelCause(parent)
 	defer cancel(nil)
@@ -239,76 +248,18 @@ func (l *launcher) start(parent context.Context) error {
 	if err := l.spawnAll(ctx, cancel); err != nil {
 		return l.cause(parent, ctx, err)
 	}
-	var err error
-	switch {
-	case l.store.caches != nil:
-		err = l.adoptCaches(ctx, l.store.caches)
-	case l.pred != nil && l.pred.caches != nil:
-		err = l.adoptCaches(ctx, l.pred.caches)
-	default:
-		var stopProgress func()
-		if l.cfg.Progress != nil {
-			stopProgress = l.cfg.Progress(l.progress)
-		}
-		err = l.loadAll(ctx)
-		if stopProgress != nil {
-			stopProgress()
-		}
-	}
-	if err != nil {
+	if err := l.source.fill(ctx, l.procsSnapshot()); err != nil {
 		return l.cause(parent, ctx, err)
 	}
 	l.report.localSeconds = time.Since(begin).Seconds()
 	if err := l.barrier(ctx); err != nil {
 		return l.cause(parent, ctx, err)
 	}
-	l.started.Store(true)
+	l.phase.move(phaseServing)
 	for _, p := range l.procsSnapshot() {
 		go p.ping()
 	}
 	return nil
-}
-
-// adoptCaches serves segments kept by another process (a predecessor, or
-// systemd's fd store): no checkpoint byte is read, except for ranks that
-// kept none there (given up), which load afresh first: the read comes
-// before the sockets are taken.
-func (l *launcher) adoptCaches(ctx context.Context, caches []*handover.Cache) error {
-	procs := l.procsSnapshot()
-	if len(caches) != len(procs) {
-		return fmt.Errorf("%d ranks' segments handed over for %d ranks", len(caches), len(procs))
-	}
-	var kept []*proc
-	for gi, g := range l.cfg.Groups {
-		var fresh []*proc
-		for i, p := range procs {
-			switch {
-			case p.group != g.Name:
-			case caches[i] == nil:
-				fresh = append(fresh, p)
-			default:
-				p.cache = caches[i]
-				kept = append(kept, p)
-			}
-		}
-		if len(fresh) > 0 {
-			l.log.Info("takeover: loading afresh the ranks the predecessor kept no segments for", "group", g.Name, "ranks", len(fresh))
-			if err := l.loadGroup(ctx, gi, fresh); err != nil {
-				return err
-			}
-		} else {
-			l.report.addServed(g)
-		}
-	}
-	if err := l.awaitListening(ctx, kept); err != nil {
-		return err
-	}
-	for _, p := range kept {
-		if err := p.sendCache(); err != nil {
-			return err
-		}
-	}
-	return l.awaitReady(ctx, kept)
 }
 
 // cause prefers the reason start-up was cancelled (an interrupt, a rank's
@@ -442,7 +393,7 @@ func (l *launcher) takeSocket(ctx context.Context, spec rank.Spec) (*sockets.Soc
 // the rank's exit code; later the serve loop logs it.
 func (l *launcher) watch(p *proc, cancel context.CancelCauseFunc) {
 	<-p.done
-	if !l.started.Load() {
+	if l.phase.now() == phaseStarting {
 		cancel(p.exitError())
 	}
 	l.exited <- p
@@ -461,7 +412,7 @@ func (l *launcher) abort(err error) {
 // Then the sockets go (left to the successor, when handed over), and with
 // them the launcher's copy of every segment.
 func (l *launcher) stop() {
-	l.stopping.Store(true)
+	l.phase.move(phaseStopping)
 	l.own.Wait()
 	var wg sync.WaitGroup
 	for _, p := range l.procsSnapshot() {
@@ -544,7 +495,7 @@ func (l *launcher) serve(ctx context.Context) error {
 			l.stop()
 			return nil
 		case p := <-l.exited:
-			if l.stopping.Load() || p.current() != rankExited {
+			if l.phase.now() == phaseStopping || p.current() != rankExited {
 				continue // handed over, or its exit handled already
 			}
 			if l.restartable(p) && l.own.Begin() {

@@ -3,7 +3,6 @@ package launcher
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 
 	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/backend/host"
@@ -24,24 +23,11 @@ func (l *launcher) selfLoad(device string) bool {
 	return isGPU(device) && l.cfg.GPU.IPC == cuda.IPCLegacy
 }
 
-// loadAll fills each group's segments with one read of its checkpoint and
-// hands every rank its own.
-func (l *launcher) loadAll(ctx context.Context) error {
-	for gi, g := range l.cfg.Groups {
-		if err := l.loadGroup(ctx, gi, l.groupProcs(g.Name)); err != nil {
-			return err
-		}
-	}
-	// The per-tensor tables of the load (jobs, manifests) are garbage now
-	// and the launcher lives as long as the ranks: give their pages back
-	// rather than hold them for a heap that will not grow again.
-	debug.FreeOSMemory()
-	return nil
-}
-
 // loadGroup fills the segments of procs, ranks of group gi: all of them
-// at start-up, one whose segments did not survive it on a restart.
-func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
+// at start-up, one whose segments did not survive it on a restart. With
+// pc, the loader reads the files from a store that peers (or storage,
+// paced there) fill: l.read counts storage bytes only.
+func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc, pc *peering) error {
 	g := l.cfg.Groups[gi]
 	if l.cfg.PublishOnly || len(procs) > 0 && l.selfLoad(procs[0].Device) {
 		// Nothing for the launcher to read: each rank starts empty or
@@ -79,9 +65,7 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		}
 		cfg.Targets = append(cfg.Targets, scatter.Target{Backend: be, TPRank: p.TPRank})
 	}
-	// With peers, the loader reads the files from a store that peers (or
-	// storage, paced there) fill: l.read counts storage bytes only.
-	if l.peers != nil {
+	if pc != nil {
 		cfg.Read, cfg.ReadLimit = nil, 0
 	}
 	ld, err := scatter.Prepare(cfg)
@@ -89,8 +73,8 @@ func (l *launcher) loadGroup(ctx context.Context, gi int, procs []*proc) error {
 		return err
 	}
 	var fl *fill
-	if l.peers != nil {
-		if fl, err = l.fillFromPeers(ctx, g, ld); err != nil {
+	if pc != nil {
+		if fl, err = l.fillFromPeers(ctx, pc, g, ld); err != nil {
 			ld.Free()
 			return err
 		}
@@ -171,16 +155,6 @@ func (l *launcher) awaitReady(ctx context.Context, procs []*proc) error {
 		l.log.Info("rank ready", "rank", p.String(), "socket", p.socket, "bytes", r.Bytes)
 	}
 	return nil
-}
-
-func (l *launcher) groupProcs(group string) []*proc {
-	var out []*proc
-	for _, p := range l.procsSnapshot() {
-		if p.group == group {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
 // newCache writes a rank's manifest index once, exports a descriptor of

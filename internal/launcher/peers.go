@@ -133,8 +133,7 @@ type fill struct {
 // the segments as soon as it is checked. Where the segments take the
 // files' bytes as they are (host ranks, whole tensors), the store puts
 // them there itself and the loader only checksums them.
-func (l *launcher) fillFromPeers(ctx context.Context, g Group, ld *scatter.Loader) (*fill, error) {
-	pc := l.peers
+func (l *launcher) fillFromPeers(ctx context.Context, pc *peering, g Group, ld *scatter.Loader) (*fill, error) {
 	places, _ := ld.Placed()
 	s, err := peer.NewStore(g.Checkpoint, 0, places)
 	if err != nil {

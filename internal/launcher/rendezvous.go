@@ -101,7 +101,7 @@ func (l *launcher) join(ctx context.Context, cancel context.CancelCauseFunc) err
 		}
 		l.log.Info("rendezvous: every node joined", "group", g.Name, "addr", addr, "nodes", len(layout))
 		go m.follow(func(err error) {
-			if !l.started.Load() {
+			if l.phase.now() == phaseStarting {
 				cancel(err)
 				return
 			}

@@ -114,14 +114,10 @@ func (l *launcher) printReady() error {
 	if l.health != nil {
 		line.Health = l.health.Addr()
 	}
-	line.Source, line.Reason, line.Leases, line.Generation = SourceCheckpoint, r.reason, r.leases, l.own.Generation()
-	switch {
-	case l.store.caches != nil:
-		line.Source = SourceFDStore
-	case l.pred != nil && l.pred.caches != nil:
-		line.Source, line.SourcePID, line.SourceVersion = SourceTakeover, l.pred.src.PID(), l.pred.src.Binary()
-	case l.store.reason != "" && line.Reason == "":
-		line.Reason = l.store.reason
+	line.Reason, line.Leases, line.Generation = r.reason, r.leases, l.own.Generation()
+	l.source.report(&line)
+	if _, loaded := l.source.(loader); loaded && line.Reason == "" {
+		line.Reason = l.store.reason // why the fd store's segments were not served
 	}
 	if pc := l.peers; pc != nil {
 		fromPeers, fromStorage := pc.fromPeers.Load(), pc.fromStorage.Load()
@@ -129,9 +125,6 @@ func (l *launcher) printReady() error {
 		pc.mu.Lock()
 		line.PeerManifest = pc.digests[l.cfg.Groups[0].Name]
 		pc.mu.Unlock()
-		if fromPeers > 0 && line.Source == SourceCheckpoint {
-			line.Source = SourcePeers
-		}
 	}
 	for i, p := range l.procsSnapshot() {
 		spec, err := l.spec(l.groupIndex(p.group), p.Rank)

@@ -130,7 +130,7 @@ func (l *launcher) replace(ctx context.Context, old *proc, failures int) (*proc,
 	if reloaded {
 		// No segments to give (a GPU's that did not survive the rank):
 		// read this rank's share of the checkpoint again.
-		if err := l.loadGroup(ctx, l.groupIndex(p.group), procs); err != nil {
+		if err := l.loadSource().fill(ctx, procs); err != nil {
 			return p, true, err
 		}
 	} else {
