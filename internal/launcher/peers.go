@@ -15,9 +15,6 @@ import (
 	"github.com/weightcache/weightcache/internal/scatter"
 )
 
-// SourcePeers is a ready line's source when a load took bytes from peers.
-const SourcePeers = "peers"
-
 // Peers is how this node trades checkpoint bytes with other nodes
 // (internal/peer): it serves the pieces it holds on Listen and seeds its
 // loads from Addrs, verifying every piece against a manifest it trusts.

@@ -28,6 +28,15 @@ type source interface {
 	report(line *ReadyLine)
 }
 
+// Where a launch's bytes came from, as the ready line says: peers when a
+// load took any from them.
+const (
+	SourceCheckpoint = "checkpoint"
+	SourcePeers      = "peers"
+	SourceTakeover   = "takeover"
+	SourceFDStore    = "fdstore"
+)
+
 // chooseSource is this launch's source, once prepare has found what
 // another process kept, if anything.
 func (l *launcher) chooseSource() source {

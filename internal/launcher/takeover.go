@@ -60,13 +60,6 @@ func (l *launcher) socketRequest() (handover.SocketRequest, error) {
 	return req, err
 }
 
-// Where a launch's segments came from, as the ready line says.
-const (
-	SourceCheckpoint = "checkpoint"
-	SourceTakeover   = "takeover"
-	SourceFDStore    = "fdstore"
-)
-
 // findPredecessor contacts the preload to take over. With none there it
 // takes the control socket itself, unless another process holds it: a
 // preload that took over a moment ago and does not listen yet. It asks
