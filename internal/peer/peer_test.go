@@ -384,7 +384,7 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	same(t, c, s)
-	if !strings.Contains(log.String(), "peer="+stallURL) || !strings.Contains(log.String(), "nothing arrived for 300ms") {
+	if !strings.Contains(log.String(), "peer="+stallURL) || !strings.Contains(log.String(), "not in after 300ms") {
 		t.Fatalf("the stalled peer is not named:\n%s", log)
 	}
 	if sd.FromStorage.Load() != 0 {
@@ -594,7 +594,7 @@ func flip(t *testing.T, s *Store, i int, off int64) {
 // Nodes seeding at once spread their starts over the nodes still seeding:
 // a peer that holds every piece takes no place among them.
 func TestStartAtLeavesOutPeersThatHoldEverything(t *testing.T) {
-	peer := func(ip string, have ...byte) *remote {
+	peer := func(ip string, have ...pieceState) *remote {
 		return &remote{addr: netip.MustParseAddr(ip), port: 7070, have: have}
 	}
 	peers := []*remote{peer("10.0.0.1", 1, 1, 1, 1, 1, 1), peer("10.0.0.3", 0, 0, 0, 0, 0, 0), peer("10.0.0.4", 0, 2, 1, 0, 0, 0)}
