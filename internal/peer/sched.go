@@ -247,13 +247,8 @@ func (s *sched) tick(now time.Time) []flight {
 
 // late asks again, elsewhere, for the pieces that have taken too long.
 func (s *sched) late(now time.Time, out []flight) []flight {
-	for k := range s.flights {
-		fs := s.flights[k]
-		if len(fs) == 0 {
-			continue
-		}
-		fromStorage := slices.ContainsFunc(fs, func(f flight) bool { return f.peer == storage })
-		if fromStorage {
+	for k, fs := range s.flights {
+		if s.mine[k] != missing || s.since[k].IsZero() || slices.ContainsFunc(fs, func(f flight) bool { return f.peer == storage }) {
 			continue
 		}
 		if now.Sub(s.since[k]) >= 2*s.timeout {
