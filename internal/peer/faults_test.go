@@ -361,7 +361,8 @@ func TestSeedReadsAnswersWithinTheirBound(t *testing.T) {
 				f.have = send
 			}
 			addr, _ := f.start(t)
-			s, err, _ := seedOf(t, c, &Seeder{Auth: a, Digest: digest}, addr)
+			// Time enough to read the whole flood, were it read.
+			s, err, _ := seedOf(t, c, &Seeder{Auth: a, Digest: digest, Timeout: 2 * time.Second}, addr)
 			if what == "manifest" && !errors.Is(err, ErrNoManifest) {
 				t.Fatalf("got %v, want no manifest", err)
 			}
@@ -373,7 +374,8 @@ func TestSeedReadsAnswersWithinTheirBound(t *testing.T) {
 			}
 			// What the kernel's buffers took is all a cut-off peer gets
 			// to write.
-			if n := most.Load(); n >= flood/2 {
+			t.Logf("the peer wrote %d bytes at most", most.Load())
+			if n := most.Load(); n >= flood/4 {
 				t.Fatalf("the peer wrote %d bytes of its %s of %d before it was cut off", n, what, flood)
 			}
 		})
