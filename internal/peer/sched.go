@@ -56,9 +56,11 @@ type flight struct {
 	piece  piece
 	peer   int
 	at     time.Time
-	hedged bool // asked elsewhere too, for taking too long
-	hedge  bool // it is itself a second ask: another flight writes the store
-	slow   int  // for a second ask, the peer of the flight that took too long, or storage
+	hedged bool      // asked elsewhere too, for taking too long
+	hedge  bool      // it is itself a second ask: another flight writes the store
+	slow   int       // for a second ask, the peer of the flight that took too long, or storage
+	got    int64     // bytes in so far
+	moved  time.Time // when the last of them came
 }
 
 // failure is why a flight failed, as far as the policy cares.
@@ -90,9 +92,12 @@ func (p *peerView) usable(now time.Time) bool {
 // each with the time, and starts the flights it returns. Every wait in it
 // has an overall deadline, counted from an event that a failure does not
 // move:
-//   - a flight running Timeout is asked of another peer that holds the
+//   - a flight running Timeout that is stalled (nothing in for Timeout)
+//     or slow (at its rate, the piece would take 4 x Timeout, and 4 x a
+//     typical piece's time) is asked of another peer that holds the
 //     piece, else of storage; the first verified answer wins;
-//   - a piece asked for 2 x Timeout is asked of storage;
+//   - a piece asked for 2 x Timeout with no flight for it going well is
+//     asked of storage;
 //   - pieces no usable peer holds go to storage once there have been
 //     such pieces for Timeout;
 //   - a peer failing (or slow) for Timeout with no piece served is given
@@ -101,7 +106,9 @@ type sched struct {
 	timeout time.Duration
 	workers int // peer flights at once
 	rest    time.Duration
-	order   []piece // the order pieces are taken in, from this node's start
+	order   []piece       // the order pieces are taken in, from this node's start
+	sizes   []int64       // each piece's bytes
+	typical time.Duration // how long a piece takes from a peer, lately
 	mine    []pieceState
 	left    int
 	peers   []peerView
@@ -116,9 +123,9 @@ type sched struct {
 	reading int // storage flights
 }
 
-func newSched(order []piece, peers int, timeout time.Duration, workers int) *sched {
+func newSched(order []piece, sizes []int64, peers int, timeout time.Duration, workers int) *sched {
 	n := len(order)
-	return &sched{timeout: timeout, workers: workers, rest: min(time.Second, timeout/4), order: order,
+	return &sched{timeout: timeout, workers: workers, rest: min(time.Second, timeout/4), order: order, sizes: sizes,
 		mine: make([]pieceState, n), left: n, peers: make([]peerView, peers), flights: make([][]flight, n),
 		since: make([]time.Time, n), seen: make([]time.Time, n), wanted: make([]bool, n), where: map[int]piece{}}
 }
@@ -149,6 +156,7 @@ func (s *sched) placed(id int, now time.Time) (f flight, others []flight, ok boo
 	if f.peer != storage {
 		p := &s.peers[f.peer]
 		p.failingAt = time.Time{}
+		s.typical = (4*s.typical + now.Sub(f.at)) / 5
 	}
 	s.mine[f.piece] = held
 	s.left--
@@ -217,13 +225,39 @@ func (s *sched) end(id int) (flight, bool) {
 	return f, true
 }
 
-func (s *sched) start(k piece, peer int, now time.Time) flight {
-	if !s.since[k].IsZero() && now.Sub(s.since[k]) >= 2*s.timeout {
-		peer = storage // asked for long enough, whatever peers do
+// progress is how many bytes of a flight are in.
+func (s *sched) progress(id int, got int64, now time.Time) {
+	k, ok := s.where[id]
+	if !ok {
+		return
 	}
+	for x := range s.flights[k] {
+		if f := &s.flights[k][x]; f.id == id && got > f.got {
+			f.got, f.moved = got, now
+		}
+	}
+}
+
+// slow says whether a flight from a peer is stalled or too slow to wait
+// for: judged once it has run Timeout, against what it would take in all
+// at its rate so far, so that a peer that is busy but sends is waited
+// for, and one that sends a byte now and then is not.
+func (s *sched) slow(f flight, now time.Time) bool {
+	age := now.Sub(f.at)
+	switch {
+	case f.peer == storage || age < s.timeout:
+		return false
+	case now.Sub(f.moved) >= s.timeout:
+		return true
+	}
+	whole := time.Duration(float64(age) * float64(s.sizes[f.piece]) / float64(max(f.got, 1)))
+	return whole >= 4*max(s.timeout, s.typical)
+}
+
+func (s *sched) start(k piece, peer int, now time.Time) flight {
 	s.nextID++
 	s.where[s.nextID] = k
-	f := flight{id: s.nextID, piece: k, peer: peer, at: now, hedge: len(s.flights[k]) > 0, slow: storage}
+	f := flight{id: s.nextID, piece: k, peer: peer, at: now, moved: now, hedge: len(s.flights[k]) > 0, slow: storage}
 	if s.since[k].IsZero() {
 		s.since[k] = now
 	}
@@ -251,13 +285,14 @@ func (s *sched) late(now time.Time, out []flight) []flight {
 		if s.mine[k] != missing || s.since[k].IsZero() || slices.ContainsFunc(fs, func(f flight) bool { return f.peer == storage }) {
 			continue
 		}
-		if now.Sub(s.since[k]) >= 2*s.timeout {
+		going := slices.ContainsFunc(fs, func(f flight) bool { return !f.hedged && !s.slow(f, now) })
+		if !going && now.Sub(s.since[k]) >= 2*s.timeout {
 			out = append(out, s.start(piece(k), storage, now))
 			continue
 		}
 		for x := range fs {
 			f := &s.flights[k][x]
-			if f.hedged || now.Sub(f.at) < s.timeout {
+			if f.hedged || !s.slow(*f, now) {
 				continue
 			}
 			f.hedged = true

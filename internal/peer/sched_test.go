@@ -23,6 +23,9 @@ func inOrder(n int) []piece {
 	return out
 }
 
+// sizes is n pieces of 1 MiB.
+func sizes(n int) []int64 { return slices.Repeat([]int64{1 << 20}, n) }
+
 func fromStorage(fs []flight) (n int) {
 	for _, f := range fs {
 		if f.peer == storage {
@@ -37,7 +40,7 @@ func fromStorage(fs []flight) (n int) {
 func TestSchedDeadPeerSendsWhatIsLeftToStorage(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
 	const n = 40
-	s := newSched(inOrder(n), 1, tmo, 4)
+	s := newSched(inOrder(n), sizes(n), 1, tmo, 4)
 	s.have(0, all(n, held), c.now)
 	fs := s.tick(c.now)
 	if len(fs) != 4 || fromStorage(fs) != 0 {
@@ -79,7 +82,7 @@ func TestSchedDeadPeerSendsWhatIsLeftToStorage(t *testing.T) {
 func TestSchedFailuresDoNotMoveTheClock(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
 	const n = 4
-	s := newSched(inOrder(n), 1, tmo, 8)
+	s := newSched(inOrder(n), sizes(n), 1, tmo, 8)
 	begun := c.now
 	var last time.Time
 	for !s.done() && c.now.Sub(begun) < 10*tmo {
@@ -110,7 +113,7 @@ func TestSchedFailuresDoNotMoveTheClock(t *testing.T) {
 // A piece asked for 2 x Timeout goes to storage.
 func TestSchedSlowFlightIsAskedElsewhere(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
-	s := newSched(inOrder(1), 3, tmo, 1)
+	s := newSched(inOrder(1), sizes(1), 3, tmo, 1)
 	s.have(0, all(1, held), c.now)
 	first := s.tick(c.now)
 	if len(first) != 1 || first[0].peer != 0 {
@@ -149,7 +152,7 @@ func TestSchedSlowFlightIsAskedElsewhere(t *testing.T) {
 func TestSchedRestingPeerIsWaitedFor(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
 	const n = 8
-	s := newSched(inOrder(n), 1, tmo, 2)
+	s := newSched(inOrder(n), sizes(n), 1, tmo, 2)
 	s.have(0, all(n, held), c.now)
 	fs := s.tick(c.now)
 	s.fail(fs[0].id, failed, c.at(time.Millisecond))
@@ -166,11 +169,42 @@ func TestSchedRestingPeerIsWaitedFor(t *testing.T) {
 	}
 }
 
+// A flight that sends steadily is waited for past Timeout, however busy
+// its peer; one that sends a byte now and then is asked elsewhere.
+func TestSchedSlowIsByRateNotAge(t *testing.T) {
+	c := &clock{now: time.Unix(0, 0)}
+	s := newSched(inOrder(2), sizes(2), 2, tmo, 2)
+	s.have(0, all(2, held), c.now)
+	s.have(1, all(2, held), c.now)
+	fs := s.tick(c.now)
+	if len(fs) != 2 {
+		t.Fatalf("flights %v, want two", fs)
+	}
+	busy, drip := fs[0], fs[1]
+	asked := 0
+	for step := range 30 { // 3 x Timeout: the busy one takes 3.5 x Timeout in all
+		now := c.at(tmo / 10)
+		s.progress(busy.id, int64(step+1)*(1<<20)/35, now)
+		s.progress(drip.id, int64(step+1), now)
+		for _, f := range s.tick(now) {
+			if f.piece == busy.piece {
+				t.Fatalf("the steady flight asked elsewhere at %s: %v", now.Sub(time.Unix(0, 0)), f)
+			}
+			if asked++; asked == 1 && (f.slow != drip.peer || now.Sub(time.Unix(0, 0)) != tmo) {
+				t.Fatalf("at %s: %v, want the dripping flight's piece asked elsewhere at Timeout", now.Sub(time.Unix(0, 0)), f)
+			}
+		}
+	}
+	if asked == 0 {
+		t.Fatal("the dripping flight's piece was never asked elsewhere")
+	}
+}
+
 // A wrong piece drops its peer for good; the loader's piece comes first.
 func TestSchedWrongPeerAndWantedPiece(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
 	const n = 10
-	s := newSched(inOrder(n), 2, tmo, 1)
+	s := newSched(inOrder(n), sizes(n), 2, tmo, 1)
 	s.have(0, all(n, held), c.now)
 	s.want(7)
 	fs := s.tick(c.now)
@@ -196,7 +230,7 @@ func TestSchedWrongPeerAndWantedPiece(t *testing.T) {
 // A piece another node is fetching is left to come from it, for Timeout.
 func TestSchedLeavesAPieceFetchedElsewhere(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
-	s := newSched(inOrder(2), 2, tmo, 8)
+	s := newSched(inOrder(2), sizes(2), 2, tmo, 8)
 	s.have(0, all(2, held), c.now)
 	s.have(1, []pieceState{fetching, missing}, c.now)
 	fs := s.tick(c.now)
@@ -214,7 +248,7 @@ func TestSchedLeavesAPieceFetchedElsewhere(t *testing.T) {
 func TestSchedUnheldPiecesGoToStorageTogether(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
 	const n = 20
-	s := newSched(inOrder(n), 1, tmo, 4)
+	s := newSched(inOrder(n), sizes(n), 1, tmo, 4)
 	s.have(0, append(all(10, held), all(10, missing)...), c.now)
 	var peer, store int
 	for step := 0; !s.done() && step < 1000; step++ {

@@ -442,6 +442,8 @@ type flying struct {
 	cancel context.CancelFunc
 	exited chan struct{}
 	writes bool
+	after  <-chan struct{} // the flight whose writes this one waits out
+	got    atomic.Int64    // bytes in so far
 }
 
 // landing is a flight's outcome; buf holds a second ask's verified bytes.
@@ -515,15 +517,14 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 	// Where this node starts depends on which peers hold every piece: their
 	// first answers are waited for, briefly, never for one that stalls.
 	first := make([][]pieceState, len(g.peers))
+	answered := make([]bool, len(g.peers))
 	grace := time.NewTimer(min(time.Second, sd.Timeout/4))
-	for n := 0; n < len(g.peers); {
+	for slices.Contains(answered, false) {
 		select {
 		case <-g.ctx.Done():
 			return g.ctx.Err()
 		case h := <-haves:
-			if first[h.peer] == nil {
-				n++
-			}
+			answered[h.peer] = true
 			first[h.peer] = h.have
 			g.peers[h.peer].have = h.have
 			continue
@@ -538,7 +539,11 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 		order[k] = piece((at + k) % s.total)
 	}
 	now := time.Now()
-	g.sch = newSched(order, len(g.peers), sd.Timeout, sd.Workers)
+	sizes := make([]int64, s.total)
+	for k := range sizes {
+		_, sizes[k] = s.span(s.at(piece(k)))
+	}
+	g.sch = newSched(order, sizes, len(g.peers), sd.Timeout, sd.Workers)
 	for i, m := range first {
 		g.sch.have(i, m, now)
 	}
@@ -547,10 +552,13 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 	defer tick.Stop()
 	for !g.sch.done() || g.pending > 0 {
 		now := time.Now()
+		for id, fl := range g.flying {
+			g.sch.progress(id, fl.got.Load(), now)
+		}
 		for _, f := range g.sch.tick(now) {
 			if f.slow != storage {
 				i, j := s.at(f.piece)
-				g.sd.note(slog.LevelWarn, "peer slow: a piece not in after --peer-timeout, asked elsewhere too", g.peers[f.slow],
+				g.sd.note(slog.LevelWarn, "peer failed a piece: asking another", g.peers[f.slow],
 					fmt.Errorf("not in after %s", sd.Timeout), "file", s.ckpt.Shards[i].Name, "piece", j)
 			}
 			g.launch(f)
@@ -600,9 +608,16 @@ func (g *seed) noteGivenUp() {
 func (g *seed) launch(f flight) {
 	ctx, cancel := context.WithCancel(g.ctx)
 	if f.peer != storage {
-		ctx, cancel = context.WithTimeout(g.ctx, 3*g.sd.Timeout)
+		// A backstop: the scheduler asks elsewhere long before.
+		ctx, cancel = context.WithTimeout(g.ctx, pieceWaits*g.sd.Timeout)
 	}
 	fl := &flying{flight: f, cancel: cancel, exited: make(chan struct{}), writes: g.writer[f.piece] == nil}
+	if w := g.writer[f.piece]; f.peer == storage && w != nil {
+		// Storage takes the piece over from the slow peer rather than race
+		// it: its bytes go straight to the store once the peer's stop.
+		w.cancel()
+		fl.after, fl.writes = w.exited, true
+	}
 	g.flying[f.id] = fl
 	if fl.writes {
 		g.writer[f.piece] = fl
@@ -625,6 +640,14 @@ func (g *seed) fly(ctx context.Context, fl *flying) landing {
 	i, j := s.at(fl.piece)
 	off, size := s.span(i, j)
 	l := landing{f: fl.flight}
+	if fl.after != nil {
+		select {
+		case <-fl.after:
+		case <-ctx.Done():
+			l.err, l.why = ctx.Err(), canceled
+			return l
+		}
+	}
 	var w sink
 	if fl.writes {
 		w = s.writer(i, j)
@@ -635,7 +658,7 @@ func (g *seed) fly(ctx context.Context, fl *flying) landing {
 	if fl.peer == storage {
 		l.err = g.sd.fromStorage(i, w, off, size)
 	} else {
-		l.err = g.sd.fromPeer(ctx, g.peers[fl.peer], i, j, w, size)
+		l.err = g.sd.fromPeer(ctx, g.peers[fl.peer], i, j, &counted{w, &fl.got}, size)
 	}
 	switch {
 	case l.err != nil && ctx.Err() != nil && g.ctx.Err() == nil && errors.Is(context.Cause(ctx), context.Canceled):
@@ -807,6 +830,21 @@ func (g *seed) forged(why string) error {
 	return fmt.Errorf("%w: the manifest %s served is forged (%s)", ErrNoManifest, p.url, why)
 }
 
+// pieceWaits bounds a piece's request, in Timeouts.
+const pieceWaits = 8
+
+// counted counts what passes to w.
+type counted struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c *counted) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
 type sink interface {
 	io.Writer
 	sum() []byte
@@ -866,7 +904,7 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, i, j int, w io.Writer
 	}
 	if got < size {
 		if ctx.Err() != nil {
-			return fmt.Errorf("%d of %d bytes in %s: %w", got, size, 3*sd.Timeout, context.Cause(ctx))
+			return fmt.Errorf("%d of %d bytes in %s: %w", got, size, pieceWaits*sd.Timeout, context.Cause(ctx))
 		}
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

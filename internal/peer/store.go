@@ -531,11 +531,15 @@ func (s *Store) check(k piece, sum []byte) (bool, string) {
 	return s.want(k) == got, got
 }
 
-// want is the manifest's hash of piece k.
+// want is the manifest's hash of piece k, "" while there is no manifest
+// (a forged one was dropped).
 func (s *Store) want(k piece) string {
 	i, j := s.at(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if i >= len(s.man.Files) {
+		return ""
+	}
 	return s.man.Files[i].Pieces[j]
 }
 
