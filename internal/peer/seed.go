@@ -36,11 +36,13 @@ type Seeder struct {
 
 	FromPeers, FromStorage atomic.Int64
 
-	client *http.Client
-	store  *Store
-	self   []netip.Addr // this node's addresses among the peers
-	logMu  sync.Mutex
-	logged map[string]time.Time // a peer's trouble: when last logged
+	client  *http.Client
+	store   *Store
+	timeout time.Duration // Timeout, or its default
+	workers int
+	self    []netip.Addr // this node's addresses among the peers
+	logMu   sync.Mutex
+	logged  map[string]time.Time // a peer's trouble: when last logged
 }
 
 type remote struct {
@@ -76,17 +78,18 @@ func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
 }
 
 func (sd *Seeder) fill(ctx context.Context, s *Store) error {
-	if sd.Timeout <= 0 {
-		sd.Timeout = 10 * time.Second
+	sd.timeout, sd.workers = sd.Timeout, sd.Workers
+	if sd.timeout <= 0 {
+		sd.timeout = 10 * time.Second
 	}
-	if sd.Workers <= 0 {
-		sd.Workers = 8
+	if sd.workers <= 0 {
+		sd.workers = 8
 	}
 	sd.store = s
 	// No transparent decompression: a body is read as sent, within its
 	// bound. No redirect: the token goes only where --peers says.
-	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.Workers,
-		ResponseHeaderTimeout: sd.Timeout, DialContext: (&net.Dialer{Timeout: sd.Timeout}).DialContext, DisableCompression: true}
+	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
+		ResponseHeaderTimeout: sd.timeout, DialContext: (&net.Dialer{Timeout: sd.timeout}).DialContext, DisableCompression: true}
 	sd.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	defer tr.CloseIdleConnections()
 	peers, err := sd.resolve(ctx)
@@ -145,7 +148,7 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 // get is a small answer from a peer, and its manifest state when it has
 // no manifest yet. The whole exchange, headers and body, has Timeout.
 func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, string, error) {
-	ctx, cancel := context.WithTimeout(ctx, sd.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, sd.timeout)
 	defer cancel()
 	resp, err := sd.do(ctx, http.MethodGet, url)
 	if err != nil {
@@ -163,7 +166,7 @@ func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, str
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
 		if ctx.Err() != nil {
-			err = fmt.Errorf("the answer took more than %s", sd.Timeout)
+			err = fmt.Errorf("the answer took more than %s", sd.timeout)
 		}
 		return nil, state, err
 	}
@@ -230,7 +233,7 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 	begun := time.Now()
 	states := make([]string, len(peers))
 	answered := make([]bool, len(peers))
-	deadline := time.NewTimer(sd.Timeout)
+	deadline := time.NewTimer(sd.timeout)
 	defer deadline.Stop()
 	capped := false
 	for {
@@ -254,7 +257,7 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 		sd.note(slog.LevelWarn, "peer's manifest not taken", p, a.err)
 		if a.state == "reading" && !capped {
 			capped = true
-			deadline.Reset(time.Until(begun.Add(readingWaits * sd.Timeout)))
+			deadline.Reset(time.Until(begun.Add(readingWaits * sd.timeout)))
 		}
 		if slices.Contains(answered, false) || slices.Contains(states, "reading") {
 			continue
@@ -454,12 +457,13 @@ type landing struct {
 	why failure
 }
 
-// filled is a piece whose bytes are in the store, and a file checked.
+// filled is a second ask's bytes copied into the store.
 type filled struct {
 	f   flight
 	err error
 }
 
+// fileCheck is a whole file hashed against its blob name.
 type fileCheck struct {
 	file int
 	err  error
@@ -518,7 +522,7 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 	// first answers are waited for, briefly, never for one that stalls.
 	first := make([][]pieceState, len(g.peers))
 	answered := make([]bool, len(g.peers))
-	grace := time.NewTimer(min(time.Second, sd.Timeout/4))
+	grace := time.NewTimer(min(time.Second, sd.timeout/4))
 	for slices.Contains(answered, false) {
 		select {
 		case <-g.ctx.Done():
@@ -543,12 +547,12 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 	for k := range sizes {
 		_, sizes[k] = s.span(s.at(piece(k)))
 	}
-	g.sch = newSched(order, sizes, len(g.peers), sd.Timeout, sd.Workers)
+	g.sch = newSched(order, sizes, len(g.peers), sd.timeout, sd.workers)
 	for i, m := range first {
 		g.sch.have(i, m, now)
 	}
 	s.begin(order[0])
-	tick := time.NewTicker(max(5*time.Millisecond, min(100*time.Millisecond, sd.Timeout/20)))
+	tick := time.NewTicker(max(5*time.Millisecond, min(100*time.Millisecond, sd.timeout/20)))
 	defer tick.Stop()
 	for !g.sch.done() || g.pending > 0 {
 		now := time.Now()
@@ -559,7 +563,7 @@ func (g *seed) run(haves <-chan haveAnswer) error {
 			if f.slow != storage {
 				i, j := s.at(f.piece)
 				g.sd.note(slog.LevelWarn, "peer failed a piece: asking another", g.peers[f.slow],
-					fmt.Errorf("not in after %s", sd.Timeout), "file", s.ckpt.Shards[i].Name, "piece", j)
+					fmt.Errorf("not in after %s", sd.timeout), "file", s.ckpt.Shards[i].Name, "piece", j)
 			}
 			g.launch(f)
 		}
@@ -598,7 +602,7 @@ func (g *seed) noteGivenUp() {
 		if !g.gaveUp[i] && g.sch.gaveUp(i) {
 			g.gaveUp[i] = true
 			g.sd.Log.Warn("peer given up: it failed or was slow for longer than --peer-timeout without serving a piece",
-				"peer", p.url, "timeout", g.sd.Timeout)
+				"peer", p.url, "timeout", g.sd.timeout)
 		}
 	}
 }
@@ -609,7 +613,7 @@ func (g *seed) launch(f flight) {
 	ctx, cancel := context.WithCancel(g.ctx)
 	if f.peer != storage {
 		// A backstop: the scheduler asks elsewhere long before.
-		ctx, cancel = context.WithTimeout(g.ctx, pieceWaits*g.sd.Timeout)
+		ctx, cancel = context.WithTimeout(g.ctx, pieceWaits*g.sd.timeout)
 	}
 	fl := &flying{flight: f, cancel: cancel, exited: make(chan struct{}), writes: g.writer[f.piece] == nil}
 	if w := g.writer[f.piece]; f.peer == storage && w != nil {
@@ -904,7 +908,7 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, i, j int, w io.Writer
 	}
 	if got < size {
 		if ctx.Err() != nil {
-			return fmt.Errorf("%d of %d bytes in %s: %w", got, size, pieceWaits*sd.Timeout, context.Cause(ctx))
+			return fmt.Errorf("%d of %d bytes in %s: %w", got, size, pieceWaits*sd.timeout, context.Cause(ctx))
 		}
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
