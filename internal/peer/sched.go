@@ -179,7 +179,7 @@ func (s *sched) fail(id int, why failure, now time.Time) (flight, bool) {
 	case wrong:
 		p.bad = true
 	default:
-		s.penalise(f.peer, now, now)
+		s.penalise(f.peer, now)
 		// Dropped from the piece map until its /have answers again: a
 		// peer that went away says nothing more, and its pieces are
 		// then no one's.
@@ -188,13 +188,13 @@ func (s *sched) fail(id int, why failure, now time.Time) (flight, bool) {
 	return f, true
 }
 
-// penalise rests a peer that failed, or was slow from since on, and gives
-// it up once it has failed for Timeout without serving a piece.
-func (s *sched) penalise(i int, since, now time.Time) {
+// penalise rests a peer that failed, or was slow, and gives it up once it
+// has failed for Timeout without serving a piece.
+func (s *sched) penalise(i int, now time.Time) {
 	p := &s.peers[i]
 	p.rest = now.Add(s.rest)
-	if p.failingAt.IsZero() || since.Before(p.failingAt) {
-		p.failingAt = since
+	if p.failingAt.IsZero() {
+		p.failingAt = now
 	}
 	if now.Sub(p.failingAt) >= s.timeout {
 		p.gaveUp = true
@@ -297,7 +297,7 @@ func (s *sched) late(now time.Time, out []flight) []flight {
 			}
 			f.hedged = true
 			slow := f.peer
-			s.penalise(slow, now, now)
+			s.penalise(slow, now)
 			q := s.holder(piece(k), now, false)
 			if q < 0 {
 				q = storage
