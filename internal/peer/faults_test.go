@@ -389,7 +389,11 @@ func TestSeedDoesNotInflateAManifest(t *testing.T) {
 	a := token(t, "t")
 	good, digest := seeded(t, c, faultPiece)
 	bomb := gzipOf(t, bytes.Repeat([]byte(" "), 24<<20))
+	var asked atomic.Bool
 	addr, _ := fake{good: good, manifest: func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			asked.Store(true)
+		}
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(bomb)
@@ -404,6 +408,9 @@ func TestSeedDoesNotInflateAManifest(t *testing.T) {
 	}
 	if n := after.TotalAlloc - before.TotalAlloc; n > 16<<20 {
 		t.Fatalf("%d MiB allocated while a gzipped manifest was refused", n>>20)
+	}
+	if asked.Load() {
+		t.Fatal("the seeder asked for gzip: a body it would inflate")
 	}
 }
 

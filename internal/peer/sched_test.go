@@ -200,6 +200,25 @@ func TestSchedSlowIsByRateNotAge(t *testing.T) {
 	}
 }
 
+// A peer that fails a piece is out of the piece map until its /have
+// answers again, rested or not: one that went away is not asked again on
+// the strength of what it said before.
+func TestSchedFailedPeerWaitsForItsHave(t *testing.T) {
+	c := &clock{now: time.Unix(0, 0)}
+	const n = 4
+	s := newSched(inOrder(n), sizes(n), 1, tmo, 1)
+	s.have(0, all(n, held), c.now)
+	fs := s.tick(c.now)
+	s.fail(fs[0].id, failed, c.at(time.Millisecond))
+	if got := s.tick(c.at(2 * s.rest)); len(got) != 0 {
+		t.Fatalf("asked %v of a peer whose /have has not answered since it failed", got)
+	}
+	s.have(0, all(n, held), c.now)
+	if got := s.tick(c.now); len(got) != 1 || got[0].peer != 0 {
+		t.Fatalf("after its /have: %v, want a flight from it", got)
+	}
+}
+
 // A wrong piece drops its peer for good; the loader's piece comes first.
 func TestSchedWrongPeerAndWantedPiece(t *testing.T) {
 	c := &clock{now: time.Unix(0, 0)}
