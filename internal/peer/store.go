@@ -381,11 +381,11 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 				return 0, fmt.Errorf("%s piece %d: %w", s.ckpt.Shards[r.file].Path, j, errors.Join(err, r.ctx.Err()))
 			}
 			// One piece at a time: more would put every node seeding at
-			// once on the same pieces (measured in file order: a swarm of
-			// three took 2.2x one copy with four, 1.9x with one).
-			// The seeder polls wanted; nothing here waits for it, and a
-			// broadcast would only wake the other waiting readers, each
-			// of which broadcast in turn: a storm that took both cores.
+			// once on the same pieces, in file order. The seeder is told
+			// by a signal it may miss while busy (it reads every wanted
+			// piece then); nothing here waits for it, and a broadcast
+			// would only wake the other waiting readers, each of which
+			// would broadcast in turn, a storm on every core.
 			if _, ok := s.wanted[k]; !ok {
 				s.wanted[k] = struct{}{}
 				select {
