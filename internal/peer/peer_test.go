@@ -320,18 +320,20 @@ func TestLowestWaitingAddressReadsStorage(t *testing.T) {
 		return out
 	}
 	for _, tc := range []struct {
-		self, waiting []netip.Addr
-		reads         bool
+		self, waiting, unheard []netip.Addr
+		reads                  bool
 	}{
-		{addrs("10.0.0.1"), addrs("10.0.0.2", "10.0.0.3"), true},
-		{addrs("10.0.0.2"), addrs("10.0.0.1", "10.0.0.3"), false},
-		{addrs("10.0.0.9"), addrs("10.0.0.10"), true}, // as addresses, not strings
-		{addrs("10.0.0.1"), nil, false},               // alone: wait for Timeout
-		{nil, addrs("10.0.0.2"), false},               // own address unknown
+		{addrs("10.0.0.1"), addrs("10.0.0.2", "10.0.0.3"), nil, true},
+		{addrs("10.0.0.2"), addrs("10.0.0.1", "10.0.0.3"), nil, false},
+		{addrs("10.0.0.9"), addrs("10.0.0.10"), nil, true},               // as addresses, not strings
+		{addrs("10.0.0.1"), nil, nil, false},                             // alone: wait for Timeout
+		{nil, addrs("10.0.0.2"), nil, false},                             // own address unknown
+		{addrs("10.0.0.2"), addrs("10.0.0.3"), addrs("10.0.0.1"), false}, // the lowest may not be up yet
+		{addrs("10.0.0.2"), addrs("10.0.0.3"), addrs("10.0.0.4"), true},
 	} {
 		sd := &Seeder{self: tc.self}
-		if got := sd.firstOf(tc.waiting) != ""; got != tc.reads {
-			t.Errorf("self %v, waiting %v: reads storage %v, want %v", tc.self, tc.waiting, got, tc.reads)
+		if got := sd.firstOf(tc.waiting, tc.unheard) != ""; got != tc.reads {
+			t.Errorf("self %v, waiting %v, unheard %v: reads storage %v, want %v", tc.self, tc.waiting, tc.unheard, got, tc.reads)
 		}
 	}
 }

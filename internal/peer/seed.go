@@ -152,7 +152,7 @@ func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, str
 	defer cancel()
 	resp, err := sd.do(ctx, http.MethodGet, url)
 	if err != nil {
-		return nil, "", err
+		return nil, "", &unreached{err}
 	}
 	defer resp.Body.Close()
 	state := resp.Header.Get(manifestState)
@@ -186,6 +186,12 @@ func (sd *Seeder) do(ctx context.Context, method, url string) (*http.Response, e
 	}
 	return sd.client.Do(req)
 }
+
+// unreached is a peer that gave no answer at all: not up yet, or gone.
+type unreached struct{ err error }
+
+func (u *unreached) Error() string { return u.err.Error() }
+func (u *unreached) Unwrap() error { return u.err }
 
 type manifestAnswer struct {
 	peer  int
@@ -232,7 +238,7 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 	}
 	begun := time.Now()
 	states := make([]string, len(peers))
-	answered := make([]bool, len(peers))
+	answered, silent := make([]bool, len(peers)), make([]bool, len(peers))
 	deadline := time.NewTimer(sd.timeout)
 	defer deadline.Stop()
 	capped := false
@@ -246,7 +252,8 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 		case a = <-answers:
 		}
 		p := peers[a.peer]
-		states[a.peer], answered[a.peer] = a.state, true
+		var u *unreached
+		states[a.peer], answered[a.peer], silent[a.peer] = a.state, true, errors.As(a.err, &u)
 		if a.err == nil {
 			var m Manifest
 			if a.err = sd.trusted(a.raw, &m); a.err == nil {
@@ -262,13 +269,16 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 		if slices.Contains(answered, false) || slices.Contains(states, "reading") {
 			continue
 		}
-		var waiting []netip.Addr
+		var waiting, unheard []netip.Addr
 		for i, st := range states {
-			if st == "waiting" {
+			switch {
+			case st == "waiting":
 				waiting = append(waiting, peers[i].addr)
+			case silent[i]:
+				unheard = append(unheard, peers[i].addr)
 			}
 		}
-		if first := sd.firstOf(waiting); first != "" {
+		if first := sd.firstOf(waiting, unheard); first != "" {
 			return -1, fmt.Errorf("%w: %s", ErrNoManifest, first)
 		}
 	}
@@ -278,14 +288,16 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
 // for a manifest as it does, or "": a fleet started all at once would
 // otherwise wait out Timeout and then read storage on every node. The
 // rule is fixed, not agreed: the lowest address reads. Two nodes that
-// see each other waiting agree on it; a node not yet answering is not
-// counted, and at worst storage is read twice, never a wrong byte.
-func (sd *Seeder) firstOf(waiting []netip.Addr) string {
+// see each other waiting agree on it; a node with a lower address that
+// gave no answer yet (unheard: not up, or gone) is waited for, up to
+// Timeout, since it may be the one to read. At worst storage is read
+// twice, never a wrong byte.
+func (sd *Seeder) firstOf(waiting, unheard []netip.Addr) string {
 	if len(waiting) == 0 || len(sd.self) == 0 {
 		return ""
 	}
 	self := slices.MinFunc(sd.self, netip.Addr.Compare)
-	if slices.MinFunc(waiting, netip.Addr.Compare).Compare(self) <= 0 {
+	if slices.MinFunc(append(waiting, unheard...), netip.Addr.Compare).Compare(self) <= 0 {
 		return ""
 	}
 	return fmt.Sprintf("this node (%s) has the lowest address of the %d nodes waiting for a manifest: it reads storage for them", self, len(waiting)+1)
