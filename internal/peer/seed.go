@@ -498,6 +498,7 @@ type seed struct {
 	writer   map[piece]*flying
 	pending  int           // copies and file checks under way
 	suspect  map[piece]int // hub root: who served a piece that did not hash as the manifest says
+	placed   []int         // hub root: each file's pieces in, not yet checked
 	gaveUp   []bool
 }
 
@@ -514,7 +515,7 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote, from int) error {
 	ctx, stop := context.WithCancel(ctx)
 	g := &seed{sd: sd, s: s, peers: peers, from: from, ctx: ctx, landings: make(chan landing), filled: make(chan filled),
 		checks: make(chan fileCheck), flying: map[int]*flying{}, writer: map[piece]*flying{}, suspect: map[piece]int{},
-		gaveUp: make([]bool, len(peers))}
+		gaveUp: make([]bool, len(peers)), placed: make([]int, len(s.ckpt.Shards))}
 	haves := make(chan haveAnswer)
 	for i, p := range peers {
 		g.wg.Go(func() { sd.poll(ctx, i, p, haves) })
@@ -798,10 +799,8 @@ func (g *seed) in(f flight) error {
 		return nil
 	}
 	s.put(f.piece, false)
-	for jj := range s.filePieces(i) {
-		if s.stateOf(s.piece(i, jj)) != placed {
-			return nil
-		}
+	if g.placed[i]++; g.placed[i] < s.filePieces(i) {
+		return nil
 	}
 	// Every piece of the file is in: it is held once it hashes to its
 	// blob name.
