@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/peer"
 )
 
 // seedBound is how long a seed with --peer-timeout 2s (peerArgs') may take
@@ -24,12 +27,31 @@ import (
 // 3 x for the pieces, and storage with room for a loaded machine.
 const seedBound = 6*2*time.Second + 3*2*time.Second + 30*time.Second
 
-// fakePeer serves h on loopback, as a peer at the address it returns.
-func fakePeer(t *testing.T, h http.Handler) string {
+// peerTLS is the TLS that nodes holding the token in tok serve and ask
+// with, or nil where that token goes in plain HTTP: an Auth with a
+// TLSConfig makes token mode TLS.
+func peerTLS(t *testing.T, tok string) *tls.Config {
+	t.Helper()
+	a := &peer.Auth{TokenFile: tok}
+	if err := a.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := any(a).(interface{ TLSConfig() *tls.Config }); ok {
+		return c.TLSConfig()
+	}
+	return nil
+}
+
+// fakePeer serves h on loopback, with cfg when it is not nil, as a peer at
+// the address it returns.
+func fakePeer(t *testing.T, cfg *tls.Config, h http.Handler) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg != nil {
+		l = tls.NewListener(l, cfg)
 	}
 	srv := &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}
 	go func() { _ = srv.Serve(l) }()
@@ -104,11 +126,16 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
+	cfg := peerTLS(t, tok)
 	first := "http://" + peerListen(t, a)
+	if cfg != nil {
+		first = "https://" + peerListen(t, a)
+	}
+	asker := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
 	get := func(path string) []byte {
 		req, _ := http.NewRequest(http.MethodGet, first+path, nil)
 		req.Header.Set("Authorization", "Bearer s3cret-token")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := asker.Do(req)
 		if err != nil {
 			t.Error(err)
 			return nil
@@ -125,7 +152,7 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 		_, _ = w.Write(bytes.Repeat([]byte{1}, len(get(r.URL.Path))))
 	})
 	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", http.NotFound)
-	liar := fakePeer(t, mux)
+	liar := fakePeer(t, cfg, mux)
 
 	dir := sockDir(t)
 	b := startPreloadProc(t, false, peerArgs(model, dir, tok, "", 1, liar)...)
@@ -159,7 +186,7 @@ func TestSeedManifestBombLeavesTheLauncherSmall(t *testing.T) {
 	peak := func(serve http.HandlerFunc) int64 {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", serve)
-		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, mux)),
+		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, peerTLS(t, tok), mux)),
 			"--peer-manifest-digest", "sha256:"+strings.Repeat("0", 64))...)
 		readyWithin(t, p, seedBound)
 		if p.ready["source"] != "checkpoint" {

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -42,13 +43,17 @@ func honestPiece(good *Store, w http.ResponseWriter, i, j int) {
 	_, _ = good.send(i, j, w)
 }
 
-// start serves f on loopback and returns its address and a way to stop
-// it at once, every connection with it.
-func (f fake) start(t *testing.T) (string, func()) {
+// start serves f on loopback, as a node with a's credentials serves its
+// peers, and returns its address and a way to stop it at once, every
+// connection with it.
+func (f fake) start(t *testing.T, a *Auth) (string, func()) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if a.tls != nil {
+		l = tls.NewListener(l, a.tls)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", func(w http.ResponseWriter, r *http.Request) {
@@ -264,10 +269,10 @@ func TestSeedEndsWhateverPeersDo(t *testing.T) {
 				name = tc.name + "/beside an honest node"
 			}
 			t.Run(name, func(t *testing.T) {
-				addr, _ := tc.peer(t).start(t)
+				addr, _ := tc.peer(t).start(t, a)
 				addrs := []string{addr}
 				if beside {
-					honest, _ := fake{good: good}.start(t)
+					honest, _ := fake{good: good}.start(t, a)
 					addrs = append(addrs, honest)
 				}
 				var logs logBuf
@@ -293,9 +298,9 @@ func TestSeedEndsWhateverPeersDo(t *testing.T) {
 }
 
 // redirectTo answers every manifest with a redirect to the peer at addr.
-func redirectTo(addr string) http.HandlerFunc {
+func redirectTo(a *Auth, addr string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "http://"+addr+r.URL.Path, http.StatusTemporaryRedirect)
+		http.Redirect(w, r, a.scheme()+"://"+addr+r.URL.Path, http.StatusTemporaryRedirect)
 	}
 }
 
@@ -321,8 +326,8 @@ func TestSeedFollowsNoRedirect(t *testing.T) {
 		asked.Add(1)
 		raw, _ := good.manifest()
 		_, _ = w.Write(raw)
-	}}.start(t)
-	addr, _ := fake{good: good, manifest: redirectTo(target)}.start(t)
+	}}.start(t, a)
+	addr, _ := fake{good: good, manifest: redirectTo(a, target)}.start(t, a)
 	_, err, _ := seedOf(t, c, &Seeder{Auth: a, Digest: digest}, addr)
 	if !errors.Is(err, ErrNoManifest) || asked.Load() != 0 {
 		t.Fatalf("got %v, the redirect's target asked %d times; want no manifest and no request to it", err, asked.Load())
@@ -360,7 +365,7 @@ func TestSeedReadsAnswersWithinTheirBound(t *testing.T) {
 			} else {
 				f.have = send
 			}
-			addr, _ := f.start(t)
+			addr, _ := f.start(t, a)
 			// Time enough to read the whole flood, were it read.
 			s, err, _ := seedOf(t, c, &Seeder{Auth: a, Digest: digest, Timeout: 2 * time.Second}, addr)
 			if what == "manifest" && !errors.Is(err, ErrNoManifest) {
@@ -397,7 +402,7 @@ func TestSeedDoesNotInflateAManifest(t *testing.T) {
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(bomb)
-	}}.start(t)
+	}}.start(t, a)
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -424,7 +429,7 @@ func TestSeedRefusesAnotherRevision(t *testing.T) {
 	m := manifestOf(t, tuned)
 	m.Revision = "fine-tune"
 	raw, _ := m.Encode()
-	addr, _ := fake{good: tuned, manifest: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(raw) }}.start(t)
+	addr, _ := fake{good: tuned, manifest: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(raw) }}.start(t, a)
 	_, err, _ := seedOf(t, c, &Seeder{Auth: a, Trust: true}, addr)
 	if !errors.Is(err, ErrNoManifest) {
 		t.Fatalf("got %v, want the manifest of another revision refused", err)
@@ -463,7 +468,7 @@ func TestSeedChecksWhatStorageReads(t *testing.T) {
 	const lacks = 2 // the only piece no peer holds
 	have := good.haveMap()
 	have[lacks] = 0
-	addr, _ := fake{good: good, have: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(have) }}.start(t)
+	addr, _ := fake{good: good, have: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(have) }}.start(t, a)
 	path := c.Shards[0].Path
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -537,7 +542,7 @@ func TestSeedFindsAForgedManifestUnderTheHubRoot(t *testing.T) {
 	raw, _ := m.Encode()
 	for _, beside := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "beside an honest node"}[beside], func(t *testing.T) {
-			forger, _ := fake{good: forged, manifest: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(raw) }}.start(t)
+			forger, _ := fake{good: forged, manifest: func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(raw) }}.start(t, a)
 			addrs := []string{forger}
 			var honest string
 			if beside {
@@ -546,7 +551,7 @@ func TestSeedFindsAForgedManifestUnderTheHubRoot(t *testing.T) {
 					time.Sleep(100 * time.Millisecond)
 					raw, _ := good.manifest()
 					_, _ = w.Write(raw)
-				}}.start(t)
+				}}.start(t, a)
 				addrs = append(addrs, honest)
 			}
 			var logs logBuf
