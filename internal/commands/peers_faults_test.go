@@ -27,10 +27,10 @@ import (
 // 3 x for the pieces, and storage with room for a loaded machine.
 const seedBound = 6*2*time.Second + 3*2*time.Second + 30*time.Second
 
-// peerTLS is the TLS that nodes holding the token in tok serve and ask
+// tokenTLS is the TLS that nodes holding the token in tok serve and ask
 // with, or nil where that token goes in plain HTTP: an Auth with a
 // TLSConfig makes token mode TLS.
-func peerTLS(t *testing.T, tok string) *tls.Config {
+func tokenTLS(t *testing.T, tok string) *tls.Config {
 	t.Helper()
 	a := &peer.Auth{TokenFile: tok}
 	if err := a.Load(); err != nil {
@@ -126,7 +126,7 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
-	cfg := peerTLS(t, tok)
+	cfg := tokenTLS(t, tok)
 	first := "http://" + peerListen(t, a)
 	if cfg != nil {
 		first = "https://" + peerListen(t, a)
@@ -186,7 +186,7 @@ func TestSeedManifestBombLeavesTheLauncherSmall(t *testing.T) {
 	peak := func(serve http.HandlerFunc) int64 {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", serve)
-		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, peerTLS(t, tok), mux)),
+		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, tokenTLS(t, tok), mux)),
 			"--peer-manifest-digest", "sha256:"+strings.Repeat("0", 64))...)
 		readyWithin(t, p, seedBound)
 		if p.ready["source"] != "checkpoint" {
