@@ -131,7 +131,7 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 	if cfg != nil {
 		first = "https://" + peerListen(t, a)
 	}
-	asker := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	asker := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}
 	get := func(path string) []byte {
 		req, _ := http.NewRequest(http.MethodGet, first+path, nil)
 		req.Header.Set("Authorization", "Bearer s3cret-token")
