@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,6 +18,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
 // BenchmarkFleet is make bench-fleet: seeding nodes from peers in network
@@ -329,5 +334,91 @@ func inNetns(b *testing.B, ns string, fn func()) {
 	}()
 	if err := <-done; err != nil {
 		b.Fatalf("enter namespace %s: %v", ns, err)
+	}
+}
+
+// BenchmarkFleetFaults is make bench-fleet's fault rows: node 1 seeds from
+// nodes 0 and 2, which hold the checkpoint, on links shaped to
+// WEIGHTCACHE_BENCH_FLEET_RATE, once as is and once per fault of node 2:
+// killed mid-seed, its link stalled mid-seed, its link at 1 Mbit/s, and a
+// node 2 that answers 404 (a takeover by a preload of another
+// checkpoint). Each row is the seed's time against the seed without the
+// fault, and the bytes it read from storage.
+func BenchmarkFleetFaults(b *testing.B) {
+	model := os.Getenv("WEIGHTCACHE_BENCH_FLEET_MODEL")
+	if model == "" {
+		model = benchModel(b)
+	}
+	rate := os.Getenv("WEIGHTCACHE_BENCH_FLEET_RATE")
+	if rate == "" {
+		rate = "1gbit"
+	}
+	tok := peerToken(b, "bench-token")
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: "+format+"\n", args...) }
+	seedArgs := func(dir string, peers ...string) []string {
+		return append(peerArgs(model, dir, tok, "", 1, peers...), "--peer-timeout", "10s")
+	}
+	for range b.N {
+		timeCmd(b, "cat", shardPaths(b, model)...)
+		f := newNetnsFleet(b, 3, rate)
+		first := f.preload(0, true, seedArgs(sockDir(b))...)
+		var second *preloadProc
+		holder := func() {
+			second = f.preload(2, true, seedArgs(sockDir(b), f.peer(0))...)
+		}
+		holder()
+		// seed is node 1's seed from nodes 0 and 2, with fault done once
+		// it has taken some bytes: its time and its bytes from storage.
+		seed := func(fault func()) (time.Duration, int64) {
+			dir := sockDir(b)
+			start := time.Now()
+			p := f.preload(1, false, seedArgs(dir, f.peer(0), f.peer(2))...)
+			for fault != nil {
+				st, err := client.Status(context.Background(), dir)
+				if err == nil && len(st) == 1 && st[0].LoadedBytes > 0 {
+					fault()
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			p.ready = p.event(b, "ready")
+			el := time.Since(start)
+			storage := int64(p.ready["storage_bytes"].(float64))
+			if code := p.stop(b, syscall.SIGTERM); code != 0 {
+				b.Fatalf("node 1 exit %d", code)
+			}
+			return el, storage
+		}
+		base, _ := seed(nil)
+		row := func(name string, el time.Duration, storage int64) {
+			say("fault %s: seed %.2fs, %.2fx the %.2fs without it; %.1f MB from storage", name, el.Seconds(),
+				el.Seconds()/base.Seconds(), base.Seconds(), float64(storage)/1e6)
+		}
+		el, st := seed(func() { _ = second.cmd.Process.Kill() })
+		row("a peer killed mid-seed", el, st)
+		_ = second.cmd.Wait()
+		holder()
+		el, st = seed(func() { f.stall(2) })
+		row("a peer's link stalls mid-seed", el, st)
+		f.ip("-n", f.prefix+"br", "link", "set", "p2", "up")
+		f.shape(f.nodes[2], "eth0", "tbf", "rate", "1mbit", "burst", "32kb", "latency", "100ms")
+		el, st = seed(nil)
+		row("a peer at 1 Mbit/s", el, st)
+		f.shape(f.nodes[2], "eth0", "tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
+		if code := second.stop(b, syscall.SIGTERM); code != 0 {
+			b.Fatalf("node 2 exit %d", code)
+		}
+		other := filepath.Join(b.TempDir(), "other")
+		if err := checkpoint.Synth(other, "tiny", 2, "bf16"); err != nil {
+			b.Fatal(err)
+		}
+		second = f.preload(2, true, peerArgs(other, sockDir(b), tok, "", 1)...)
+		el, st = seed(nil)
+		row("a peer that answers 404 (another checkpoint)", el, st)
+		for _, p := range []*preloadProc{second, first} {
+			if code := p.stop(b, syscall.SIGTERM); code != 0 {
+				b.Fatalf("exit %d", code)
+			}
+		}
 	}
 }

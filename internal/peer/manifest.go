@@ -11,6 +11,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
@@ -80,4 +82,19 @@ func (m *Manifest) matches(c *checkpoint.Checkpoint) error {
 		}
 	}
 	return nil
+}
+
+// maxManifest bounds the bytes read of a peer's manifest of c in pieces of
+// pieceSize: twice what this node's own would take, so that a body that
+// would inflate, or a stream that never ends, is cut off before it is
+// decoded rather than held.
+func maxManifest(c *checkpoint.Checkpoint, pieceSize int64) int64 {
+	m := Manifest{Version: 1, Checkpoint: c.Hash(), Revision: c.Revision, PieceSize: pieceSize}
+	hash := strings.Repeat("0", 64)
+	for _, sh := range c.Shards {
+		m.Files = append(m.Files, File{Name: sh.Name, Size: sh.Size, SHA256: hash,
+			Pieces: slices.Repeat([]string{hash}, pieces(sh.Size, pieceSize))})
+	}
+	raw, _ := m.Encode()
+	return 2*int64(len(raw)) + 4<<10
 }

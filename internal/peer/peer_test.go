@@ -320,18 +320,20 @@ func TestLowestWaitingAddressReadsStorage(t *testing.T) {
 		return out
 	}
 	for _, tc := range []struct {
-		self, waiting []netip.Addr
-		reads         bool
+		self, waiting, unheard []netip.Addr
+		reads                  bool
 	}{
-		{addrs("10.0.0.1"), addrs("10.0.0.2", "10.0.0.3"), true},
-		{addrs("10.0.0.2"), addrs("10.0.0.1", "10.0.0.3"), false},
-		{addrs("10.0.0.9"), addrs("10.0.0.10"), true}, // as addresses, not strings
-		{addrs("10.0.0.1"), nil, false},               // alone: wait for Timeout
-		{nil, addrs("10.0.0.2"), false},               // own address unknown
+		{addrs("10.0.0.1"), addrs("10.0.0.2", "10.0.0.3"), nil, true},
+		{addrs("10.0.0.2"), addrs("10.0.0.1", "10.0.0.3"), nil, false},
+		{addrs("10.0.0.9"), addrs("10.0.0.10"), nil, true},               // as addresses, not strings
+		{addrs("10.0.0.1"), nil, nil, false},                             // alone: wait for Timeout
+		{nil, addrs("10.0.0.2"), nil, false},                             // own address unknown
+		{addrs("10.0.0.2"), addrs("10.0.0.3"), addrs("10.0.0.1"), false}, // the lowest may not be up yet
+		{addrs("10.0.0.2"), addrs("10.0.0.3"), addrs("10.0.0.4"), true},
 	} {
 		sd := &Seeder{self: tc.self}
-		if got := sd.firstOf(tc.waiting) != ""; got != tc.reads {
-			t.Errorf("self %v, waiting %v: reads storage %v, want %v", tc.self, tc.waiting, got, tc.reads)
+		if got := sd.firstOf(tc.waiting, tc.unheard) != ""; got != tc.reads {
+			t.Errorf("self %v, waiting %v, unheard %v: reads storage %v, want %v", tc.self, tc.waiting, tc.unheard, got, tc.reads)
 		}
 	}
 }
@@ -384,7 +386,7 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	same(t, c, s)
-	if !strings.Contains(log.String(), "peer="+stallURL) || !strings.Contains(log.String(), "nothing arrived for 300ms") {
+	if !strings.Contains(log.String(), "peer="+stallURL) || !strings.Contains(log.String(), "not in after 300ms") {
 		t.Fatalf("the stalled peer is not named:\n%s", log)
 	}
 	if sd.FromStorage.Load() != 0 {
@@ -594,7 +596,7 @@ func flip(t *testing.T, s *Store, i int, off int64) {
 // Nodes seeding at once spread their starts over the nodes still seeding:
 // a peer that holds every piece takes no place among them.
 func TestStartAtLeavesOutPeersThatHoldEverything(t *testing.T) {
-	peer := func(ip string, have ...byte) *remote {
+	peer := func(ip string, have ...pieceState) *remote {
 		return &remote{addr: netip.MustParseAddr(ip), port: 7070, have: have}
 	}
 	peers := []*remote{peer("10.0.0.1", 1, 1, 1, 1, 1, 1), peer("10.0.0.3", 0, 0, 0, 0, 0, 0), peer("10.0.0.4", 0, 2, 1, 0, 0, 0)}

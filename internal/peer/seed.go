@@ -2,9 +2,11 @@ package peer
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/fnv"
 	"io"
 	"log/slog"
@@ -34,30 +36,39 @@ type Seeder struct {
 
 	FromPeers, FromStorage atomic.Int64
 
-	client *http.Client
-	store  *Store
-	self   []netip.Addr // this node's addresses among the peers
+	client  *http.Client
+	store   *Store
+	timeout time.Duration // Timeout, or its default
+	workers int
+	self    []netip.Addr // this node's addresses among the peers
+	logMu   sync.Mutex
+	logged  map[string]time.Time // a peer's trouble: when last logged
 }
 
 type remote struct {
 	addr netip.Addr
 	port uint16
 	url  string
-	mu   sync.Mutex
-	have []byte
-	bad  bool      // served a wrong piece: never asked again
-	down time.Time // failed: not asked until then
-	busy int
+	have []pieceState // its first /have answer, for where this node starts
 }
 
-// ErrNoManifest is a seed that found no trusted manifest: the caller reads
-// storage.
+// ErrNoManifest is a seed that found no trusted manifest, or found the one
+// it took forged: the caller reads storage.
 var ErrNoManifest = errors.New("no peer serves a trusted manifest of this checkpoint")
 
-// Fill fills s. It returns ErrNoManifest (wrapped, with why) before it
-// has placed a piece when no peer can be used; any piece after that comes
-// from peers or, failing them, from storage. Any other error fails the
-// store, so that its readers stop waiting.
+// readingWaits bounds the wait for a peer that says it reads storage, in
+// Timeouts: an answer that it still reads does not move the deadline.
+const readingWaits = 6
+
+// Fill fills s. It returns ErrNoManifest (wrapped, with why) when no peer
+// can be used, before it has placed a piece, or when the manifest it took
+// proved forged, with every piece taken on its word dropped; any piece
+// after that comes from peers or, failing them, from storage. Any other
+// error fails the store, so that its readers stop waiting.
+//
+// Whatever peers do, it ends within readingWaits x Timeout for a manifest,
+// then 3 x Timeout past the last piece a peer serves, plus the time
+// storage takes for the pieces left.
 func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
 	err := sd.fill(ctx, s)
 	if err != nil && !errors.Is(err, ErrNoManifest) {
@@ -67,37 +78,29 @@ func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
 }
 
 func (sd *Seeder) fill(ctx context.Context, s *Store) error {
-	if sd.Timeout <= 0 {
-		sd.Timeout = 10 * time.Second
+	sd.timeout, sd.workers = sd.Timeout, sd.Workers
+	if sd.timeout <= 0 {
+		sd.timeout = 10 * time.Second
 	}
-	if sd.Workers <= 0 {
-		sd.Workers = 8
+	if sd.workers <= 0 {
+		sd.workers = 8
 	}
 	sd.store = s
-	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.Workers,
-		ResponseHeaderTimeout: sd.Timeout, DialContext: (&net.Dialer{Timeout: sd.Timeout}).DialContext}
-	sd.client = &http.Client{Transport: tr}
+	// No transparent decompression: a body is read as sent, within its
+	// bound. No redirect: the token goes only where --peers says.
+	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
+		ResponseHeaderTimeout: sd.timeout, DialContext: (&net.Dialer{Timeout: sd.timeout}).DialContext, DisableCompression: true}
+	sd.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	defer tr.CloseIdleConnections()
 	peers, err := sd.resolve(ctx)
 	if err != nil {
 		return err
 	}
-	if err := sd.manifest(ctx, peers); err != nil {
+	from, err := sd.manifest(ctx, peers)
+	if err != nil {
 		return err
 	}
-	// Each peer's pieces are known before any piece's wait for them
-	// starts, however slow the first answers.
-	var wg sync.WaitGroup
-	for _, p := range peers {
-		wg.Go(func() { sd.have(ctx, p) })
-	}
-	wg.Wait()
-	pctx, stop := context.WithCancel(ctx)
-	defer stop()
-	for _, p := range peers {
-		go sd.poll(pctx, p)
-	}
-	return sd.pieces(ctx, peers)
+	return sd.pieces(ctx, peers, from)
 }
 
 func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
@@ -143,77 +146,141 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 }
 
 // get is a small answer from a peer, and its manifest state when it has
-// no manifest yet.
+// no manifest yet. The whole exchange, headers and body, has Timeout.
 func (sd *Seeder) get(ctx context.Context, url string, limit int64) ([]byte, string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	ctx, cancel := context.WithTimeout(ctx, sd.timeout)
+	defer cancel()
+	resp, err := sd.do(ctx, http.MethodGet, url)
 	if err != nil {
-		return nil, "", err
-	}
-	if sd.Auth.token != "" {
-		req.Header.Set("Authorization", "Bearer "+sd.Auth.token)
-	}
-	resp, err := sd.client.Do(req)
-	if err != nil {
-		return nil, "", err
+		return nil, "", &unreached{err}
 	}
 	defer resp.Body.Close()
 	state := resp.Header.Get(manifestState)
-	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	if err != nil {
-		return nil, state, err
-	}
 	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, state, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
+	if resp.ContentLength > limit {
+		return nil, state, fmt.Errorf("an answer of %d bytes, more than the %d this checkpoint's takes", resp.ContentLength, limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("the answer took more than %s", sd.timeout)
+		}
+		return nil, state, err
+	}
 	if int64(len(b)) > limit {
-		return nil, state, fmt.Errorf("more than %d bytes", limit)
+		return nil, state, fmt.Errorf("more than the %d bytes this checkpoint's answer takes", limit)
 	}
 	return b, state, nil
 }
 
+func (sd *Seeder) do(ctx context.Context, method, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if sd.Auth.token != "" {
+		req.Header.Set("Authorization", "Bearer "+sd.Auth.token)
+	}
+	return sd.client.Do(req)
+}
+
+// unreached is a peer that gave no answer at all: not up yet, or gone.
+type unreached struct{ err error }
+
+func (u *unreached) Error() string { return u.err.Error() }
+func (u *unreached) Unwrap() error { return u.err }
+
+type manifestAnswer struct {
+	peer  int
+	raw   []byte
+	state string
+	err   error
+}
+
 // manifest takes the first manifest a peer serves that a trusted root
 // vouches for: the operator's digest, the hub's blob names, or (when the
-// operator said so) the authenticated peers themselves. Peers are asked
-// until Timeout has passed with none of them reading storage: a fleet's
-// first node is waited for as long as it reads, since the alternative is
-// every node reading storage at once.
-func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
-	if sd.Digest == "" && !sd.Trust && !sd.hub() {
-		return fmt.Errorf("%w: no trusted root for it (give --peer-manifest-digest, or --peer-trust-peers)", ErrNoManifest)
+// operator said so) the authenticated peers themselves, and says which
+// peer served it. Every peer is asked at once, again and again, so that
+// one that stalls holds up nothing. The wait is Timeout, or
+// readingWaits x Timeout while a peer says it reads storage: a fleet's
+// first node is waited for while it reads, since the alternative is
+// every node reading storage at once, but not for ever.
+func (sd *Seeder) manifest(ctx context.Context, peers []*remote) (int, error) {
+	if sd.root() == noRoot {
+		return -1, fmt.Errorf("%w: no trusted root for it (give --peer-manifest-digest, or --peer-trust-peers)", ErrNoManifest)
 	}
-	deadline := time.Now().Add(sd.Timeout)
-	said := map[string]bool{}
-	for {
-		var waiting []netip.Addr
-		reading := false
-		for _, p := range peers {
-			raw, state, err := sd.get(ctx, p.url+"/manifest", 64<<20)
-			switch state {
-			case "reading":
-				reading = true
-				deadline = time.Now().Add(sd.Timeout)
-			case "waiting":
-				waiting = append(waiting, p.addr)
-			}
-			if err == nil {
-				var m Manifest
-				if err = sd.trusted(raw, &m); err == nil {
-					sd.store.setManifest(&m, raw)
-					return nil
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	answers := make(chan manifestAnswer)
+	limit := maxManifest(sd.store.ckpt, sd.store.pieceSize)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	for i, p := range peers {
+		wg.Go(func() {
+			for {
+				raw, state, err := sd.get(ctx, p.url+"/manifest", limit)
+				select {
+				case answers <- manifestAnswer{i, raw, state, err}:
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(200 * time.Millisecond):
 				}
 			}
-			if !said[p.url+err.Error()] {
-				said[p.url+err.Error()] = true
-				sd.Log.Warn("peer's manifest not taken", "peer", p.url, "err", err)
+		})
+	}
+	begun := time.Now()
+	states := make([]string, len(peers))
+	answered, silent := make([]bool, len(peers)), make([]bool, len(peers))
+	deadline := time.NewTimer(sd.timeout)
+	defer deadline.Stop()
+	capped := false
+	for {
+		var a manifestAnswer
+		select {
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		case <-deadline.C:
+			return -1, fmt.Errorf("%w in %s", ErrNoManifest, time.Since(begun).Round(time.Millisecond))
+		case a = <-answers:
+		}
+		p := peers[a.peer]
+		var u *unreached
+		states[a.peer], answered[a.peer], silent[a.peer] = a.state, true, errors.As(a.err, &u)
+		if a.err == nil {
+			var m Manifest
+			if a.err = sd.trusted(a.raw, &m); a.err == nil {
+				sd.store.setManifest(&m, a.raw)
+				return a.peer, nil
 			}
 		}
-		if first := sd.firstOf(waiting); first != "" && !reading {
-			return fmt.Errorf("%w: %s", ErrNoManifest, first)
+		sd.note(slog.LevelWarn, "peer's manifest not taken", p, a.err)
+		if a.state == "reading" && !capped {
+			capped = true
+			deadline.Reset(time.Until(begun.Add(readingWaits * sd.timeout)))
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%w in %s", ErrNoManifest, sd.Timeout)
+		if slices.Contains(answered, false) || slices.Contains(states, "reading") {
+			continue
 		}
-		time.Sleep(200 * time.Millisecond)
+		var waiting, unheard []netip.Addr
+		for i, st := range states {
+			switch {
+			case st == "waiting":
+				waiting = append(waiting, peers[i].addr)
+			case silent[i]:
+				unheard = append(unheard, peers[i].addr)
+			}
+		}
+		if first := sd.firstOf(waiting, unheard); first != "" {
+			return -1, fmt.Errorf("%w: %s", ErrNoManifest, first)
+		}
 	}
 }
 
@@ -221,17 +288,44 @@ func (sd *Seeder) manifest(ctx context.Context, peers []*remote) error {
 // for a manifest as it does, or "": a fleet started all at once would
 // otherwise wait out Timeout and then read storage on every node. The
 // rule is fixed, not agreed: the lowest address reads. Two nodes that
-// see each other waiting agree on it; a node not yet answering is not
-// counted, and at worst storage is read twice, never a wrong byte.
-func (sd *Seeder) firstOf(waiting []netip.Addr) string {
+// see each other waiting agree on it; a node with a lower address that
+// gave no answer yet (unheard: not up, or gone) is waited for, up to
+// Timeout, since it may be the one to read. At worst storage is read
+// twice, never a wrong byte.
+func (sd *Seeder) firstOf(waiting, unheard []netip.Addr) string {
 	if len(waiting) == 0 || len(sd.self) == 0 {
 		return ""
 	}
 	self := slices.MinFunc(sd.self, netip.Addr.Compare)
-	if slices.MinFunc(waiting, netip.Addr.Compare).Compare(self) <= 0 {
+	if slices.MinFunc(append(waiting, unheard...), netip.Addr.Compare).Compare(self) <= 0 {
 		return ""
 	}
 	return fmt.Sprintf("this node (%s) has the lowest address of the %d nodes waiting for a manifest: it reads storage for them", self, len(waiting)+1)
+}
+
+// root is what vouches for a peer's manifest.
+type root int
+
+const (
+	noRoot     root = iota
+	digestRoot      // --peer-manifest-digest: the manifest, and every piece hash in it
+	trustRoot       // --peer-trust-peers: the same, on the peers' word
+	// hubRoot: the hub's blob names vouch for whole files only. A piece
+	// hash in the manifest is the sender's word: a piece is held once its
+	// whole file hashes to its blob name.
+	hubRoot
+)
+
+func (sd *Seeder) root() root {
+	switch {
+	case sd.Digest != "":
+		return digestRoot
+	case sd.Trust:
+		return trustRoot
+	case sd.hub():
+		return hubRoot
+	}
+	return noRoot
 }
 
 func (sd *Seeder) hub() bool {
@@ -257,7 +351,7 @@ func (sd *Seeder) trusted(raw []byte, m *Manifest) error {
 	if m.PieceSize != sd.store.pieceSize {
 		return fmt.Errorf("manifest in pieces of %d bytes, this node's are %d", m.PieceSize, sd.store.pieceSize)
 	}
-	if sd.Digest == "" && !sd.Trust {
+	if sd.root() == hubRoot {
 		for i, sh := range sd.store.ckpt.Shards {
 			if blob := hubBlob(sh.Path); m.Files[i].SHA256 != blob {
 				return fmt.Errorf("manifest says %s hashes to %s, its hub blob is %s", sh.Name, m.Files[i].SHA256, blob)
@@ -267,152 +361,60 @@ func (sd *Seeder) trusted(raw []byte, m *Manifest) error {
 	return nil
 }
 
-// have asks p which pieces it holds.
-func (sd *Seeder) have(ctx context.Context, p *remote) {
-	if b, _, err := sd.get(ctx, p.url+"/have", int64(sd.store.total)); err == nil && len(b) == sd.store.total {
-		p.mu.Lock()
-		p.have = b
-		p.mu.Unlock()
-	}
+type haveAnswer struct {
+	peer int
+	have []pieceState // nil: the peer did not answer
 }
 
-func (sd *Seeder) poll(ctx context.Context, p *remote) {
+// poll asks peer i which pieces it holds, again and again.
+func (sd *Seeder) poll(ctx context.Context, i int, p *remote, out chan<- haveAnswer) {
 	for {
+		b, _, err := sd.get(ctx, p.url+"/have", int64(sd.store.total))
+		m, ok := parseHave(b, sd.store.total)
+		if err == nil && !ok {
+			err = fmt.Errorf("a /have of %d bytes, not %d pieces of 0, 1 or 2", len(b), sd.store.total)
+		}
+		if err != nil && ctx.Err() == nil {
+			sd.note(slog.LevelWarn, "peer's pieces not known", p, err)
+		}
+		select {
+		case out <- haveAnswer{i, m}:
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(100 * time.Millisecond):
 		}
-		sd.have(ctx, p)
 	}
 }
 
-type pieceID struct{ file, piece int }
-
-// pieces runs the workers. Nodes seeding at once begin at different
-// places in the piece list, spread evenly by their place among the
-// nodes' addresses, so that they take different pieces from the first
-// node; each worker then asks the least busy peer that has pieces this
-// node lacks for the rarest of them, so that the nodes trade what they
-// got from the first one instead of all asking it for the same pieces.
-func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
-	s := sd.store
-	var order []pieceID
-	for i, f := range s.have {
-		for j := range f {
-			order = append(order, pieceID{i, j})
+// note logs a peer's trouble once a minute per peer and kind of reason,
+// so that a peer failing every request leaves a line a minute, not one
+// per request: the reason's numbers (ports, counts, addresses) do not
+// make another kind.
+func (sd *Seeder) note(level slog.Level, msg string, p *remote, err error, args ...any) {
+	key := msg + " " + p.url + " " + strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return '#'
 		}
+		return r
+	}, err.Error())
+	now := time.Now()
+	sd.logMu.Lock()
+	if sd.logged == nil || len(sd.logged) > 4096 {
+		sd.logged = map[string]time.Time{}
 	}
-	if len(order) == 0 {
-		return nil
+	last, seen := sd.logged[key]
+	if !seen || now.Sub(last) >= time.Minute {
+		sd.logged[key] = now
 	}
-	at := make(map[pieceID]int, len(order)) // a piece's place in a have map
-	for k, id := range order {
-		at[id] = k
+	sd.logMu.Unlock()
+	if seen && now.Sub(last) < time.Minute {
+		return
 	}
-	start := sd.startAt(peers, len(order))
-	order = append(order[start:], order[:start]...)
-	s.begin(order[0])
-
-	perPeer := (sd.Workers + len(peers) - 1) / len(peers)
-	var mu sync.Mutex
-	taken := make(map[pieceID]bool)
-	elsewhere := make(map[pieceID]time.Time) // first seen fetched by another peer
-	since := time.Now()
-	// next is the piece a worker takes, false once none is left: the
-	// first piece the loader waits for; else the rarest piece the least
-	// busy peer below its share of the workers has; else, when no peer
-	// has a piece left to take, the next in order, waited for there and
-	// read from storage when no peer gets it in time.
-	next := func() (pieceID, bool) {
-		for {
-			mu.Lock()
-			s.mu.Lock()
-			best, found := pieceID{}, false
-			for w := range s.wanted {
-				id := pieceID{w[0], w[1]}
-				if !taken[id] && !s.have[id.file][id.piece] && (!found || id.file < best.file || id.file == best.file && id.piece < best.piece) {
-					best, found = id, true
-				}
-			}
-			var left []pieceID
-			if !found {
-				for _, id := range order {
-					if !taken[id] && !s.have[id.file][id.piece] {
-						left = append(left, id)
-					}
-				}
-			}
-			s.mu.Unlock()
-			if !found {
-				var full, waits bool
-				best, found, full, waits = sd.rarest(peers, left, at, perPeer, elsewhere)
-				if !found && len(left) > 0 && !full && !waits {
-					best, found = left[0], true
-				}
-				if len(left) == 0 {
-					mu.Unlock()
-					return pieceID{}, false
-				}
-			}
-			if found {
-				taken[best] = true
-				s.fetch(best, true)
-				mu.Unlock()
-				return best, true
-			}
-			mu.Unlock()
-			// Every peer that has a piece this node lacks is busy with its
-			// share, or another peer is fetching it: wait for one to finish
-			// rather than crowd it.
-			select {
-			case <-ctx.Done():
-				return pieceID{}, false
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}
-	release := func(id pieceID) {
-		mu.Lock()
-		delete(taken, id)
-		mu.Unlock()
-	}
-	errc := make(chan error, sd.Workers)
-	var wg sync.WaitGroup
-	for range sd.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				id, ok := next()
-				if !ok {
-					return
-				}
-				err := sd.one(ctx, peers, id, at[id], since)
-				s.fetch(id, false)
-				if err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					errc <- err
-					s.fail(err)
-					return
-				}
-				if !s.held(id.file, id.piece) {
-					release(id)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errc)
-	if err := <-errc; err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return sd.checkFiles()
+	sd.Log.Log(context.Background(), level, msg, append([]any{"peer", p.url, "err", err}, args...)...)
 }
 
 // startAt is where in the piece list this node begins: its place among
@@ -420,10 +422,8 @@ func (sd *Seeder) pieces(ctx context.Context, peers []*remote) error {
 // of the peers that lack pieces), times the pieces over the nodes, so that
 // nodes started at once begin evenly apart. A peer that holds every piece
 // takes no place: the stretch it would begin at would come from the first
-// node alone, to every node at once, at the end (with the first node's
-// place counted, 1.2 to 1.3 copies left it in
-// TestSwarmSendsTheFirstNodeAboutOneCopy). A node
-// that does not know its own address hashes its name instead.
+// node alone, to every node at once, at the end. A node that does not
+// know its own address hashes its name instead.
 func (sd *Seeder) startAt(peers []*remote, n int) int {
 	_, port, _ := net.SplitHostPort(sd.Self)
 	pn, err := strconv.ParseUint(port, 10, 16)
@@ -444,185 +444,450 @@ func (sd *Seeder) startAt(peers []*remote, n int) int {
 	return slices.Index(nodes, self) * n / len(nodes)
 }
 
-// rarest is, among the pieces left (in this node's order), the one held by
-// the fewest peers of those the least busy usable peer below its share
-// holds. A piece another peer is fetching now is left to come from that
-// peer (waits says so), for at most Timeout: asking the node it comes
-// from as well would send it twice over that node's link. full says that
-// some usable peer holds a piece left but every such peer is at its share.
-func (sd *Seeder) rarest(peers []*remote, left []pieceID, at map[pieceID]int, share int, since map[pieceID]time.Time) (best pieceID, found, full, waits bool) {
-	type view struct {
-		have []byte
-		busy int
-	}
-	var usable []view
-	now := time.Now()
-	for _, p := range peers {
-		p.mu.Lock()
-		if !p.bad && now.After(p.down) {
-			usable = append(usable, view{p.have, p.busy})
-		}
-		p.mu.Unlock()
-	}
-	slices.SortStableFunc(usable, func(a, b view) int { return a.busy - b.busy })
-	holders := func(k int) (held, fetching int) {
-		for _, v := range usable {
-			if k < len(v.have) {
-				switch v.have[k] {
-				case 1:
-					held++
-				case 2:
-					fetching++
-				}
-			}
-		}
-		return held, fetching
-	}
-	for _, v := range usable {
-		fewest := 0
-		for _, id := range left {
-			k := at[id]
-			if k >= len(v.have) || v.have[k] != 1 {
-				continue
-			}
-			if v.busy >= share {
-				full = true
-				break
-			}
-			held, fetching := holders(k)
-			if fetching > 0 {
-				first, ok := since[id]
-				if !ok {
-					since[id], first = now, now
-				}
-				if now.Sub(first) < sd.Timeout {
-					waits = true
-					continue
-				}
-			}
-			if c := held + fetching; !found || c < fewest {
-				best, found, fewest = id, true, c
-				if c == 1 {
-					break
-				}
-			}
-		}
-		if found {
-			return best, true, false, false
-		}
-	}
-	return pieceID{}, false, full, waits
-}
-
-// one gets a piece (k its place in a have map) from a peer that has it, or
-// from storage once no peer has served it for Timeout. It returns nil
-// having placed the piece, or without it, to be taken again.
-func (sd *Seeder) one(ctx context.Context, peers []*remote, id pieceID, k int, since time.Time) error {
-	s := sd.store
-	taken := time.Now()
-	for {
-		p, held := sd.pick(peers, k)
-		if p == nil {
-			// A peer that has the piece and is only resting after a
-			// failure is waited for from when this piece was taken: by
-			// the fill's clock, every piece taken while the fill's one
-			// peer rested went to storage (308 MB of 1.4 GB in a star).
-			from := since
-			if held && taken.After(from) {
-				from = taken
-			}
-			if time.Since(from) > sd.Timeout {
-				return sd.fromStorage(id)
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-			continue
-		}
-		err := sd.fromPeer(ctx, p, id)
-		p.mu.Lock()
-		p.busy--
-		p.mu.Unlock()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var wrong *wrongPiece
-		p.mu.Lock()
-		if errors.As(err, &wrong) {
-			p.bad = true
-		} else {
-			// Skipped for a while, well inside the piece's own wait, so
-			// that a lone peer's hiccup is retried rather than storage read.
-			p.down = time.Now().Add(min(time.Second, sd.Timeout/4))
-		}
-		p.mu.Unlock()
-		if wrong != nil {
-			sd.Log.Error("peer served a wrong piece: dropped, and the peer is not asked again", "peer", p.url,
-				"file", s.ckpt.Shards[id.file].Name, "piece", id.piece, "sha256", wrong.got, "want", wrong.want)
-		} else {
-			sd.Log.Warn("peer failed a piece: asking another", "peer", p.url, "file", s.ckpt.Shards[id.file].Name, "piece", id.piece, "err", err)
-		}
-		since = time.Now() // the piece waits for another peer as long again
-	}
-}
-
 // whole says whether p said it holds every piece.
 func (p *remote) whole() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.have) > 0 && !slices.ContainsFunc(p.have, func(b byte) bool { return b != 1 })
+	return len(p.have) > 0 && !slices.ContainsFunc(p.have, func(st pieceState) bool { return st != held })
 }
 
-// pick is the least busy usable peer that says it has the piece at place
-// k of the have maps; held says whether any peer not found bad has it,
-// resting ones included.
-func (sd *Seeder) pick(peers []*remote, k int) (best *remote, held bool) {
-	fewest := 0
-	for _, p := range peers {
-		p.mu.Lock()
-		has := !p.bad && k < len(p.have) && p.have[k] == 1
-		held = held || has
-		if has && time.Now().After(p.down) && (best == nil || p.busy < fewest) {
-			best, fewest = p, p.busy
-		}
-		p.mu.Unlock()
-	}
-	if best != nil {
-		best.mu.Lock()
-		best.busy++
-		best.mu.Unlock()
-	}
-	return best, held
+// flying is a flight's I/O: how to end it, and whether it writes the
+// store (the piece's first flight) or a buffer of its own (a second ask,
+// its bytes copied in once verified and the first has stopped writing).
+type flying struct {
+	flight
+	cancel context.CancelFunc
+	exited chan struct{}
+	writes bool
+	after  <-chan struct{} // the flight whose writes this one waits out
+	got    atomic.Int64    // bytes in so far
 }
+
+// landing is a flight's outcome; buf holds a second ask's verified bytes.
+type landing struct {
+	f   flight
+	buf []byte
+	err error
+	why failure
+}
+
+// filled is a second ask's bytes copied into the store.
+type filled struct {
+	f   flight
+	err error
+}
+
+// fileCheck is a whole file hashed against its blob name.
+type fileCheck struct {
+	file int
+	err  error
+}
+
+// seed is one fill's I/O around its scheduler: the one goroutine that
+// feeds it events and starts and ends the flights it asks for.
+type seed struct {
+	sd       *Seeder
+	s        *Store
+	peers    []*remote
+	from     int // the peer whose manifest was taken
+	sch      *sched
+	ctx      context.Context
+	wg       sync.WaitGroup
+	landings chan landing
+	filled   chan filled
+	checks   chan fileCheck
+	flying   map[int]*flying
+	writer   map[piece]*flying
+	pending  int           // copies and file checks under way
+	suspect  map[piece]int // hub root: who served a piece that did not hash as the manifest says
+	placed   []int         // hub root: each file's pieces in, not yet checked
+	gaveUp   []bool
+}
+
+// pieces gets every piece, each from a peer that holds it or, failing
+// that, from storage. Nodes seeding at once begin at different places in
+// the piece list, spread evenly by their place among the nodes'
+// addresses, so that they take different pieces from the first node, and
+// then trade what they got (sched says in which order).
+func (sd *Seeder) pieces(ctx context.Context, peers []*remote, from int) error {
+	s := sd.store
+	if s.total == 0 {
+		return sd.checkFiles()
+	}
+	ctx, stop := context.WithCancel(ctx)
+	g := &seed{sd: sd, s: s, peers: peers, from: from, ctx: ctx, landings: make(chan landing), filled: make(chan filled),
+		checks: make(chan fileCheck), flying: map[int]*flying{}, writer: map[piece]*flying{}, suspect: map[piece]int{},
+		gaveUp: make([]bool, len(peers)), placed: make([]int, len(s.ckpt.Shards))}
+	haves := make(chan haveAnswer)
+	for i, p := range peers {
+		g.wg.Go(func() { sd.poll(ctx, i, p, haves) })
+	}
+	err := g.run(haves)
+	stop()
+	g.wg.Wait()
+	if err != nil {
+		return err
+	}
+	return sd.checkFiles()
+}
+
+func (g *seed) run(haves <-chan haveAnswer) error {
+	sd, s := g.sd, g.s
+	// Where this node starts depends on which peers hold every piece: their
+	// first answers are waited for, briefly, never for one that stalls.
+	first := make([][]pieceState, len(g.peers))
+	answered := make([]bool, len(g.peers))
+	grace := time.NewTimer(min(time.Second, sd.timeout/4))
+	for slices.Contains(answered, false) {
+		select {
+		case <-g.ctx.Done():
+			return g.ctx.Err()
+		case h := <-haves:
+			answered[h.peer] = true
+			first[h.peer] = h.have
+			g.peers[h.peer].have = h.have
+			continue
+		case <-grace.C:
+		}
+		break
+	}
+	grace.Stop()
+	order := make([]piece, s.total)
+	at := sd.startAt(g.peers, s.total)
+	for k := range order {
+		order[k] = piece((at + k) % s.total)
+	}
+	now := time.Now()
+	sizes := make([]int64, s.total)
+	for k := range sizes {
+		_, sizes[k] = s.span(s.at(piece(k)))
+	}
+	g.sch = newSched(order, sizes, len(g.peers), sd.timeout, sd.workers)
+	for i, m := range first {
+		g.sch.have(i, m, now)
+	}
+	s.begin(order[0])
+	tick := time.NewTicker(max(5*time.Millisecond, min(100*time.Millisecond, sd.timeout/20)))
+	defer tick.Stop()
+	for !g.sch.done() || g.pending > 0 {
+		now := time.Now()
+		for id, fl := range g.flying {
+			g.sch.progress(id, fl.got.Load(), now)
+		}
+		for _, f := range g.sch.tick(now) {
+			if f.slow != storage {
+				i, j := s.at(f.piece)
+				g.sd.note(slog.LevelWarn, "peer failed a piece: asking another", g.peers[f.slow],
+					fmt.Errorf("not in after %s", sd.timeout), "file", s.ckpt.Shards[i].Name, "piece", j)
+			}
+			g.launch(f)
+		}
+		g.noteGivenUp()
+		var err error
+		select {
+		case <-g.ctx.Done():
+			return g.ctx.Err()
+		case h := <-haves:
+			g.sch.have(h.peer, h.have, time.Now())
+		case <-s.wants:
+			for _, k := range s.waited() {
+				g.sch.want(k)
+			}
+		case l := <-g.landings:
+			err = g.landed(l)
+		case f := <-g.filled:
+			g.pending--
+			if err = f.err; err == nil {
+				err = g.in(f.f)
+			}
+		case c := <-g.checks:
+			g.pending--
+			err = g.checked(c)
+		case <-tick.C:
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *seed) noteGivenUp() {
+	for i, p := range g.peers {
+		if !g.gaveUp[i] && g.sch.gaveUp(i) {
+			g.gaveUp[i] = true
+			g.sd.Log.Warn("peer given up: it failed or was slow for longer than --peer-timeout without serving a piece",
+				"peer", p.url, "timeout", g.sd.timeout)
+		}
+	}
+}
+
+// launch starts a flight: from a peer, with Timeout x 3 for the whole
+// exchange, or from storage.
+func (g *seed) launch(f flight) {
+	ctx, cancel := context.WithCancel(g.ctx)
+	if f.peer != storage {
+		// A backstop: the scheduler asks elsewhere long before.
+		ctx, cancel = context.WithTimeout(g.ctx, pieceWaits*g.sd.timeout)
+	}
+	fl := &flying{flight: f, cancel: cancel, exited: make(chan struct{}), writes: g.writer[f.piece] == nil}
+	if w := g.writer[f.piece]; f.peer == storage && w != nil {
+		// Storage takes the piece over from the slow peer rather than race
+		// it: its bytes go straight to the store once the peer's stop.
+		w.cancel()
+		fl.after, fl.writes = w.exited, true
+	}
+	g.flying[f.id] = fl
+	if fl.writes {
+		g.writer[f.piece] = fl
+	}
+	g.s.fetch(f.piece, true)
+	g.wg.Go(func() {
+		l := g.fly(ctx, fl)
+		cancel()
+		close(fl.exited)
+		select {
+		case g.landings <- l:
+		case <-g.ctx.Done():
+		}
+	})
+}
+
+// fly does a flight's I/O and checks its bytes against the manifest.
+func (g *seed) fly(ctx context.Context, fl *flying) landing {
+	s := g.s
+	i, j := s.at(fl.piece)
+	off, size := s.span(i, j)
+	l := landing{f: fl.flight}
+	if fl.after != nil {
+		select {
+		case <-fl.after:
+		case <-ctx.Done():
+			l.err, l.why = ctx.Err(), canceled
+			return l
+		}
+	}
+	var w sink
+	if fl.writes {
+		w = s.writer(i, j)
+	} else {
+		l.buf = make([]byte, 0, size)
+		w = &bufWriter{b: &l.buf, h: sha256.New()}
+	}
+	if fl.peer == storage {
+		l.err = g.sd.fromStorage(i, w, off, size)
+	} else {
+		l.err = g.sd.fromPeer(ctx, g.peers[fl.peer], i, j, &counted{w, &fl.got}, size)
+	}
+	switch {
+	case l.err != nil && ctx.Err() != nil && g.ctx.Err() == nil && errors.Is(context.Cause(ctx), context.Canceled):
+		l.why = canceled
+	case l.err != nil:
+		l.why = failed
+	default:
+		if ok, got := s.check(fl.piece, w.sum()); !ok {
+			l.err, l.why = &wrongPiece{got: got, want: s.want(fl.piece)}, wrong
+		}
+	}
+	return l
+}
+
+// landed is a flight's end.
+func (g *seed) landed(l landing) error {
+	s, k := g.s, l.f.piece
+	fl := g.flying[l.f.id]
+	delete(g.flying, l.f.id)
+	if fl != nil && g.writer[k] == fl {
+		delete(g.writer, k)
+	}
+	now := time.Now()
+	i, j := s.at(k)
+	name := s.ckpt.Shards[i].Name
+	if l.err == nil {
+		f, others, ok := g.sch.placed(l.f.id, now)
+		if !ok {
+			return nil
+		}
+		for _, o := range others {
+			if of := g.flying[o.id]; of != nil {
+				of.cancel()
+			}
+		}
+		if l.buf == nil {
+			return g.in(f)
+		}
+		// The flight that writes the store is stopped before these bytes
+		// are copied over what it wrote.
+		w := g.writer[k]
+		g.pending++
+		g.wg.Go(func() {
+			if w != nil {
+				<-w.exited
+			}
+			off, _ := s.span(i, j)
+			err := s.writeAt(i, l.buf, off)
+			select {
+			case g.filled <- filled{f, err}:
+			case <-g.ctx.Done():
+			}
+		})
+		return nil
+	}
+	if _, ok := g.sch.fail(l.f.id, l.why, now); !ok || l.why == canceled {
+		g.idle(k)
+		return nil
+	}
+	defer g.idle(k)
+	var wrong *wrongPiece
+	errors.As(l.err, &wrong)
+	if l.f.peer == storage {
+		if wrong == nil {
+			return fmt.Errorf("no peer served piece %d of %s, and storage: %w", j, name, l.err)
+		}
+		if g.sd.root() == hubRoot {
+			return g.forged(fmt.Sprintf("%s piece %d hashes to %s in storage, the manifest says %s", name, j, wrong.got, wrong.want))
+		}
+		return fmt.Errorf("%s piece %d (at %d) hashes to %s in storage, the manifest says %s: the files are not the manifest's",
+			s.ckpt.Shards[i].Path, j, int64(j)*s.pieceSize, wrong.got, wrong.want)
+	}
+	p := g.peers[l.f.peer]
+	if wrong == nil {
+		g.sd.note(slog.LevelWarn, "peer failed a piece: asking another", p, l.err, "file", name, "piece", j)
+		return nil
+	}
+	if g.sd.root() == hubRoot {
+		// The manifest's piece hashes are its sender's word: storage says
+		// which of the two lied.
+		g.suspect[k] = l.f.peer
+		g.launch(g.sch.start(k, storage, now))
+		return nil
+	}
+	g.sch.blame(l.f.peer)
+	g.sd.note(slog.LevelError, "peer served a wrong piece: dropped, and the peer is not asked again", p, l.err,
+		"file", name, "piece", j, "sha256", wrong.got, "want", wrong.want)
+	return nil
+}
+
+// idle ends the piece's fetching state once no flight is left for it.
+func (g *seed) idle(k piece) {
+	for _, fl := range g.flying {
+		if fl.piece == k {
+			return
+		}
+	}
+	if g.s.stateOf(k) == fetching {
+		g.s.fetch(k, false)
+	}
+}
+
+// in is a piece whose verified bytes are in the store.
+func (g *seed) in(f flight) error {
+	s, sd := g.s, g.sd
+	i, j := s.at(f.piece)
+	_, n := s.span(i, j)
+	if f.peer == storage {
+		sd.FromStorage.Add(n)
+		if p, ok := g.suspect[f.piece]; ok {
+			delete(g.suspect, f.piece)
+			g.sch.blame(p)
+			sd.note(slog.LevelError, "peer served a wrong piece: dropped, and the peer is not asked again", g.peers[p],
+				errors.New("its bytes hash otherwise than the manifest and storage"), "file", s.ckpt.Shards[i].Name, "piece", j)
+		}
+	} else {
+		sd.FromPeers.Add(n)
+	}
+	if sd.root() != hubRoot {
+		s.put(f.piece, true)
+		return nil
+	}
+	s.put(f.piece, false)
+	if g.placed[i]++; g.placed[i] < s.filePieces(i) {
+		return nil
+	}
+	// Every piece of the file is in: it is held once it hashes to its
+	// blob name.
+	g.pending++
+	g.wg.Go(func() {
+		c := fileCheck{file: i}
+		got, err := s.fileHash(i)
+		switch blob := hubBlob(s.ckpt.Shards[i].Path); {
+		case err != nil:
+			c.err = err
+		case got != blob:
+			c.err = &wrongPiece{got: got, want: blob}
+		}
+		select {
+		case g.checks <- c:
+		case <-g.ctx.Done():
+		}
+	})
+	return nil
+}
+
+// checked is a whole file's check under the hub root.
+func (g *seed) checked(c fileCheck) error {
+	var wrong *wrongPiece
+	switch {
+	case errors.As(c.err, &wrong):
+		return g.forged(fmt.Sprintf("%s from peers hashes to %s, its hub blob is %s", g.s.ckpt.Shards[c.file].Name, wrong.got, wrong.want))
+	case c.err != nil:
+		return c.err
+	}
+	g.s.holdFile(c.file)
+	return nil
+}
+
+// forged drops the manifest taken, which pieces and storage show forged,
+// and the peer that sent it; every piece taken on its word alone goes,
+// and storage fills the store.
+func (g *seed) forged(why string) error {
+	p := g.peers[g.from]
+	g.sd.Log.Error("peer served a forged manifest: dropped, and this node reads storage", "peer", p.url, "err", why)
+	g.s.forget()
+	return fmt.Errorf("%w: the manifest %s served is forged (%s)", ErrNoManifest, p.url, why)
+}
+
+// pieceWaits bounds a piece's request, in Timeouts.
+const pieceWaits = 8
+
+// counted counts what passes to w.
+type counted struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c *counted) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+type sink interface {
+	io.Writer
+	sum() []byte
+}
+
+func (w *pieceWriter) sum() []byte { return w.h.Sum(nil) }
+
+type bufWriter struct {
+	b *[]byte
+	h hash.Hash
+}
+
+func (w *bufWriter) Write(p []byte) (int, error) {
+	w.h.Write(p)
+	*w.b = append(*w.b, p...)
+	return len(p), nil
+}
+
+func (w *bufWriter) sum() []byte { return w.h.Sum(nil) }
 
 type wrongPiece struct{ got, want string }
 
 func (w *wrongPiece) Error() string { return "wrong piece: sha256 " + w.got + ", want " + w.want }
 
-// errStalled is a piece on which a peer sent nothing for Timeout.
-var errStalled = errors.New("stalled")
-
-func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
-	s := sd.store
-	// A piece may take long on a slow or busy link; one on which nothing
-	// arrives for Timeout is given up: the link stalled or the peer hangs.
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	watchdog := time.AfterFunc(sd.Timeout, func() { cancel(errStalled) })
-	defer watchdog.Stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/files/%d/pieces/%d", p.url, id.file, id.piece), nil)
-	if err != nil {
-		return err
-	}
-	if sd.Auth.token != "" {
-		req.Header.Set("Authorization", "Bearer "+sd.Auth.token)
-	}
-	resp, err := sd.client.Do(req)
+// fromPeer reads piece j of file i, size bytes, from p into w: exactly
+// those bytes, as sent.
+func (sd *Seeder) fromPeer(ctx context.Context, p *remote, i, j int, w io.Writer, size int64) error {
+	resp, err := sd.do(ctx, http.MethodGet, fmt.Sprintf("%s/files/%d/pieces/%d", p.url, i, j))
 	if err != nil {
 		return err
 	}
@@ -631,8 +896,12 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
 	}
-	_, size := s.span(id.file, id.piece)
-	w := s.writer(id.file, id.piece)
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
+		return fmt.Errorf("a piece sent as %s", enc)
+	}
+	if resp.ContentLength >= 0 && resp.ContentLength != size {
+		return fmt.Errorf("a piece of %d bytes sent as %d", size, resp.ContentLength)
+	}
 	buf := getBuf()
 	defer putBuf(buf)
 	got := int64(0)
@@ -645,56 +914,48 @@ func (sd *Seeder) fromPeer(ctx context.Context, p *remote, id pieceID) error {
 			if _, werr := w.Write((*buf)[:n]); werr != nil {
 				return werr
 			}
-			watchdog.Reset(sd.Timeout)
 		}
 		got += int64(n)
 	}
 	if got < size {
-		if errors.Is(context.Cause(ctx), errStalled) {
-			return fmt.Errorf("nothing arrived for %s, %d of %d bytes in", sd.Timeout, got, size)
+		if ctx.Err() != nil {
+			return fmt.Errorf("%d of %d bytes in %s: %w", got, size, pieceWaits*sd.timeout, context.Cause(ctx))
 		}
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return err
+		return fmt.Errorf("%d of %d bytes: %w", got, size, err)
 	}
-	if n, _ := resp.Body.Read(make([]byte, 1)); n != 0 {
+	if n, _ := resp.Body.Read((*buf)[:1]); n != 0 {
 		return errors.New("the peer sent more than the piece")
 	}
-	if ok, got := s.check(id.file, id.piece, w.h.Sum(nil)); !ok {
-		return &wrongPiece{got: got, want: s.want(id.file, id.piece)}
-	}
-	sd.FromPeers.Add(size)
-	s.put(id.file, id.piece)
 	return nil
 }
 
-func (sd *Seeder) fromStorage(id pieceID) error {
-	s := sd.store
-	sh := s.ckpt.Shards[id.file]
+// fromStorage reads n bytes at off of file i from this node's own files
+// into w.
+func (sd *Seeder) fromStorage(i int, w io.Writer, off, n int64) error {
+	sh := sd.store.ckpt.Shards[i]
 	f, err := os.Open(sh.Path)
 	if err != nil {
-		return fmt.Errorf("no peer served piece %d of %s in %s, and storage: %w", id.piece, sh.Name, sd.Timeout, err)
+		return err
 	}
 	defer f.Close()
-	off, n := s.span(id.file, id.piece)
-	w := s.writer(id.file, id.piece)
-	if err := copyPiece(w, f, off, n); err != nil {
-		return fmt.Errorf("%s: %w", sh.Path, err)
-	}
-	if ok, got := s.check(id.file, id.piece, w.h.Sum(nil)); !ok {
-		return fmt.Errorf("%s piece %d (at %d) hashes to %s in storage, the manifest says %s: the files are not the manifest's",
-			sh.Path, id.piece, off, got, s.want(id.file, id.piece))
-	}
-	sd.FromStorage.Add(n)
-	s.put(id.file, id.piece)
-	return nil
+	return copyRange(w, func(b []byte, at int64) error {
+		if _, err := f.ReadAt(b, at); err != nil {
+			return fmt.Errorf("%s: read at %d: %w", sh.Path, at, err)
+		}
+		return nil
+	}, off, n)
 }
 
 // checkFiles checks each whole file against its hub blob name, the root a
-// hub model carries with it.
+// hub model carries with it, where another root vouched for the pieces.
 func (sd *Seeder) checkFiles() error {
 	s := sd.store
+	if sd.root() == hubRoot {
+		return nil // each file was checked as it came in
+	}
 	for i, sh := range s.ckpt.Shards {
 		blob := hubBlob(sh.Path)
 		if blob == "" {

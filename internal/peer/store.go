@@ -56,18 +56,20 @@ type Store struct {
 	// reading: the store is being filled from storage, and its manifest
 	// is known once that is done; peers are told to wait, not to give up.
 	reading bool
-	have    [][]bool
-	count   int // pieces held
-	total   int
-	err     error // the fill failed: readers stop waiting
-	wanted  map[[2]int]bool
-	// fetching is the pieces this node's seeder is getting now: peers
-	// are told, and leave them to come from here rather than also ask
-	// the node they come from.
-	fetching map[pieceID]bool
+	// state is every piece's, in /have's order. A piece this node's
+	// seeder is getting is fetching: peers are told, and leave it to come
+	// from here rather than also ask the node it comes from.
+	state  []pieceState
+	first  []piece // each file's first piece
+	count  int     // pieces held
+	total  int
+	err    error // the fill failed: readers stop waiting
+	wanted map[piece]struct{}
+	// wants is signalled when the loader first waits for a piece.
+	wants chan struct{}
 	// start is the piece the fill begins at, once started is set: the
 	// loader reads from there on and wraps around.
-	start   pieceID
+	start   piece
 	started bool
 }
 
@@ -99,21 +101,48 @@ func NewStore(c *checkpoint.Checkpoint, pieceSize int64, places []scatter.Place)
 	if pieceSize <= 0 {
 		pieceSize = PieceSize
 	}
-	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[[2]int]bool{}, fetching: map[pieceID]bool{}}
+	s := &Store{ckpt: c, pieceSize: pieceSize, wanted: map[piece]struct{}{}, wants: make(chan struct{}, 1)}
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.lay(places); err != nil {
 		s.Close()
 		return nil, err
 	}
 	for _, sh := range c.Shards {
-		n := pieces(sh.Size, pieceSize)
-		s.have = append(s.have, make([]bool, n))
-		s.total += n
+		s.first = append(s.first, piece(s.total))
+		s.total += pieces(sh.Size, pieceSize)
 	}
-	// The layout is known before the hashes are: pieces can be placed
-	// while the manifest that checks them is still being built.
-	s.man = &Manifest{Version: 1, Checkpoint: c.Hash(), Revision: c.Revision, PieceSize: pieceSize}
+	s.state = make([]pieceState, s.total)
+	s.man = s.blank()
 	return s, nil
+}
+
+// blank is the manifest before its hashes are known: pieces can be placed
+// while the manifest that checks them is still being built.
+func (s *Store) blank() *Manifest {
+	return &Manifest{Version: 1, Checkpoint: s.ckpt.Hash(), Revision: s.ckpt.Revision, PieceSize: s.pieceSize}
+}
+
+// piece is piece j of file i.
+func (s *Store) piece(i, j int) piece { return s.first[i] + piece(j) }
+
+// at is the file of piece k and its place in it.
+func (s *Store) at(k piece) (int, int) {
+	i, found := slices.BinarySearch(s.first, k)
+	if !found {
+		i--
+	}
+	for i+1 < len(s.first) && s.first[i+1] == k { // files of no pieces
+		i++
+	}
+	return i, int(k - s.first[i])
+}
+
+// filePieces is how many pieces file i has.
+func (s *Store) filePieces(i int) int {
+	if i+1 < len(s.first) {
+		return int(s.first[i+1] - s.first[i])
+	}
+	return s.total - int(s.first[i])
 }
 
 // lay builds each file's extents: the places given, in the segments, and
@@ -344,19 +373,26 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 	defer s.wake(r.ctx)()
 	s.mu.Lock()
 	for j := first; j <= last; j++ {
-		for !s.have[r.file][j] {
+		k := s.piece(r.file, j)
+		for s.state[k] != held {
 			if s.err != nil || r.ctx.Err() != nil {
 				err := s.err
 				s.mu.Unlock()
 				return 0, fmt.Errorf("%s piece %d: %w", s.ckpt.Shards[r.file].Path, j, errors.Join(err, r.ctx.Err()))
 			}
 			// One piece at a time: more would put every node seeding at
-			// once on the same pieces (measured in file order: a swarm of
-			// three took 2.2x one copy with four, 1.9x with one).
-			// The seeder polls wanted; nothing here waits for it, and a
-			// broadcast would only wake the other waiting readers, each
-			// of which broadcast in turn: a storm that took both cores.
-			s.wanted[[2]int{r.file, j}] = true
+			// once on the same pieces, in file order. The seeder is told
+			// by a signal it may miss while busy (it reads every wanted
+			// piece then); nothing here waits for it, and a broadcast
+			// would only wake the other waiting readers, each of which
+			// would broadcast in turn, a storm on every core.
+			if _, ok := s.wanted[k]; !ok {
+				s.wanted[k] = struct{}{}
+				select {
+				case s.wants <- struct{}{}:
+				default:
+				}
+			}
 			s.cond.Wait()
 		}
 	}
@@ -378,7 +414,7 @@ func (s *Store) wake(ctx context.Context) (stop func() bool) {
 }
 
 // begin says where the fill starts; the first call counts.
-func (s *Store) begin(id pieceID) {
+func (s *Store) begin(id piece) {
 	s.mu.Lock()
 	if !s.started {
 		s.start, s.started = id, true
@@ -406,14 +442,15 @@ func (s *Store) Start(ctx context.Context) (string, int64, error) {
 		}
 		s.cond.Wait()
 	}
-	off, _ := s.span(s.start.file, s.start.piece)
-	return s.ckpt.Shards[s.start.file].Path, off, nil
+	i, j := s.at(s.start)
+	off, _ := s.span(i, j)
+	return s.ckpt.Shards[i].Path, off, nil
 }
 
 // send writes a held piece to w and reports whether it had it.
 func (s *Store) send(i, j int, w io.Writer) (bool, error) {
 	s.mu.Lock()
-	ok := i >= 0 && i < len(s.have) && j >= 0 && j < len(s.have[i]) && s.have[i][j]
+	ok := i >= 0 && i < len(s.first) && j >= 0 && j < s.filePieces(i) && s.state[s.piece(i, j)] == held
 	s.mu.Unlock()
 	if !ok {
 		return false, nil
@@ -487,39 +524,56 @@ func copyRange(w io.Writer, readAt func(b []byte, at int64) error, off, n int64)
 	return nil
 }
 
-// check says whether the bytes of piece j of file i, whose SHA-256 is
-// sum, hash as the manifest says, and their hash.
-func (s *Store) check(i, j int, sum []byte) (bool, string) {
+// check says whether the bytes of piece k, whose SHA-256 is sum, hash as
+// the manifest says, and their hash.
+func (s *Store) check(k piece, sum []byte) (bool, string) {
 	got := hex.EncodeToString(sum)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.man.Files[i].Pieces[j] == got, got
+	return s.want(k) == got, got
 }
 
-// want is the manifest's hash of piece j of file i.
-func (s *Store) want(i, j int) string {
+// want is the manifest's hash of piece k, "" while there is no manifest
+// (a forged one was dropped).
+func (s *Store) want(k piece) string {
+	i, j := s.at(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if i >= len(s.man.Files) {
+		return ""
+	}
 	return s.man.Files[i].Pieces[j]
 }
 
-// put marks a filled piece held and wakes its readers.
-func (s *Store) put(i, j int) {
+// put marks a filled piece held and wakes its readers; unchecked, it is
+// only placed, until check holds it.
+func (s *Store) put(k piece, checked bool) {
 	s.mu.Lock()
-	if !s.have[i][j] {
-		s.have[i][j] = true
+	switch {
+	case s.state[k] == held:
+	case checked:
+		s.state[k] = held
 		s.count++
-		delete(s.wanted, [2]int{i, j})
+		delete(s.wanted, k)
+	default:
+		s.state[k] = placed
 	}
 	s.mu.Unlock()
 	s.cond.Broadcast()
 }
 
-// held says whether piece j of file i is in the store.
-func (s *Store) held(i, j int) bool {
+// holdFile marks every placed piece of file i held: its whole file has
+// been checked.
+func (s *Store) holdFile(i int) {
+	for j := range s.filePieces(i) {
+		if k := s.piece(i, j); s.stateOf(k) == placed {
+			s.put(k, true)
+		}
+	}
+}
+
+func (s *Store) stateOf(k piece) pieceState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.have[i][j]
+	return s.state[k]
 }
 
 // Complete says whether every piece is held.
@@ -546,35 +600,38 @@ func (s *Store) Digest() string {
 	return ""
 }
 
-// haveMap is one byte per piece, file after file: 1 where held, 2 where
-// being fetched, else 0.
+// haveMap is /have: a byte per piece, as pieceState.wire says.
 func (s *Store) haveMap() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]byte, 0, s.total)
-	for i, f := range s.have {
-		for j, h := range f {
-			b := byte(0)
-			if h {
-				b = 1
-			} else if s.fetching[pieceID{i, j}] {
-				b = 2
-			}
-			out = append(out, b)
-		}
+	out := make([]byte, s.total)
+	for k, st := range s.state {
+		out[k] = st.wire()
 	}
 	return out
 }
 
-// fetch says whether this node's seeder is getting piece id now.
-func (s *Store) fetch(id pieceID, now bool) {
+// fetch says whether this node's seeder is getting piece k now.
+func (s *Store) fetch(k piece, now bool) {
 	s.mu.Lock()
-	if now {
-		s.fetching[id] = true
-	} else {
-		delete(s.fetching, id)
+	switch st := s.state[k]; {
+	case now && st == missing:
+		s.state[k] = fetching
+	case !now && st == fetching:
+		s.state[k] = missing
 	}
 	s.mu.Unlock()
+}
+
+// waited is the pieces the loader waits for that are not held.
+func (s *Store) waited() []piece {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]piece, 0, len(s.wanted))
+	for k := range s.wanted {
+		out = append(out, k)
+	}
+	return out
 }
 
 // setManifest installs a manifest already checked against a trusted root.
@@ -584,16 +641,30 @@ func (s *Store) setManifest(m *Manifest, raw []byte) {
 	s.mu.Unlock()
 }
 
+// forget drops a manifest found forged, and every piece taken on its word
+// alone, so that storage fills the store again: nothing it vouched for is
+// served or read meanwhile.
+func (s *Store) forget() {
+	s.mu.Lock()
+	s.man, s.raw = s.blank(), nil
+	for k, st := range s.state {
+		if st != held {
+			s.state[k] = missing
+		}
+	}
+	s.mu.Unlock()
+}
+
 // FillFromStorage reads every piece from the files, hashes it and builds
 // the manifest: what the first node of a fleet does. With hub set, each
 // file's SHA-256 must be its blob's name (the hub's LFS object id). It
 // returns the manifest's digest.
 func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, error) {
 	s.mu.Lock()
-	m := *s.man
+	m := *s.blank()
 	s.reading = true
 	s.mu.Unlock()
-	s.begin(pieceID{})
+	s.begin(0)
 	m.Files = make([]File, len(s.ckpt.Shards))
 	for i, sh := range s.ckpt.Shards {
 		f, err := os.Open(sh.Path)
@@ -602,8 +673,8 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 			return "", fmt.Errorf("open shard: %w", err)
 		}
 		whole := sha256.New()
-		m.Files[i] = File{Name: sh.Name, Size: sh.Size, Pieces: make([]string, len(s.have[i]))}
-		for j := range s.have[i] {
+		m.Files[i] = File{Name: sh.Name, Size: sh.Size, Pieces: make([]string, s.filePieces(i))}
+		for j := range s.filePieces(i) {
 			if err := ctx.Err(); err != nil {
 				f.Close()
 				s.fail(err)
@@ -622,7 +693,7 @@ func (s *Store) FillFromStorage(ctx context.Context, read func(int64)) (string, 
 			if read != nil {
 				read(n)
 			}
-			s.put(i, j)
+			s.put(s.piece(i, j), true)
 		}
 		f.Close()
 		m.Files[i].SHA256 = hex.EncodeToString(whole.Sum(nil))
