@@ -164,7 +164,7 @@ func TestSeedFallsBackToStorage(t *testing.T) {
 				t.Fatalf("ready: %v", p.ready)
 			}
 			log := p.stderr.String()
-			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=http://127.0.0.1:`+port+"/") ||
+			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=https://127.0.0.1:`+port+"/") ||
 				!strings.Contains(log, tc.log) || !strings.Contains(log, `msg="seeding from storage"`) {
 				t.Fatalf("log does not name the peer and why (%q):\n%s", tc.log, log)
 			}

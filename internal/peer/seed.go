@@ -74,7 +74,7 @@ func (sd *Seeder) fill(ctx context.Context, s *Store) error {
 		sd.Workers = 8
 	}
 	sd.store = s
-	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.Workers,
+	tr := &http.Transport{TLSClientConfig: sd.Auth.TLSConfig(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.Workers,
 		ResponseHeaderTimeout: sd.Timeout, DialContext: (&net.Dialer{Timeout: sd.Timeout}).DialContext}
 	sd.client = &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()
