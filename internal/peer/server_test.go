@@ -1,10 +1,7 @@
 package peer
 
 import (
-	"bufio"
 	"context"
-	"crypto/tls"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/peer/peertest"
 )
 
 // serveWith starts sv on loopback and returns its address.
@@ -37,101 +36,6 @@ func serveWith(t *testing.T, sv *Server, stores ...*Store) string {
 func dialFrom(from, addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 	return d.Dial("tcp", addr)
-}
-
-// h2Flood is an HTTP/2 client that opens streams and grants them no
-// flow-control window: the server may send headers, never a body byte.
-// It reads every frame, so the connection itself never stalls, and
-// counts the streams the server has answered (headers or a reset).
-type h2Flood struct {
-	conn     net.Conn
-	wmu      sync.Mutex
-	answered atomic.Int64
-}
-
-func frame(typ, flags byte, stream uint32, payload []byte) []byte {
-	b := make([]byte, 9, 9+len(payload))
-	b[0], b[1], b[2] = byte(len(payload)>>16), byte(len(payload)>>8), byte(len(payload))
-	b[3], b[4] = typ, flags
-	binary.BigEndian.PutUint32(b[5:], stream)
-	return append(b, payload...)
-}
-
-// hpackString is a literal string, without Huffman coding.
-func hpackString(b []byte, s string) []byte {
-	return append(hpackInt(b, 0, 7, len(s)), s...)
-}
-
-func hpackInt(b []byte, first byte, bits, v int) []byte {
-	max := 1<<bits - 1
-	if v < max {
-		return append(b, first|byte(v))
-	}
-	b = append(b, first|byte(max))
-	for v -= max; v >= 128; v >>= 7 {
-		b = append(b, byte(v%128+128))
-	}
-	return append(b, byte(v))
-}
-
-func newH2Flood(t *testing.T, cfg *tls.Config, from, addr string) *h2Flood {
-	t.Helper()
-	raw, err := dialFrom(from, addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg = cfg.Clone()
-	cfg.NextProtos = []string{"h2"}
-	c := tls.Client(raw, cfg)
-	if err := c.Handshake(); err != nil || c.ConnectionState().NegotiatedProtocol != "h2" {
-		raw.Close()
-		t.Fatalf("HTTP/2 over TLS to %s: %v (protocol %q)", addr, err, c.ConnectionState().NegotiatedProtocol)
-	}
-	f := &h2Flood{conn: c}
-	settings := []byte{0, 4, 0, 0, 0, 0} // SETTINGS_INITIAL_WINDOW_SIZE 0
-	f.write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), frame(4, 0, 0, settings)...))
-	go f.read()
-	return f
-}
-
-func (f *h2Flood) write(b []byte) {
-	f.wmu.Lock()
-	defer f.wmu.Unlock()
-	_, _ = f.conn.Write(b)
-}
-
-func (f *h2Flood) read() {
-	r := bufio.NewReader(f.conn)
-	hdr := make([]byte, 9)
-	for {
-		if _, err := io.ReadFull(r, hdr); err != nil {
-			return
-		}
-		n := int(hdr[0])<<16 | int(hdr[1])<<8 | int(hdr[2])
-		payload := make([]byte, n)
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return
-		}
-		switch typ, flags := hdr[3], hdr[4]; {
-		case typ == 4 && flags&1 == 0: // SETTINGS: acknowledged
-			f.write(frame(4, 1, 0, nil))
-		case typ == 6 && flags&1 == 0: // PING
-			f.write(frame(6, 1, 0, payload))
-		case typ == 1, typ == 3: // HEADERS, RST_STREAM
-			f.answered.Add(1)
-		}
-	}
-}
-
-// get opens stream id asking for path.
-func (f *h2Flood) get(id uint32, path, token string) {
-	h := []byte{0x82, 0x87}                  // :method GET, :scheme https
-	h = hpackString(append(h, 0x04), path)   // :path
-	h = hpackString(append(h, 0x01), "peer") // :authority
-	if token != "" {
-		h = hpackString(append(h, 0x0f, 0x08), "Bearer "+token) // authorization
-	}
-	f.write(frame(1, 0x5, id, h)) // END_STREAM, END_HEADERS
 }
 
 // heldBytes is the heap and the goroutine stacks in use, once garbage is
@@ -170,15 +74,18 @@ func TestStreamsAtZeroWindowHoldLittle(t *testing.T) {
 			base := "/v1/checkpoints/" + c.Hash()
 			nPieces := len(s.haveMap())
 			before := heldBytes()
-			var floods []*h2Flood
+			var floods []*peertest.Flood
 			defer func() {
 				for _, f := range floods {
-					f.conn.Close()
+					f.Close()
 				}
 			}()
 			for _, from := range []string{"127.0.0.1", "127.0.0.2"} {
 				for range conns {
-					f := newH2Flood(t, tc.auth.TLSConfig(), from, addr)
+					f, err := peertest.Dial(tc.auth.TLSConfig(), from, addr)
+					if err != nil {
+						t.Fatal(err)
+					}
 					floods = append(floods, f)
 					for k := range streams {
 						path := fmt.Sprintf("%s/files/0/pieces/%d", base, k%nPieces)
@@ -188,15 +95,15 @@ func TestStreamsAtZeroWindowHoldLittle(t *testing.T) {
 						case 3:
 							path = base + "/have"
 						}
-						f.get(uint32(2*k+1), path, tc.token)
+						f.Get(uint32(2*k+1), path, tc.token)
 					}
 				}
 			}
 			deadline := time.Now().Add(30 * time.Second)
 			for _, f := range floods {
-				for f.answered.Load() < streams {
+				for f.Answered() < streams {
 					if time.Now().After(deadline) {
-						t.Fatalf("%d of %d streams answered after 30 s", f.answered.Load(), streams)
+						t.Fatalf("%d of %d streams answered after 30 s", f.Answered(), streams)
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -276,7 +183,7 @@ func TestUnauthenticatedConnectionsLeavePeersTheirSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: time.Second, Log: slog.New(slog.DiscardHandler)}
+	sd := &Seeder{Auth: a, Peers: []string{addr}, Digest: digest, Timeout: 2 * time.Second, Log: slog.New(slog.DiscardHandler)}
 	if err := sd.Fill(context.Background(), s); err != nil {
 		t.Fatalf("a seed while unauthenticated connections are held: %v", err)
 	}
