@@ -46,6 +46,7 @@ type Server struct {
 	stores    map[string]*Store // by checkpoint hash
 	sent      atomic.Int64
 	refused   atomic.Int64 // connections and requests that did not authenticate
+	busy      atomic.Int64 // pieces answered 503: every send slot was taken
 	pace      checkpoint.Pacer
 	paceBytes atomic.Int64
 	srv       *http.Server
@@ -267,6 +268,7 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		// Each send holds a buffer until its peer takes it: past the
 		// bound the answer is at once, and has no body that a peer not
 		// reading could hold up.
+		sv.busy.Add(1)
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return

@@ -89,10 +89,10 @@ func TestStreamsAtZeroWindowHoldLittle(t *testing.T) {
 					floods = append(floods, f)
 					for k := range streams {
 						path := fmt.Sprintf("%s/files/0/pieces/%d", base, k%nPieces)
-						switch k % 4 {
+						switch k % 8 {
 						case 1:
 							path = base + "/manifest"
-						case 3:
+						case 5:
 							path = base + "/have"
 						}
 						f.Get(uint32(2*k+1), path, tc.token)
@@ -115,6 +115,30 @@ func TestStreamsAtZeroWindowHoldLittle(t *testing.T) {
 					len(floods), streams, grew>>20, bound>>20)
 			}
 		})
+	}
+}
+
+// Pieces being sent are bounded, in all and per address: past the bound
+// a piece is answered at once (503), not held while its peer reads
+// nothing.
+func TestPiecesSentAtOnceAreBounded(t *testing.T) {
+	c := synth(t)
+	a := token(t, "cluster-secret")
+	s, _ := seeded(t, c, 64<<10)
+	sv := &Server{Auth: a, Log: slog.New(slog.DiscardHandler), Timeout: 20 * time.Second, MaxConns: 4}
+	addr := serveWith(t, sv, s)
+	f, err := peertest.Dial(a.TLSConfig(), "127.0.0.1", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const asked = 12
+	for k := range asked {
+		f.Get(uint32(2*k+1), fmt.Sprintf("/v1/checkpoints/%s/files/0/pieces/%d", c.Hash(), k%len(s.haveMap())), "cluster-secret")
+	}
+	waitUntil(t, "every piece answered", func() bool { return f.Answered() == asked })
+	if n := sv.busy.Load(); n != asked-4 {
+		t.Fatalf("%d of %d pieces asked at window 0 answered 503, want %d (4 sent at once)", n, asked, asked-4)
 	}
 }
 
