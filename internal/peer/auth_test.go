@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/peer/peertest"
 )
 
 // testCA signs peer certificates, as a cluster CA does.
@@ -179,6 +180,21 @@ func TestCertificatesAndTokenAreBothRequired(t *testing.T) {
 	}
 	if n := strings.Count(string(b), "HTTP/1.1 401"); n != 1 {
 		t.Fatalf("%d answers 401 on one connection, want 1 and then the end of it:\n%s", n, b)
+	}
+	// HTTP/2, where the connection is closed once the 401 has gone.
+	f, err := peertest.Dial(ca.auth(t, nil, "").TLSConfig(), "127.0.0.1", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Get(1, path, "wrong")
+	select {
+	case <-f.Closed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("an HTTP/2 connection refused 401 still open after 10 s")
+	}
+	if f.Answered() != 1 {
+		t.Fatalf("%d answers before the HTTP/2 connection closed, want the 401", f.Answered())
 	}
 }
 

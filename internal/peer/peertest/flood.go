@@ -22,6 +22,7 @@ type Flood struct {
 	conn     net.Conn
 	wmu      sync.Mutex
 	answered atomic.Int64
+	closed   chan struct{}
 }
 
 // Dial opens an HTTP/2 connection over TLS with cfg to addr, from the
@@ -46,7 +47,7 @@ func Dial(cfg *tls.Config, from, addr string) (*Flood, error) {
 		raw.Close()
 		return nil, fmt.Errorf("%s speaks %q, not HTTP/2", addr, p)
 	}
-	f := &Flood{conn: c}
+	f := &Flood{conn: c, closed: make(chan struct{})}
 	settings := []byte{0, 4, 0, 0, 0, 0} // SETTINGS_INITIAL_WINDOW_SIZE 0
 	f.write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), frame(4, 0, 0, settings)...))
 	go f.read()
@@ -69,6 +70,9 @@ func (f *Flood) Get(id uint32, path, token string) {
 // reset.
 func (f *Flood) Answered() int64 { return f.answered.Load() }
 
+// Closed is closed once the connection has ended, either end closing it.
+func (f *Flood) Closed() <-chan struct{} { return f.closed }
+
 func (f *Flood) Close() error { return f.conn.Close() }
 
 func (f *Flood) write(b []byte) {
@@ -78,6 +82,7 @@ func (f *Flood) write(b []byte) {
 }
 
 func (f *Flood) read() {
+	defer close(f.closed)
 	r := bufio.NewReader(f.conn)
 	hdr := make([]byte, 9)
 	for {
