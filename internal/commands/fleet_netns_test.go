@@ -216,8 +216,8 @@ func TestFleetSurvivesPeerFaults(t *testing.T) {
 		fault func()
 		log   string
 	}{
-		{"peer killed", func() { _ = b.cmd.Process.Kill() }, `msg="peer failed a piece: asking another" group=main peer=http://` + f.peer(1)},
-		{"link stalls", func() { f.stall(2) }, `msg="peer failed a piece: asking another" group=main peer=http://` + f.peer(2)},
+		{"peer killed", func() { _ = b.cmd.Process.Kill() }, `msg="peer failed a piece: asking another" group=main peer=https://` + f.peer(1)},
+		{"link stalls", func() { f.stall(2) }, `msg="peer failed a piece: asking another" group=main peer=https://` + f.peer(2)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Node 2 (for the stall, the node that seeds it) holds the

@@ -153,7 +153,7 @@ func TestSeedFallsBackToStorage(t *testing.T) {
 	for _, tc := range []struct {
 		name, model, tok, log string
 	}{
-		{"wrong token", model, peerToken(t, "not-the-token"), "a valid peer token is required"},
+		{"wrong token", model, peerToken(t, "not-the-token"), "it does not hold this node's peer token"},
 		{"another checkpoint", other, tok, "this node does not hold checkpoint"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -164,7 +164,7 @@ func TestSeedFallsBackToStorage(t *testing.T) {
 				t.Fatalf("ready: %v", p.ready)
 			}
 			log := p.stderr.String()
-			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=http://127.0.0.1:`+port+"/") ||
+			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=https://127.0.0.1:`+port+"/") ||
 				!strings.Contains(log, tc.log) || !strings.Contains(log, `msg="seeding from storage"`) {
 				t.Fatalf("log does not name the peer and why (%q):\n%s", tc.log, log)
 			}

@@ -18,29 +18,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/weightcache/weightcache/internal/peer"
 )
 
 // seedBound is how long a seed with --peer-timeout 2s (peerArgs') may take
 // on a small model whatever its peers do: 6 x the timeout for a manifest,
 // 3 x for the pieces, and storage with room for a loaded machine.
 const seedBound = 6*2*time.Second + 3*2*time.Second + 30*time.Second
-
-// tokenTLS is the TLS that nodes holding the token in tok serve and ask
-// with, or nil where that token goes in plain HTTP: an Auth with a
-// TLSConfig makes token mode TLS.
-func tokenTLS(t *testing.T, tok string) *tls.Config {
-	t.Helper()
-	a := &peer.Auth{TokenFile: tok}
-	if err := a.Load(); err != nil {
-		t.Fatal(err)
-	}
-	if c, ok := any(a).(interface{ TLSConfig() *tls.Config }); ok {
-		return c.TLSConfig()
-	}
-	return nil
-}
 
 // fakePeer serves h on loopback, with cfg when it is not nil, as a peer at
 // the address it returns.
@@ -126,7 +109,7 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
-	cfg := tokenTLS(t, tok)
+	cfg := peerTLS(t, tok)
 	first := "http://" + peerListen(t, a)
 	if cfg != nil {
 		first = "https://" + peerListen(t, a)
@@ -186,7 +169,7 @@ func TestSeedManifestBombLeavesTheLauncherSmall(t *testing.T) {
 	peak := func(serve http.HandlerFunc) int64 {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", serve)
-		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, tokenTLS(t, tok), mux)),
+		p := startPreloadProc(t, false, append(peerArgs(model, sockDir(t), tok, "", 1, fakePeer(t, peerTLS(t, tok), mux)),
 			"--peer-manifest-digest", "sha256:"+strings.Repeat("0", 64))...)
 		readyWithin(t, p, seedBound)
 		if p.ready["source"] != "checkpoint" {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -43,15 +44,26 @@ func raiseNofile(t *testing.T, n uint64) {
 	}
 }
 
-// peerGet is an authenticated GET of url on a peer server.
-func peerGet(t *testing.T, url string) (int, []byte) {
+// peerTLS is the TLS of a peer holding the token in file tok.
+func peerTLS(t *testing.T, tok string) *tls.Config {
+	t.Helper()
+	a := &peer.Auth{TokenFile: tok}
+	if err := a.Load(); err != nil {
+		t.Fatal(err)
+	}
+	return a.TLSConfig()
+}
+
+// peerGet is an authenticated GET of url on a peer server, over the TLS
+// of cfg.
+func peerGet(t *testing.T, cfg *tls.Config, url string) (int, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+hostilePeerToken)
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true, DisableKeepAlives: true}}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
@@ -64,19 +76,34 @@ func peerGet(t *testing.T, url string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// rawExchange writes req on a new connection to addr and reads one
-// response: its status, or 0 when the server closed the connection
-// without one. A server that neither answers nor closes fails the test.
-func rawExchange(t *testing.T, addr string, req []byte) int {
+// rawExchange writes req on a new connection to addr, inside HTTP/1.1
+// over TLS with cfg (none when nil), and reads one response: its status,
+// or 0 when the server closed the connection without one. A server that
+// neither answers nor closes fails the test.
+func rawExchange(t *testing.T, cfg *tls.Config, addr string, req []byte) int {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	raw, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(8 * time.Second))
-	_, _ = c.Write(req) // the server may hang up before it has all of it
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	defer raw.Close()
+	_ = raw.SetDeadline(time.Now().Add(8 * time.Second))
+	c := raw
+	if cfg != nil {
+		cfg = cfg.Clone()
+		cfg.NextProtos = []string{"http/1.1"}
+		tc := tls.Client(raw, cfg)
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("TLS handshake with the token's key: %v", err)
+		}
+		c = tc
+	}
+	_, _ = c.Write(req)     // the server may hang up before it has all of it
+	var asked *http.Request // a GET
+	if bytes.HasPrefix(req, []byte("HEAD ")) {
+		asked = &http.Request{Method: http.MethodHead} // no body follows
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), asked)
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():
@@ -157,6 +184,7 @@ func TestHostilePeers(t *testing.T) {
 	raiseNofile(t, idle+1024)
 	model, dir := synthModel(t, "small"), sockDir(t)
 	tok := peerToken(t, hostilePeerToken)
+	tlsCfg := peerTLS(t, tok)
 	addr := "127.0.0.1:" + freePort(t)
 	p := startPreloadProc(t, true, append(peerArgs(model, dir, tok, addr, 1), "--peer-max-conns", strconv.Itoa(maxConns))...)
 	launcher, rank := p.cmd.Process.Pid, daemonPID(t, p)
@@ -166,7 +194,7 @@ func TestHostilePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := "/v1/checkpoints/" + ck.Hash()
-	url := "http://" + addr + base
+	url := "https://" + addr + base
 
 	hit := func(t *testing.T, when string) {
 		t.Helper()
@@ -179,11 +207,11 @@ func TestHostilePeers(t *testing.T) {
 	var man peer.Manifest
 	serves := func(t *testing.T, when string) {
 		t.Helper()
-		code, raw := peerGet(t, url+"/manifest")
+		code, raw := peerGet(t, tlsCfg, url+"/manifest")
 		if code != http.StatusOK || json.Unmarshal(raw, &man) != nil || len(man.Files) == 0 || len(man.Files[0].Pieces) < 2 {
 			t.Fatalf("manifest %s: %d %.200q", when, code, raw)
 		}
-		code, b := peerGet(t, url+"/files/0/pieces/1")
+		code, b := peerGet(t, tlsCfg, url+"/files/0/pieces/1")
 		h := sha256.Sum256(b)
 		if code != http.StatusOK || len(b) != int(man.PieceSize) || hex.EncodeToString(h[:]) != man.Files[0].Pieces[1] {
 			t.Fatalf("piece 1 of file 0 %s: %d, %d bytes (pieces of %d)", when, code, len(b), man.PieceSize)
@@ -195,8 +223,10 @@ func TestHostilePeers(t *testing.T) {
 	t.Logf("before: launcher VmRSS %d MiB, %d descriptors; rank VmRSS %d MiB", lBase.rss>>20, lBase.fds, rBase.rss>>20)
 
 	// attack samples both processes' peaks while it runs; their growth
-	// over the figures before any attack is bounded.
+	// over the figures before it is bounded (the heap an attack before
+	// grew is kept, not returned to the system).
 	attack := func(t *testing.T, name string, run func(t *testing.T)) {
+		lBase, rBase := usageOf(launcher), usageOf(rank)
 		lPeak, rPeak := peakUsage(launcher), peakUsage(rank)
 		stopped := false
 		defer func() {
@@ -235,41 +265,50 @@ func TestHostilePeers(t *testing.T) {
 			}
 			nFiles, nPieces := len(man.Files), len(man.Files[0].Pieces)
 			for _, tc := range []struct {
-				name string
-				req  []byte
-				want int // 0: any error status, or closed
+				name  string
+				req   []byte
+				want  int  // 0: any error status, or closed
+				plain bool // not inside TLS
 			}{
-				{"garbage", []byte("\x00\xff\x13garbage \x7f\x01\r\n\r\n"), 0},
-				{"64 KiB of noise", noise, 0},
-				{"no HTTP version", []byte("GET " + base + "/manifest\r\n\r\n"), 0},
-				{"header without a colon", get(base+"/manifest", auth+"NoColonHere\r\n"), http.StatusBadRequest},
-				{"32 KiB header", get(base+"/manifest", auth+"X-Pad: "+strings.Repeat("a", 32<<10)+"\r\n"), http.StatusRequestHeaderFieldsTooLarge},
-				{"32 KiB path", get(base+"/files/0/pieces/"+strings.Repeat("0", 32<<10)+"1", auth), http.StatusRequestHeaderFieldsTooLarge},
-				{"HTTP/2 preface and garbage frames", append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), "\x00\x00\x06\x04\x00\x00\x00\x00\x00\xde\xad\xbe\xef\xff\xff\xff\xff\xff\xff"...), 0},
-				{"HTTP/2 preface alone", []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0},
-				{"no token", get(base+"/files/0/pieces/0", ""), http.StatusUnauthorized},
-				{"wrong token", get(base+"/files/0/pieces/0", "Authorization: Bearer "+hostilePeerToken+"x\r\n"), http.StatusUnauthorized},
-				{"token without Bearer", get(base+"/files/0/pieces/0", "Authorization: "+hostilePeerToken+"\r\n"), http.StatusUnauthorized},
-				{"empty bearer token", get(base+"/files/0/pieces/0", "Authorization: Bearer \r\n"), http.StatusUnauthorized},
-				{"bad path", get("/v1/nothing/here", auth), http.StatusNotFound},
-				{"bad path under the checkpoint", get(base+"/files/0", auth), http.StatusNotFound},
+				{"plain HTTP with the token", get(base+"/manifest", auth), 0, true},
+				{"garbage", []byte("\x00\xff\x13garbage \x7f\x01\r\n\r\n"), 0, true},
+				{"64 KiB of noise", noise, 0, true},
+				{"garbage inside TLS", []byte("\x00\xff\x13garbage \x7f\x01\r\n\r\n"), 0, false},
+				{"64 KiB of noise inside TLS", noise, 0, false},
+				{"no HTTP version", []byte("GET " + base + "/manifest\r\n\r\n"), 0, false},
+				{"header without a colon", get(base+"/manifest", auth+"NoColonHere\r\n"), http.StatusBadRequest, false},
+				{"32 KiB header", get(base+"/manifest", auth+"X-Pad: "+strings.Repeat("a", 32<<10)+"\r\n"), http.StatusRequestHeaderFieldsTooLarge, false},
+				{"32 KiB path", get(base+"/files/0/pieces/"+strings.Repeat("0", 32<<10)+"1", auth), http.StatusRequestHeaderFieldsTooLarge, false},
+				{"HTTP/2 preface and garbage frames", append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), "\x00\x00\x06\x04\x00\x00\x00\x00\x00\xde\xad\xbe\xef\xff\xff\xff\xff\xff\xff"...), 0, false},
+				{"HTTP/2 preface alone", []byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, false},
+				{"no token", get(base+"/files/0/pieces/0", ""), http.StatusUnauthorized, false},
+				{"wrong token", get(base+"/files/0/pieces/0", "Authorization: Bearer "+hostilePeerToken+"x\r\n"), http.StatusUnauthorized, false},
+				{"token without Bearer", get(base+"/files/0/pieces/0", "Authorization: "+hostilePeerToken+"\r\n"), http.StatusUnauthorized, false},
+				{"empty bearer token", get(base+"/files/0/pieces/0", "Authorization: Bearer \r\n"), http.StatusUnauthorized, false},
+				{"bad path", get("/v1/nothing/here", auth), http.StatusNotFound, false},
+				{"bad path under the checkpoint", get(base+"/files/0", auth), http.StatusNotFound, false},
 				// Redirected to its clean form, which is no path served.
-				{"dot-dot path", get(base+"/../../../../etc/passwd", auth), http.StatusTemporaryRedirect},
-				{"its clean form", get("/etc/passwd", auth), http.StatusNotFound},
-				{"unknown checkpoint", get("/v1/checkpoints/"+strings.Repeat("0", 64)+"/files/0/pieces/0", auth), http.StatusNotFound},
-				{"POST", []byte("POST " + base + "/manifest HTTP/1.1\r\nHost: peer\r\n" + auth + "Content-Length: 0\r\n\r\n"), http.StatusMethodNotAllowed},
-				{"negative file", get(base+"/files/-1/pieces/0", auth), http.StatusNotFound},
-				{"negative piece", get(base+"/files/0/pieces/-1", auth), http.StatusNotFound},
-				{"most negative piece", get(base+"/files/0/pieces/-9223372036854775808", auth), http.StatusNotFound},
-				{"huge file", get(base+"/files/99999999999999999999999/pieces/0", auth), http.StatusBadRequest},
-				{"huge piece", get(base+"/files/0/pieces/9223372036854775807", auth), http.StatusNotFound},
-				{"non-numeric file", get(base+"/files/x/pieces/0", auth), http.StatusBadRequest},
-				{"non-numeric piece", get(base+"/files/0/pieces/1e3", auth), http.StatusBadRequest},
-				{"hex piece", get(base+"/files/0/pieces/0x1", auth), http.StatusBadRequest},
-				{"file out of range", get(base+"/files/"+strconv.Itoa(nFiles)+"/pieces/0", auth), http.StatusNotFound},
-				{"piece out of range", get(base+"/files/0/pieces/"+strconv.Itoa(nPieces), auth), http.StatusNotFound},
+				{"dot-dot path", get(base+"/../../../../etc/passwd", auth), http.StatusTemporaryRedirect, false},
+				{"its clean form", get("/etc/passwd", auth), http.StatusNotFound, false},
+				{"unknown checkpoint", get("/v1/checkpoints/"+strings.Repeat("0", 64)+"/files/0/pieces/0", auth), http.StatusNotFound, false},
+				{"HEAD of a piece", []byte("HEAD " + base + "/files/0/pieces/0 HTTP/1.1\r\nHost: peer\r\n" + auth + "\r\n"), http.StatusMethodNotAllowed, false},
+				{"POST", []byte("POST " + base + "/manifest HTTP/1.1\r\nHost: peer\r\n" + auth + "Content-Length: 0\r\n\r\n"), http.StatusMethodNotAllowed, false},
+				{"negative file", get(base+"/files/-1/pieces/0", auth), http.StatusNotFound, false},
+				{"negative piece", get(base+"/files/0/pieces/-1", auth), http.StatusNotFound, false},
+				{"most negative piece", get(base+"/files/0/pieces/-9223372036854775808", auth), http.StatusNotFound, false},
+				{"huge file", get(base+"/files/99999999999999999999999/pieces/0", auth), http.StatusBadRequest, false},
+				{"huge piece", get(base+"/files/0/pieces/9223372036854775807", auth), http.StatusNotFound, false},
+				{"non-numeric file", get(base+"/files/x/pieces/0", auth), http.StatusBadRequest, false},
+				{"non-numeric piece", get(base+"/files/0/pieces/1e3", auth), http.StatusBadRequest, false},
+				{"hex piece", get(base+"/files/0/pieces/0x1", auth), http.StatusBadRequest, false},
+				{"file out of range", get(base+"/files/"+strconv.Itoa(nFiles)+"/pieces/0", auth), http.StatusNotFound, false},
+				{"piece out of range", get(base+"/files/0/pieces/"+strconv.Itoa(nPieces), auth), http.StatusNotFound, false},
 			} {
-				got := rawExchange(t, addr, tc.req)
+				cfg := tlsCfg
+				if tc.plain {
+					cfg = nil
+				}
+				got := rawExchange(t, cfg, addr, tc.req)
 				switch {
 				case tc.want == 0 && got != 0 && got < 400:
 					t.Errorf("%s: status %d, want an error status or a closed connection", tc.name, got)
@@ -302,7 +341,18 @@ func TestHostilePeers(t *testing.T) {
 			dialFrom := func(c int) (net.Conn, error) {
 				d := d
 				d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(10+c%4))}
-				return d.Dial("tcp", addr)
+				raw, err := d.Dial("tcp", addr)
+				if err != nil {
+					return nil, err
+				}
+				cfg := tlsCfg.Clone()
+				cfg.NextProtos = []string{"http/1.1"} // requests pipelined on one stream
+				tc := tls.Client(raw, cfg)
+				if err := tc.Handshake(); err != nil {
+					raw.Close()
+					return nil, err
+				}
+				return tc, nil
 			}
 			var all []int // pieces: file, piece
 			for i, f := range man.Files {

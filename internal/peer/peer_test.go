@@ -3,6 +3,7 @@ package peer
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"log"
 	"log/slog"
@@ -352,6 +353,7 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stall.Close()
+	stall = tls.NewListener(stall, a.TLSConfig()) // it has the token
 	release := make(chan struct{})
 	defer close(release)
 	mux := http.NewServeMux()
@@ -379,7 +381,7 @@ func TestStalledPieceIsTakenElsewhere(t *testing.T) {
 	}
 	defer s.Close()
 	log := &logBuf{}
-	stallURL := "http://" + stall.Addr().String() + "/"
+	stallURL := "https://" + stall.Addr().String() + "/"
 	sd := &Seeder{Auth: a, Peers: []string{stall.Addr().String(), goodAddr}, Digest: digest, Timeout: 300 * time.Millisecond,
 		Log: slog.New(slog.NewTextHandler(log, nil))}
 	if err := sd.Fill(context.Background(), s); err != nil {
@@ -443,7 +445,7 @@ func TestPiecesWaitForARestingPeer(t *testing.T) {
 		_, _ = good.send(i, j, w)
 	})
 	srv := &http.Server{Handler: mux, ErrorLog: log.New(io.Discard, "", 0)}
-	go func() { _ = srv.Serve(l) }()
+	go func() { _ = srv.Serve(tls.NewListener(l, a.TLSConfig())) }()
 	defer srv.Close()
 
 	s, err := NewStore(c, piece, nil)

@@ -88,7 +88,7 @@ func (sd *Seeder) fill(ctx context.Context, s *Store) error {
 	sd.store = s
 	// No transparent decompression: a body is read as sent, within its
 	// bound. No redirect: the token goes only where --peers says.
-	tr := &http.Transport{TLSClientConfig: sd.Auth.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
+	tr := &http.Transport{TLSClientConfig: sd.Auth.TLSConfig(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
 		ResponseHeaderTimeout: sd.timeout, DialContext: (&net.Dialer{Timeout: sd.timeout}).DialContext, DisableCompression: true}
 	sd.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	defer tr.CloseIdleConnections()

@@ -3,14 +3,13 @@ package peer
 import (
 	"context"
 	"crypto/subtle"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,94 +19,40 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
-// Auth is how peers prove they belong to the cluster: mutual TLS with a
-// cluster CA, a shared token, or both. A node serves and asks with the
-// same one.
-type Auth struct {
-	CertFile, KeyFile, CAFile string
-	TokenFile                 string
-	tls                       *tls.Config
-	token                     string
-}
-
-// Load reads the files; it refuses an Auth that authenticates nobody.
-func (a *Auth) Load() error {
-	if a.TokenFile != "" {
-		b, err := os.ReadFile(a.TokenFile)
-		if err != nil {
-			return fmt.Errorf("--peer-token-file: %w", err)
-		}
-		if a.token = strings.TrimSpace(string(b)); a.token == "" {
-			return fmt.Errorf("--peer-token-file %s: empty", a.TokenFile)
-		}
-	}
-	if a.CertFile != "" || a.KeyFile != "" || a.CAFile != "" {
-		if a.CertFile == "" || a.KeyFile == "" || a.CAFile == "" {
-			return errors.New("peer TLS needs all of --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
-		}
-		cert, err := tls.LoadX509KeyPair(a.CertFile, a.KeyFile)
-		if err != nil {
-			return fmt.Errorf("--peer-tls-cert %s, --peer-tls-key %s: %w", a.CertFile, a.KeyFile, err)
-		}
-		pem, err := os.ReadFile(a.CAFile)
-		if err != nil {
-			return fmt.Errorf("--peer-tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("--peer-tls-ca %s: no PEM certificate in it", a.CAFile)
-		}
-		// Any certificate the cluster CA signed is a peer: pods come and go
-		// by IP, so names are not checked, the chain is.
-		verify := func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("the peer sent no certificate")
-			}
-			inter := x509.NewCertPool()
-			for _, c := range cs.PeerCertificates[1:] {
-				inter.AddCert(c)
-			}
-			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter,
-				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-			return err
-		}
-		a.tls = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
-			ClientAuth: tls.RequireAnyClientCert, InsecureSkipVerify: true, VerifyConnection: verify,
-			NextProtos: []string{"h2", "http/1.1"}}
-	}
-	if a.tls == nil && a.token == "" {
-		return errors.New("peers must authenticate: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca, or --peer-token-file")
-	}
-	return nil
-}
-
-func (a *Auth) scheme() string {
-	if a.tls != nil {
-		return "https"
-	}
-	return "http"
-}
-
 // manifestState says why a node has no manifest to serve yet: it is
 // reading storage, or waiting for one from its peers as the asker is.
 const manifestState = "Weightcache-Manifest"
+
+// maxStreams is the HTTP/2 streams one connection may have open: more
+// than a seeder asks of one peer at once, few enough that every
+// connection an address may hold, each stalled at a zero window, holds
+// little.
+const maxStreams = 16
+
+// sendSlice is what one write to a peer carries: a peer that takes
+// nothing of it for Timeout is cut off.
+const sendSlice = 64 << 10
 
 // Server serves the pieces of the checkpoints this node holds, read-only,
 // to authenticated peers. It runs in the launcher, not in the ranks, so
 // engines attach at full speed whatever it sends.
 type Server struct {
 	Auth      *Auth
-	Rate      int64 // bytes per second to all peers together; 0 is unlimited
-	MaxConns  int
-	Timeout   time.Duration // a piece that takes longer to send is cut off
+	Rate      int64         // bytes per second to all peers together; 0 is unlimited
+	MaxConns  int           // authenticated connections, and pieces being sent, at once
+	Timeout   time.Duration // a write a peer takes nothing of for this long is cut off
 	Log       *slog.Logger
 	mu        sync.Mutex
 	stores    map[string]*Store // by checkpoint hash
 	sent      atomic.Int64
+	refused   atomic.Int64 // connections and requests that did not authenticate
+	busy      atomic.Int64 // pieces answered 503: every send slot was taken
 	pace      checkpoint.Pacer
 	paceBytes atomic.Int64
 	srv       *http.Server
-	refused   map[string]time.Time // host: when its refusal was last logged
+	said      map[string]time.Time // host, what and why: when it was last logged
+	sending   map[string]int       // pieces being sent, by host
+	sends     int
 }
 
 // Add serves s's pieces from now on.
@@ -120,11 +65,28 @@ func (sv *Server) Add(s *Store) {
 	sv.stores[s.ckpt.Hash()] = s
 }
 
+// Remove stops serving s, if it is the store served for its checkpoint.
+func (sv *Server) Remove(s *Store) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.stores[s.ckpt.Hash()] == s {
+		delete(sv.stores, s.ckpt.Hash())
+	}
+}
+
 // Sent is every piece byte sent to peers.
 func (sv *Server) Sent() int64 { return sv.sent.Load() }
 
-// Serve accepts peers on l until Close.
+// perHost is one address's share of MaxConns: a quarter, at least 16
+// (more than a seeder opens or asks at once).
+func (sv *Server) perHost() int { return max(16, sv.MaxConns/4) }
+
+// Serve accepts peers on l until Close. Only connections that completed
+// the TLS handshake, whose far end proved it is a peer, reach HTTP.
 func (sv *Server) Serve(l net.Listener) error {
+	if sv.Auth == nil || sv.Auth.tls == nil {
+		return fmt.Errorf("serving peers on %s: their authentication is not loaded", l.Addr())
+	}
 	if sv.MaxConns <= 0 {
 		sv.MaxConns = 64
 	}
@@ -137,17 +99,17 @@ func (sv *Server) Serve(l net.Listener) error {
 	mux.HandleFunc("GET /v1/checkpoints/{key}/have", sv.have)
 	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", sv.piece)
 	sv.mu.Lock()
+	// WriteTimeout bounds every answer, per request (per stream in
+	// HTTP/2); a piece's writes extend it slice by slice. The receive
+	// buffers are the smallest allowed: peers send no bodies.
 	sv.srv = &http.Server{Handler: sv.authenticate(mux), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second,
-		MaxHeaderBytes: 8 << 10, TLSConfig: sv.Auth.tls, ErrorLog: slog.NewLogLogger(sv.Log.Handler(), slog.LevelDebug)}
+		WriteTimeout: sv.Timeout, MaxHeaderBytes: 8 << 10, TLSConfig: sv.Auth.TLSConfig(), ErrorLog: log.New(errorLog{sv}, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams, MaxReadFrameSize: 16 << 10,
+			MaxReceiveBufferPerConnection: 64 << 10, MaxReceiveBufferPerStream: 16 << 10}}
 	srv := sv.srv
 	sv.mu.Unlock()
-	l = newLimitListener(l, sv)
-	var err error
-	if sv.Auth.tls != nil {
-		err = srv.ServeTLS(l, "", "")
-	} else {
-		err = srv.Serve(l)
-	}
+	err := srv.Serve(newAuthListener(l, sv))
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -164,39 +126,92 @@ func (sv *Server) Close() error {
 	return sv.srv.Close()
 }
 
+type connKey struct{}
+
 func (sv *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// With a token and TLS certificates both, the CA authenticated
+		// the connection and the token is checked inside it.
 		if tok := sv.Auth.token; tok != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(tok)) != 1 {
-				if sv.firstRefusal("token", r.RemoteAddr) {
-					sv.Log.Warn("peer refused: no valid token (said once a minute per address)", "peer", r.RemoteAddr)
-				}
+				sv.refused.Add(1)
+				sv.say(slog.LevelWarn, "peer refused: no valid token", r.RemoteAddr, "")
+				sv.hangUp(w, r)
 				http.Error(w, "a valid peer token is required", http.StatusUnauthorized)
 				return
 			}
+		}
+		// A HEAD would be paced and counted as a piece sent, and
+		// nothing would be sent.
+		if r.Method == http.MethodHead {
+			w.Header().Set("Allow", http.MethodGet)
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// firstRefusal says whether a refusal of addr's host for what is worth a
-// log line: a peer retrying with the wrong token would otherwise fill the
-// log.
-func (sv *Server) firstRefusal(what, addr string) bool {
-	host, _, _ := net.SplitHostPort(addr)
-	host = what + " " + host
+// hangUp closes r's connection once its answer has gone: a peer refused
+// keeps no connection open.
+func (sv *Server) hangUp(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor < 2 {
+		w.Header().Set("Connection", "close")
+		return
+	}
+	// HTTP/2 has no such header: the connection is closed a moment after
+	// the answer was queued, which is long enough for it to leave.
+	if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+		time.AfterFunc(time.Second, func() { _ = c.Close() })
+	}
+}
+
+// portRE is an address's port in an error: each connection has its own,
+// which would make every error a new one.
+var portRE = regexp.MustCompile(`(\d{1,3}(?:\.\d{1,3}){3}|\[[0-9A-Fa-f:.%\w]*\]):\d+`)
+
+// say logs msg about the peer at addr, and why, once a minute per host,
+// msg and why: a peer retrying, or thousands of connections failing the
+// same way, would otherwise fill the log.
+func (sv *Server) say(level slog.Level, msg, addr, why string, args ...any) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	why = portRE.ReplaceAllString(why, "$1")
+	key := host + "\x00" + msg + "\x00" + why
 	now := time.Now()
 	sv.mu.Lock()
-	defer sv.mu.Unlock()
-	if sv.refused == nil || len(sv.refused) > 4096 {
-		sv.refused = map[string]time.Time{}
+	if sv.said == nil || len(sv.said) > 4096 {
+		sv.said = map[string]time.Time{}
 	}
-	if now.Sub(sv.refused[host]) < time.Minute {
-		return false
+	last, seen := sv.said[key]
+	if seen && now.Sub(last) < time.Minute {
+		sv.mu.Unlock()
+		return
 	}
-	sv.refused[host] = now
-	return true
+	sv.said[key] = now
+	sv.mu.Unlock()
+	args = append([]any{"peer", addr}, args...)
+	if why != "" {
+		args = append(args, "err", why)
+	}
+	sv.Log.Log(context.Background(), level, msg+" (said once a minute per address and reason)", args...)
+}
+
+// errorLog takes the HTTP server's own error lines (a peer's broken
+// HTTP/2 framing, a panic) into the log, de-duplicated as refusals are.
+type errorLog struct{ sv *Server }
+
+func (e errorLog) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelDebug
+	if strings.Contains(line, "TLS handshake error") {
+		level = slog.LevelWarn
+	}
+	e.sv.say(level, "peer connection error", portRE.FindString(line), line)
+	return len(p), nil
 }
 
 func (sv *Server) store(w http.ResponseWriter, r *http.Request) *Store {
@@ -248,6 +263,17 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "file and piece are numbers", http.StatusBadRequest)
 		return
 	}
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	if !sv.startSend(host) {
+		// Each send holds a buffer until its peer takes it: past the
+		// bound the answer is at once, and has no body that a peer not
+		// reading could hold up.
+		sv.busy.Add(1)
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	defer sv.endSend(host)
 	cw := &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}
 	ok, err := s.send(i, j, cw)
 	if !ok {
@@ -255,7 +281,32 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		sv.Log.Debug("sending a piece to a peer failed", "peer", r.RemoteAddr, "file", i, "piece", j, "err", err)
+		sv.say(slog.LevelDebug, "sending a piece to a peer failed", r.RemoteAddr, err.Error())
+	}
+}
+
+// startSend takes one of the sends in flight, MaxConns in all and one
+// address's share of them, or says there is none.
+func (sv *Server) startSend(host string) bool {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.sends >= sv.MaxConns || sv.sending[host] >= sv.perHost() {
+		return false
+	}
+	if sv.sending == nil {
+		sv.sending = map[string]int{}
+	}
+	sv.sends++
+	sv.sending[host]++
+	return true
+}
+
+func (sv *Server) endSend(host string) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	sv.sends--
+	if sv.sending[host]--; sv.sending[host] <= 0 {
+		delete(sv.sending, host)
 	}
 }
 
@@ -271,10 +322,11 @@ type countWriter struct {
 func (c *countWriter) Write(p []byte) (int, error) {
 	n := 0
 	for len(p) > 0 {
-		k := min(len(p), 1<<20)
+		k := min(len(p), sendSlice)
 		c.sv.pace.Add(c.ctx, int64(k))
-		// A reader that stops reading is cut off, not waited for; one
-		// that is slow but reads is not.
+		// A reader that stops reading (or grants no window) is cut off,
+		// not waited for, and its buffer freed; one that is slow but
+		// reads is not.
 		_ = c.rc.SetWriteDeadline(time.Now().Add(c.sv.Timeout))
 		m, err := c.w.Write(p[:k])
 		n += m
@@ -285,82 +337,4 @@ func (c *countWriter) Write(p []byte) (int, error) {
 		p = p[k:]
 	}
 	return n, nil
-}
-
-// limitListener bounds the connections open at once: over the bound,
-// peers wait in the kernel's backlog and cost nothing here. One address
-// may hold only a quarter of the bound (at least 16, more than a seeder's
-// workers open): a connection past its share is closed as soon as it is
-// accepted, so that one host holding idle connections cannot fill the
-// bound and the backlog behind it and starve every other peer.
-type limitListener struct {
-	net.Listener
-	slots   chan struct{}
-	perHost int
-	sv      *Server
-	mu      sync.Mutex
-	open    map[string]int // by remote host
-}
-
-func newLimitListener(l net.Listener, sv *Server) *limitListener {
-	return &limitListener{Listener: l, slots: make(chan struct{}, sv.MaxConns), perHost: max(16, sv.MaxConns/4), sv: sv, open: map[string]int{}}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		l.slots <- struct{}{}
-		c, err := l.Listener.Accept()
-		if err != nil {
-			<-l.slots
-			return nil, err
-		}
-		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-		l.mu.Lock()
-		over := l.open[host] >= l.perHost
-		if !over {
-			l.open[host]++
-		}
-		l.mu.Unlock()
-		if over {
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetLinger(0) // a reset: nothing of it stays in TIME_WAIT here
-			}
-			_ = c.Close()
-			<-l.slots
-			if l.sv.firstRefusal("connections", c.RemoteAddr().String()) {
-				l.sv.Log.Warn("peer refused: too many connections from one address (said once a minute per address)",
-					"peer", c.RemoteAddr().String(), "open", l.perHost)
-			}
-			continue
-		}
-		return &slotConn{Conn: c, release: func() {
-			l.mu.Lock()
-			if l.open[host]--; l.open[host] <= 0 {
-				delete(l.open, host)
-			}
-			l.mu.Unlock()
-			<-l.slots
-		}}, nil
-	}
-}
-
-type slotConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
-}
-
-// Remove stops serving s, if it is the store served for its checkpoint.
-func (sv *Server) Remove(s *Store) {
-	sv.mu.Lock()
-	defer sv.mu.Unlock()
-	if sv.stores[s.ckpt.Hash()] == s {
-		delete(sv.stores, s.ckpt.Hash())
-	}
 }
