@@ -172,8 +172,10 @@ bench-outlive: ## attach, preload, rank restart and takeover at scale
 
 # Seeding from peers in network namespaces (root): one peer to one node
 # against a plain TCP copy and cp, 1 -> 3 nodes on shaped links against one
-# copy and the star, SHA-256's CPU per GB. WEIGHTCACHE_BENCH_FLEET_MODEL,
-# WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change the model and the links; the
+# copy and the star, SHA-256's CPU per GB, then a row per peer fault (killed,
+# link stalled, 1 Mbit/s, 404) against the same seed without it.
+# WEIGHTCACHE_BENCH_FLEET_MODEL, WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change
+# the model and the links; the
 # 4 GiB run: weightcache synth --preset large --shards 4 --out DIR, then
 # WEIGHTCACHE_BENCH_FLEET_MODEL=DIR (its swarm runs where memory allows).
 bench-fleet: ## seeding from peers in network namespaces (root)
