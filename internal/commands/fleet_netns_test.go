@@ -235,9 +235,7 @@ func TestFleetSurvivesPeerFaults(t *testing.T) {
 			tc.fault()
 			d.ready = d.event(t, "ready")
 			fleetReady(t, "node 3", d, "peers", files, 0)
-			if log := d.stderr.String(); !strings.Contains(log, tc.log) {
-				t.Fatalf("no log line naming the peer (%q):\n%s", tc.log, log)
-			}
+			d.logged(t, tc.log)
 			sameDigests(t, "node 3", servedDigests(t, model, dir, 1, 0), servedDigests(t, model, "", 1, 0))
 			if code := d.stop(t, syscall.SIGTERM); code != 0 {
 				t.Fatalf("exit %d: %s", code, d.stderr)

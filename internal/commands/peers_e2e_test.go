@@ -163,11 +163,7 @@ func TestSeedFallsBackToStorage(t *testing.T) {
 				readyInt(t, p, "storage_bytes") != readyInt(t, p, "file_bytes") {
 				t.Fatalf("ready: %v", p.ready)
 			}
-			log := p.stderr.String()
-			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=http://127.0.0.1:`+port+"/") ||
-				!strings.Contains(log, tc.log) || !strings.Contains(log, `msg="seeding from storage"`) {
-				t.Fatalf("log does not name the peer and why (%q):\n%s", tc.log, log)
-			}
+			p.logged(t, `msg="peer's manifest not taken" group=main peer=http://127.0.0.1:`+port+"/", tc.log, `msg="seeding from storage"`)
 			sameDigests(t, tc.name, servedDigests(t, tc.model, dir, 1, 0), servedDigests(t, tc.model, "", 1, 0))
 			if code := p.stop(t, syscall.SIGTERM); code != 0 {
 				t.Fatalf("exit %d: %s", code, p.stderr)
