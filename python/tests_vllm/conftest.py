@@ -74,6 +74,9 @@ def plugin_log(caplog, monkeypatch):
     handle = lg.handle
 
     def both(record):
-        caplog.handler.handle(record)
         handle(record)
+        # Until an engine start configures "vllm", it propagates to the
+        # root logger, where caplog's handler took the record already.
+        if not any(r is record for r in caplog.handler.records):
+            caplog.handler.handle(record)
     monkeypatch.setattr(lg, "handle", both)
