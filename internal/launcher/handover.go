@@ -494,9 +494,6 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 		if err := p.ctl.Send(rank.Handover{Head: headOf(rank.TypeHandover), Leases: adopt}); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
-		if !adopt {
-			continue
-		}
 		for {
 			fr, err := p.next(stepTimeout)
 			if err != nil {
@@ -505,6 +502,13 @@ func (l *launcher) collectLeases(conn *protocol.Conn, procs []*proc, adopt bool)
 			m, err := rank.DecodeLeases(fr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
+			}
+			if !adopt {
+				// The rank accepts no more: the successor, ready once
+				// this exchange ends, gets every engine that connects
+				// from then on, none a daemon that drains.
+				fr.CloseFiles()
+				break
 			}
 			err = conn.Send(handoverLeases{Head: headOf(typeHandoverLeases), Rank: i, Leases: m.Leases, Last: m.Last}, fr.Files...)
 			fr.CloseFiles()
