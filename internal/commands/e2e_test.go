@@ -128,7 +128,7 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); p.killRanks() })
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -177,6 +177,24 @@ func (p *preloadProc) event(t testing.TB, name string) map[string]any {
 			_ = p.cmd.Process.Kill() // before its stderr is read
 			_ = p.cmd.Wait()
 			t.Fatalf("no %s event by the test's deadline: %s", name, p.stderr)
+		}
+	}
+}
+
+// killRanks kills the ranks p's ready line names that still run this
+// binary: a rank outlives its launcher to drain its leases, and must not
+// outlive the test.
+func (p *preloadProc) killRanks() {
+	ranks, _ := p.ready["ranks"].([]any)
+	for _, r := range ranks {
+		m, _ := r.(map[string]any)
+		pid, ok := m["pid"].(float64)
+		if !ok {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", int(pid)))
+		if err == nil && bytes.HasPrefix(cmdline, []byte(os.Args[0]+"\x00")) {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
 		}
 	}
 }
