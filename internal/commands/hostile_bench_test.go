@@ -464,6 +464,7 @@ func caplessCmd(args ...string) *exec.Cmd {
 	cmd := exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", caplessNoFile, caplessNoFile), "--",
 		"setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"}, c.Args...)...)
 	cmd.Env = c.Env
+	dieWithTest(cmd)
 	return cmd
 }
 
@@ -763,6 +764,7 @@ type attacker struct {
 func startAttacker(b *testing.B, mode, sock, model string, conns int) *attacker {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHostileClientProcess$")
 	cmd.Env = append(os.Environ(), "WC_ATTACK="+mode, "WC_ATTACK_SOCK="+sock, "WC_ATTACK_MODEL="+model, fmt.Sprintf("WC_ATTACK_CONNS=%d", conns))
+	dieWithTest(cmd)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

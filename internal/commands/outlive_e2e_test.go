@@ -176,6 +176,21 @@ func leasesIn(t *testing.T, dir string) int {
 	return sumStatus(t, dir, func(st client.DaemonStatus) int { return st.Leases })
 }
 
+// leasesSettle waits until the daemons in dir hold want leases, while
+// leases end and are adopted, and returns the last count it read: want,
+// or another count at the test's deadline.
+func leasesSettle(t *testing.T, dir string, want int) int {
+	t.Helper()
+	deadline := waitDeadline(t)
+	for {
+		n := leasesIn(t, dir)
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // carriedIn is the leases whose connections their ranks' launchers hold.
 func carriedIn(t *testing.T, dir string) int {
 	t.Helper()
@@ -221,7 +236,9 @@ func TestTakeoverAcrossVersions(t *testing.T) {
 	if !strings.Contains(old.stderr.String(), "handed over to the successor") {
 		t.Fatalf("old preload's log: %s", old.stderr)
 	}
-	if n := leasesIn(t, dir); n != 100 {
+	// Its ranks adopt the leases it forwards as they read them, after
+	// its ready line.
+	if n := leasesSettle(t, dir, 100); n != 100 {
 		t.Fatalf("%d leases on the successor, want the 100 handed over", n)
 	}
 	for _, w := range held {

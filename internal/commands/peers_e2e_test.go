@@ -11,6 +11,17 @@ import (
 	"testing"
 )
 
+// peerListen is the address p serves peers on, as it logs it: a test
+// gives --peer-listen 127.0.0.1:0 and reads the port the kernel chose.
+func peerListen(t *testing.T, p *preloadProc) string {
+	t.Helper()
+	const prefix = `msg="serving peers" listen=`
+	p.logged(t, prefix)
+	log := p.stderr.String()
+	addr, _, _ := strings.Cut(log[strings.Index(log, prefix)+len(prefix):], "\n")
+	return strings.Fields(addr)[0]
+}
+
 // peerArgs is a preload of model on host devices that serves peers on
 // listen and seeds from seeds (when there are any) with the token in tok.
 func peerArgs(model, dir, tok, listen string, tp int, seeds ...string) []string {
@@ -98,16 +109,16 @@ func readyInt(t *testing.T, p *preloadProc, key string) int64 {
 func TestSeedFromPeersAcrossLayouts(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
-	ports := freePorts(t, 4)
-	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:"+ports[0], 1)...)
+	health := freePort(t)
+	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
 	if a.ready["source"] != "checkpoint" || readyInt(t, a, "storage_bytes") == 0 || readyInt(t, a, "peer_bytes") != 0 {
 		t.Fatalf("first node: %v", a.ready)
 	}
 	files := readyInt(t, a, "file_bytes")
 
 	dirB := sockDir(t)
-	b := startPreloadProc(t, true, append(peerArgs(model, dirB, tok, "127.0.0.1:"+ports[1], 2, "127.0.0.1:"+ports[0]),
-		"--weight-cache-health-port", ports[3])...)
+	b := startPreloadProc(t, true, append(peerArgs(model, dirB, tok, "127.0.0.1:0", 2, peerListen(t, a)),
+		"--weight-cache-health-port", health)...)
 	if b.ready["source"] != "peers" || readyInt(t, b, "read_bytes") != 0 || readyInt(t, b, "storage_bytes") != 0 ||
 		readyInt(t, b, "peer_bytes") != files || b.ready["peer_manifest"] != a.ready["peer_manifest"] {
 		t.Fatalf("TP 2 node: %v\nfirst node: %v", b.ready, a.ready)
@@ -115,7 +126,7 @@ func TestSeedFromPeersAcrossLayouts(t *testing.T) {
 	for r := range 2 {
 		sameDigests(t, "TP 2 node rank "+strconv.Itoa(r), servedDigests(t, model, dirB, 2, r), servedDigests(t, model, "", 2, r))
 	}
-	fams := scrape(t, "127.0.0.1:"+ports[3])
+	fams := scrape(t, "127.0.0.1:"+health)
 	if got := value(t, fams, "weightcache_peer_bytes_total", nil); int64(got) != files {
 		t.Fatalf("weightcache_peer_bytes_total %v, want %d", got, files)
 	}
@@ -126,13 +137,13 @@ func TestSeedFromPeersAcrossLayouts(t *testing.T) {
 	// The other way round, from the TP 2 node only: its pieces are the
 	// files' bytes, whatever layout its ranks hold.
 	dirC := sockDir(t)
-	c := startPreloadProc(t, true, peerArgs(model, dirC, tok, "", 1, "127.0.0.1:"+ports[1])...)
+	c := startPreloadProc(t, true, peerArgs(model, dirC, tok, "", 1, peerListen(t, b))...)
 	if c.ready["source"] != "peers" || readyInt(t, c, "storage_bytes") != 0 || readyInt(t, c, "peer_bytes") != files {
 		t.Fatalf("TP 1 node from the TP 2 one: %v", c.ready)
 	}
 	sameDigests(t, "TP 1 node", servedDigests(t, model, dirC, 1, 0), servedDigests(t, model, "", 1, 0))
 	// B's counter of bytes sent grew by C's seed.
-	if got := value(t, scrape(t, "127.0.0.1:"+ports[3]), "weightcache_peer_sent_bytes_total", nil); int64(got) != files {
+	if got := value(t, scrape(t, "127.0.0.1:"+health), "weightcache_peer_sent_bytes_total", nil); int64(got) != files {
 		t.Fatalf("weightcache_peer_sent_bytes_total %v, want %d", got, files)
 	}
 	for _, p := range []*preloadProc{c, b, a} {
@@ -147,8 +158,8 @@ func TestSeedFromPeersAcrossLayouts(t *testing.T) {
 func TestSeedFallsBackToStorage(t *testing.T) {
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
-	port := freePort(t)
-	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:"+port, 1)...)
+	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
+	addr := peerListen(t, a)
 	other := synthModel(t, "tiny") // another checkpoint: another revision of the model, as far as pieces go
 	for _, tc := range []struct {
 		name, model, tok, log string
@@ -158,16 +169,12 @@ func TestSeedFallsBackToStorage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := sockDir(t)
-			p := startPreloadProc(t, true, peerArgs(tc.model, dir, tc.tok, "", 1, "127.0.0.1:"+port)...)
+			p := startPreloadProc(t, true, peerArgs(tc.model, dir, tc.tok, "", 1, addr)...)
 			if p.ready["source"] != "checkpoint" || readyInt(t, p, "peer_bytes") != 0 ||
 				readyInt(t, p, "storage_bytes") != readyInt(t, p, "file_bytes") {
 				t.Fatalf("ready: %v", p.ready)
 			}
-			log := p.stderr.String()
-			if !strings.Contains(log, `msg="peer's manifest not taken" group=main peer=https://127.0.0.1:`+port+"/") ||
-				!strings.Contains(log, tc.log) || !strings.Contains(log, `msg="seeding from storage"`) {
-				t.Fatalf("log does not name the peer and why (%q):\n%s", tc.log, log)
-			}
+			p.logged(t, `msg="peer's manifest not taken" group=main peer=https://`+addr+"/", tc.log, `msg="seeding from storage"`)
 			sameDigests(t, tc.name, servedDigests(t, tc.model, dir, 1, 0), servedDigests(t, tc.model, "", 1, 0))
 			if code := p.stop(t, syscall.SIGTERM); code != 0 {
 				t.Fatalf("exit %d: %s", code, p.stderr)

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,23 +59,6 @@ func readyWithin(t *testing.T, p *preloadProc, d time.Duration) time.Duration {
 		t.Fatalf("preload not ready %s after it started: %s", d, p.stderr)
 	}
 	return time.Since(begun)
-}
-
-var servingPeers = regexp.MustCompile(`msg="serving peers" listen=(\S+)`)
-
-// peerListen is the address a preload started with --peer-listen
-// 127.0.0.1:0 serves peers on, from its log.
-func peerListen(t *testing.T, p *preloadProc) string {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := servingPeers.FindStringSubmatch(p.stderr.String()); m != nil {
-			return m[1]
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no serving peers line: %s", p.stderr)
-	return ""
 }
 
 // peakRSS is a process's peak resident memory.

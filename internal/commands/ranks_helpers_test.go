@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -16,24 +15,6 @@ import (
 
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
-
-// freePorts returns n distinct loopback TCP ports nobody listens on right
-// now: all are held open until every one is picked.
-func freePorts(t testing.TB, n int) []string {
-	t.Helper()
-	var out []string
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		out = append(out, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-	}
-	return out
-}
-
-func freePort(t testing.TB) string { return freePorts(t, 1)[0] }
 
 // dataBytes is the tensor data in a checkpoint's files: their sizes less
 // their headers, from the files themselves.

@@ -28,7 +28,9 @@ import (
 //     in rank order.
 //   - Control: the control socket, which goes with the ranks' sockets.
 //   - Stop, once the successor owns: stops every rank, handing each one's
-//     leased connections to deliver (adopt) or leaving them to drain.
+//     leased connections to deliver (adopt) or leaving them to drain; it
+//     returns only once every rank accepts no more, since the successor
+//     serves from the "sent" that follows.
 //   - Resume, after an exchange that failed once the sockets had moved,
 //     when ownership came back: the ranks it stopped are its own again.
 //   - HandedOver, once the exchange is done: the successor owns all.

@@ -64,8 +64,8 @@ func (l *launcher) Control() *sockets.Socket { return l.ctlSock }
 
 // Stop implements handover.Holder: every rank stops for the successor,
 // forwarding its leased connections (or, when the successor loaded
-// afresh, leaving them to drain here). A rank that is not running has
-// none.
+// afresh, leaving them to drain here once the rank says it accepts no
+// more). A rank that is not running has none.
 func (l *launcher) Stop(adopt bool, deliver handover.Deliver) error {
 	procs := l.procsSnapshot()
 	for _, p := range procs {
@@ -80,9 +80,6 @@ func (l *launcher) Stop(adopt bool, deliver handover.Deliver) error {
 		if err := p.ctl.Send(rank.Handover{Head: headOf(rank.TypeHandover), Leases: adopt}); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
-		if !adopt {
-			continue
-		}
 		for {
 			fr, err := p.next(handover.StepTimeout)
 			if err != nil {
@@ -91,6 +88,13 @@ func (l *launcher) Stop(adopt bool, deliver handover.Deliver) error {
 			m, err := rank.DecodeLeases(fr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
+			}
+			if !adopt {
+				// The rank accepts no more: the successor, ready once
+				// this exchange ends, gets every engine that connects
+				// from then on, none a daemon that drains.
+				fr.CloseFiles()
+				break
 			}
 			err = deliver(i, m.Leases, fr.Files, m.Last)
 			fr.CloseFiles()

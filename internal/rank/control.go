@@ -72,7 +72,8 @@ func (w launcherLeases) Ended(id uint64) {
 
 // Handover asks a rank to stop for a successor: with Leases it hands
 // its leased connections over (answered by leases frames); without, the
-// successor serves other bytes, and the leases drain here.
+// successor serves other bytes, and the leases drain here (answered by
+// one empty last leases frame once it accepts no more).
 type Handover struct {
 	protocol.Head
 	Leases bool `json:"leases"`

@@ -223,6 +223,11 @@ func serveReady(ctx context.Context, d *daemon.Daemon, ctl *protocol.Conn, frame
 				fr.CloseFiles()
 				if err == nil && !m.Leases {
 					d.StopAccepting()
+					// No lease goes: an empty last frame says this rank
+					// accepts no more, before the successor is ready.
+					if err := SendLeases(ctl, nil, nil); err != nil {
+						log.Warn("could not tell the launcher this rank stopped accepting", "err", err)
+					}
 					if n := d.Leases(); n > 0 {
 						log.Info("successor serves another load: draining leases here", "leases", n)
 					}

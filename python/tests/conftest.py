@@ -2,6 +2,7 @@
 with `go build` when missing), synthetic checkpoints and daemons run as
 processes, as engines meet them."""
 
+import ctypes
 import inspect
 import json
 import os
@@ -63,6 +64,18 @@ def sock_dir():
 
 READY_S = 300
 
+# prctl(PR_SET_PDEATHSIG, SIGKILL), looked up here: the child calls it
+# between fork and exec, where nothing may be imported.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_test():
+    """preexec_fn of the processes the tests start: the kernel kills them
+    when the test process ends, however it ends (a pytest killed by a
+    signal or a timeout runs no fixture's teardown)."""
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)
+
 
 class Daemon:
     def __init__(self, proc, ready):
@@ -86,7 +99,7 @@ def daemon(wc_bin, sock_dir):
 
     def start(model, *flags, wait=True):
         proc = subprocess.Popen([wc_bin, "preload", "--model", model, "--socket-dir", sock_dir, *flags],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_test)
         d = Daemon(proc, None)
         started.append(d)
         if wait:

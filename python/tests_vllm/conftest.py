@@ -29,7 +29,7 @@ fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fixtures)
 sys.path[:] = [p for p in sys.path if os.path.abspath(p) not in (os.path.join(ROOT, "python"), os.path.join(ROOT, "python", "tests"))]
 wc_bin, sock_dir, daemon = fixtures.wc_bin, fixtures.sock_dir, fixtures.daemon
-status, wait_for = fixtures.status, fixtures.wait_for
+status, wait_for, die_with_test = fixtures.status, fixtures.wait_for, fixtures.die_with_test
 
 try:
     import vllm  # noqa: F401
@@ -74,6 +74,9 @@ def plugin_log(caplog, monkeypatch):
     handle = lg.handle
 
     def both(record):
-        caplog.handler.handle(record)
         handle(record)
+        # Until an engine start configures "vllm", it propagates to the
+        # root logger, where caplog's handler took the record already.
+        if not any(r is record for r in caplog.handler.records):
+            caplog.handler.handle(record)
     monkeypatch.setattr(lg, "handle", both)

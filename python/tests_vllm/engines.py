@@ -4,6 +4,16 @@ prompts and greedy sampling every time, outputs as plain lists."""
 import gc
 import logging
 
+import torch
+
+# vLLM 0.32's CPU attention runs its AMX kernel wherever the CPU has AMX
+# tiles, without asking Linux for the per-process AMX permission, which
+# only torch.compile or a oneDNN matmul on AMX asks for as a side effect:
+# an eager engine of a small model dies of SIGILL (docs/troubleshooting.md).
+# Asked once here, before any engine of this process or of a script that
+# imports this module; False and nothing done where there is no AMX.
+torch.cpu._init_amx()
+
 PROMPTS = [[1, 5, 9, 100, 7, 300, 2, 64], [1, 42, 17]]
 KV_BYTES = 32 << 20  # --kv-cache-memory-bytes: no share of the machine's memory asked for
 

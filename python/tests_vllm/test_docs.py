@@ -71,10 +71,28 @@ def model_line(lines):
 
 
 def _free_port():
+    """A TCP port nobody listens on now, for vLLM to bind later. It comes
+    from below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
+    from which any process's connect() and bind to port 0 take theirs: a
+    port from that range, free when picked, can be another process's by the
+    time vLLM binds it, as happens on a loaded machine."""
+    import random
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    base = max(1024, low - 16384)
+    for _ in range(1000):
+        port = random.randrange(base, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # every address, as vLLM's server binds it
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no free port in {base}..{low - 1}")
 
 
 def user_bin(tmp_path):

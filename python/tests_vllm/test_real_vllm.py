@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import engines
-from conftest import status, wait_for
+from conftest import die_with_test, status, wait_for
 from engines import fallback_lines, run
 from procs import Logged
 
@@ -455,7 +455,7 @@ def _preload(wc_bin, model, sock, env):
     import select
     import subprocess
     proc = subprocess.Popen([wc_bin, "preload", "--model", model, "--socket-dir", sock, "--devices", "host"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=die_with_test)
     if not select.select([proc.stdout], [], [], 300)[0]:
         proc.kill()
         raise AssertionError(f"preload --model {model}: no ready line in 300 s")
