@@ -34,7 +34,7 @@ esac
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
 		t.Fatalf("exit %v, want 1:\n%s", err, out)
 	}
-	if b, _ := os.ReadFile(ran); string(b) != "build\ntest-go\ntest-python\ntest-vllm\ntest-deploy\n" {
+	if b, _ := os.ReadFile(ran); string(b) != "build\nlint\ntest-go\ntest-python\ntest-vllm\ntest-deploy\n" {
 		t.Errorf("stages run: %q", b)
 	}
 	got := string(out)
@@ -44,13 +44,14 @@ esac
 		"\npython   FAIL (2)      120       2        2 ", // a pytest error counts as a failure
 		"\nvllm     FAIL (1)        -       -        - ",
 		"\nbuild    ok              -       -        - ",
+		"\nlint     ok              -       -        - ",
 		"\ndeploy   ok             30       0        2 ",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q:\n%s", want, got)
 		}
 	}
-	if !strings.HasSuffix(got, "\nmake test: 3 passed, 2 failed\n") {
+	if !strings.HasSuffix(got, "\nmake test: 4 passed, 2 failed\n") {
 		t.Errorf("closing line:\n%s", got)
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "logs", "vllm.log")); err != nil || string(b) != "pip: no network\n" {
