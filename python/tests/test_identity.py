@@ -2,6 +2,7 @@
 other files are checkpoint_changed unless verify_content checks every
 tensor (the Go client's internal/daemon/identity_test.go)."""
 
+import json
 import os
 import shutil
 
@@ -83,3 +84,38 @@ def test_other_headers_are_a_hash_mismatch(model, synth, daemon, sock_dir):
         attach(other, socket_dir=sock_dir, fallback=False)
     assert e.value.reason == "fingerprint_mismatch"
     assert [f["field"] for f in e.value.info.fields] == ["checkpoint_hash"]
+
+
+def _read_bytes():
+    """This process's rchar: every byte its read calls returned."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_an_unchanged_index_is_not_read(model, daemon, sock_dir, tmp_path):
+    """The daemon derived the shards from an index that is still the file
+    it read: attach takes that set without reading the index (4 MiB here,
+    as an MoE checkpoint's is); one rewritten to name other shards is read,
+    and the start misses saying so."""
+    cp = str(tmp_path / "padded")
+    shutil.copytree(model, cp)
+    idx_path = os.path.join(cp, "model.safetensors.index.json")
+    with open(idx_path) as f:
+        idx = json.load(f)
+    idx["metadata"] = {"padding": "x" * (4 << 20)}
+    with open(idx_path, "w") as f:
+        json.dump(idx, f)
+    daemon(cp)
+    before = _read_bytes()
+    w, info = attach(cp, socket_dir=sock_dir, fallback=False)
+    read = _read_bytes() - before
+    assert info.hit, info
+    w.close()
+    assert read < 1 << 20, f"attach read {read} bytes; the index alone is over 4 MiB"
+    first = sorted(set(idx["weight_map"].values()))[0]
+    idx["weight_map"] = dict.fromkeys(idx["weight_map"], first)
+    with open(idx_path, "w") as f:
+        json.dump(idx, f)
+    with pytest.raises(MissError) as e:
+        attach(cp, socket_dir=sock_dir, fallback=False)
+    assert f"this engine reads ['model.safetensors.index.json', '{first}']" in e.value.info.detail, e.value.info

@@ -48,11 +48,13 @@ def files_change(offered: Sequence[dict[str, Any]], directory: str) -> str:
     offered: "" when they are the same files, unchanged (Go's filesChange).
     The files are this engine's own choice (checkpoint.weight_files, what
     vLLM reads), never the daemon's list: a daemon serving other files of
-    the directory is a named difference."""
+    the directory is a named difference. The choice trusts the set the
+    daemon derived from an index that is still the file it read, so an
+    unchanged checkpoint's index is not parsed."""
     if not offered:
         return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
     try:
-        names = checkpoint.weight_files(directory).identity_names()
+        names = checkpoint.weight_files(directory, offered).identity_names()
         theirs = [f.get("name") for f in offered]
         if theirs != names:
             return f"the daemon serves the files {theirs}, this engine reads {names}"
