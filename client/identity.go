@@ -19,8 +19,9 @@ func WithVerifyContent(on bool) Opt { return func(o *options) { o.verifyContent 
 // attempt is one try at the daemon: the fingerprint sent and how the
 // engine's files are checked against the daemon's.
 type attempt struct {
-	fp  checkpoint.Fingerprint
-	dir string // the engine's checkpoint directory
+	fp    checkpoint.Fingerprint
+	dir   string // the engine's checkpoint directory
+	model string // as the engine named it, for verify_content
 	// change is, on a second try, how the engine's files differ from the
 	// daemon's; the fingerprint then carries the checkpoint hash.
 	change string
