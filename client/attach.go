@@ -217,7 +217,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 		// committed since is another engine's.
 		return nil, mismatchMiss(fr)
 	}
-	w, err := mapManifest(fr, o.mode == ZeroCopy)
+	w, err := mapManifest(fr, o.mode == Copy)
 	if errors.Is(err, errDeviceMismatch) {
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}
@@ -243,6 +243,8 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 		// call must not end it.
 		_ = conn.Unix().SetDeadline(time.Time{})
 		w.conn = conn
+		// Last, so that it takes no core from the handshake.
+		w.prefetch = startPrefetch(w.maps)
 	}
 	return w, Source{Hit: true}
 }
@@ -299,9 +301,11 @@ func protocolMiss(err error) Source {
 	return miss(ReasonProtocolError, "", err)
 }
 
-// mapManifest maps a manifest's segments, read-only when readOnly, and its
-// index. On error every descriptor is closed and nothing stays mapped.
-func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
+// mapManifest maps a manifest's segments and its index: read-only, or,
+// with copy, GPU segments writable and host segments read into this
+// process's memory instead of mapped (readSegment). On error every
+// descriptor is closed and nothing stays mapped.
+func mapManifest(fr *protocol.Frame, copy bool) (*Weights, error) {
 	defer fr.CloseFiles()
 	var m protocol.Manifest
 	if err := fr.Decode(&m); err != nil {
@@ -321,13 +325,23 @@ func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
 		return nil, err
 	}
 	if cuda.IsDevice(m.Device) {
-		if err := w.mapGPU(&m, files, readOnly); err != nil {
+		if err := w.mapGPU(&m, files, !copy); err != nil {
 			return nil, errors.Join(err, w.Close())
 		}
 		return w, nil
 	}
 	if len(m.Segments) != len(files) {
 		return nil, errors.Join(fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(files)), w.Close())
+	}
+	if copy {
+		for i, s := range m.Segments {
+			b, err := readSegment(files[i], s.Size, i)
+			if err != nil {
+				return nil, errors.Join(err, w.Close())
+			}
+			w.data = append(w.data, b)
+		}
+		return w, nil
 	}
 	for i, s := range m.Segments {
 		b, err := host.Map(files[i], s.Size)
@@ -381,12 +395,7 @@ func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o opt
 		report(Source{Hit: true})
 		return release(ctx, conn, o)
 	}
-	w.data = make([][]byte, len(w.maps))
-	for i, m := range w.maps {
-		w.data[i] = append([]byte(nil), m...)
-		_ = host.Unmap(m)
-	}
-	w.maps = nil
+	// The host segments were read, not mapped (mapManifest).
 	w.ReadOnly = false
 	report(Source{Hit: true})
 	return release(ctx, conn, o)

@@ -50,6 +50,7 @@ type Weights struct {
 	bytes     int64
 	data      [][]byte // host segments' bytes: the mappings, or private copies
 	maps      [][]byte // what Close unmaps
+	prefetch  *prefetch
 	gpu       *gpuWeights
 	conn      *protocol.Conn // the lease, in zero_copy mode
 }
@@ -151,6 +152,7 @@ func (w *Weights) Bytes() int64 {
 func (w *Weights) Close() error {
 	var errs []error
 	w.closeOnce.Do(func() {
+		w.prefetch.Stop()
 		for _, m := range w.maps {
 			errs = append(errs, host.Unmap(m))
 		}

@@ -59,6 +59,7 @@ class Weights(Mapping[str, torch.Tensor]):
         self._made: dict[str, torch.Tensor] = {}  # name -> tensor, made once
         self._where: dict[str, int] = {}  # name -> entry number, learnt while iterating
         self._report: Optional[protocol.Conn] = None  # where the outcome is due; the lease or, copied, its own
+        self._prefetch: Optional[hostmap.Prefetch] = None
 
     def __len__(self) -> int:
         return len(self._index) if self._index is not None else len(self._dict)
@@ -139,7 +140,15 @@ class Weights(Mapping[str, torch.Tensor]):
         if conn is not self._conn:
             conn.close()
 
+    def _start_prefetch(self) -> None:
+        """Populate the mapped host segments in the background (hostmap.Prefetch)."""
+        if self._segments and self._prefetch is None and all(isinstance(m, mmap.mmap) for m in self._segments):
+            self._prefetch = hostmap.Prefetch([(b.data_ptr(), b.numel()) for b in self._bases])
+
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.stop()
+            self._prefetch = None
         if self._report is not None and self._report is not self._conn:
             self._report.close()
         self._report = None
@@ -302,8 +311,11 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
             info.detail = change  # which files differ, beside the hashes
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
-    if weights is not None and info.hit and confirm:
-        weights.confirm()
+    if weights is not None and info.hit:
+        if confirm:
+            weights.confirm()
+        # Last, so that it takes no core from the handshake.
+        weights._start_prefetch()
     if weights is None or not info.hit:
         info.fix = source.fix_for(info, os.fspath(model), socket_dir or protocol.default_socket_dir(),
                                   protocol.default_socket_dir())
