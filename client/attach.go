@@ -243,8 +243,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 		// call must not end it.
 		_ = conn.Unix().SetDeadline(time.Time{})
 		w.conn = conn
-		// Last, so that it takes no core from the handshake.
-		w.prefetch = startPrefetch(w.maps)
+		w.prefetchOn = true
 	}
 	return w, Source{Hit: true}
 }

@@ -92,7 +92,7 @@ def copy_segment(fd: int, size: int, i: int) -> torch.Tensor:
 # kernel. Python's mmap module names it from 3.12 on, and holds the GIL
 # over madvise; libc's, through ctypes, does not.
 _MADV_POPULATE_READ = 22
-_PREFETCH_CHUNK = 2 << 20
+_PREFETCH_CHUNK = 512 << 10
 
 
 def _libc_madvise() -> Optional[Callable[[int, int, int], int]]:
