@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from . import checkpoint, dtypes, safetensors
+from .crc32c import crc32c_function
 from .checkpoint import Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
@@ -172,11 +173,7 @@ class ServedCRCs(Protocol):
 def verify_content(weights: ServedCRCs, ckpt: Checkpoint, dtype: str) -> None:
     """Raise ValueError naming the first tensor whose CRC-32C, read from
     ckpt as served in dtype, differs from the daemon's."""
-    try:
-        import crcmod.predefined
-    except ImportError:
-        raise ValueError("verify_content needs crcmod for CRC-32C: pip install crcmod (Debian: apt-get install python3-crcmod)") from None
-    crc32c: Callable[[Any], int] = crcmod.predefined.mkCrcFun("crc-32c")
+    crc32c = crc32c_function()
     import torch
     served = ckpt.served(dtype)
     if len(served) != len(weights):
