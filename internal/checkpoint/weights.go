@@ -127,12 +127,11 @@ func listKnownWeights(dir string, known Identity) (*shardList, error) {
 // checkNamed requires every name an index chose to be a candidate, and
 // every name to be a regular file once symlinks are followed.
 func (l *shardList) checkNamed(dir string, candidates []string) error {
-	for _, n := range l.set.Names {
-		if l.set.Index == "" {
-			break
-		}
-		if _, ok := slices.BinarySearch(candidates, n); !ok {
-			return fmt.Errorf("%w: %s names shard %s, which is missing (no such file at the top of %s)", ErrInvalid, l.idxPath, n, dir)
+	if l.set.Index != "" {
+		for _, n := range l.set.Names {
+			if _, ok := slices.BinarySearch(candidates, n); !ok {
+				return fmt.Errorf("%w: %s names shard %s, which is missing (no such file at the top of %s)", ErrInvalid, l.idxPath, n, dir)
+			}
 		}
 	}
 	for _, n := range l.set.Names {
