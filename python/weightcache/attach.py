@@ -59,11 +59,6 @@ class Weights(Mapping[str, torch.Tensor]):
         self._made: dict[str, torch.Tensor] = {}  # name -> tensor, made once
         self._where: dict[str, int] = {}  # name -> entry number, learnt while iterating
         self._report: Optional[protocol.Conn] = None  # where the outcome is due; the lease or, copied, its own
-        # A zero_copy hit's host mappings are populated from the first
-        # tensor made on (hostmap.Prefetch): the engine reads from then on,
-        # and an attach that reads nothing costs nothing more.
-        self._prefetch_on = False
-        self._prefetch: Optional[hostmap.Prefetch] = None
 
     def __len__(self) -> int:
         return len(self._index) if self._index is not None else len(self._dict)
@@ -101,8 +96,6 @@ class Weights(Mapping[str, torch.Tensor]):
 
     def _view(self, i: int) -> torch.Tensor:
         assert self._index is not None  # only an index's entries are numbered
-        if self._prefetch_on:
-            self._start_prefetch()
         name, dt, shape, seg, off, n, _ = self._index.entry(i)
         if not 0 <= seg < len(self._bases):
             raise protocol.ProtocolError(f"tensor {name}: segment {seg} does not exist")
@@ -146,17 +139,7 @@ class Weights(Mapping[str, torch.Tensor]):
         if conn is not self._conn:
             conn.close()
 
-    def _start_prefetch(self) -> None:
-        """Populate the mapped host segments in the background (hostmap.Prefetch), once."""
-        self._prefetch_on = False
-        if self._segments and all(isinstance(m, mmap.mmap) for m in self._segments):
-            self._prefetch = hostmap.Prefetch([(b.data_ptr(), b.numel()) for b in self._bases])
-
     def close(self) -> None:
-        self._prefetch_on = False
-        if self._prefetch is not None:
-            self._prefetch.stop()
-            self._prefetch = None
         if self._report is not None and self._report is not self._conn:
             self._report.close()
         self._report = None
@@ -319,10 +302,8 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
             info.detail = change  # which files differ, beside the hashes
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
-    if weights is not None and info.hit:
-        if confirm:
-            weights.confirm()
-        weights._prefetch_on = True
+    if weights is not None and info.hit and confirm:
+        weights.confirm()
     if weights is None or not info.hit:
         info.fix = source.fix_for(info, os.fspath(model), socket_dir or protocol.default_socket_dir(),
                                   protocol.default_socket_dir())

@@ -14,13 +14,9 @@ mapping of the daemon's left behind.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import fcntl
 import mmap
 import os
-import threading
-from collections.abc import Callable, Sequence
-from typing import Optional, cast
 
 import torch
 
@@ -86,59 +82,3 @@ def copy_segment(fd: int, size: int, i: int) -> torch.Tensor:
         with concurrent.futures.ThreadPoolExecutor(min(len(starts), _THREADS)) as pool:
             list(pool.map(read, starts))
     return torch.frombuffer(mp, dtype=torch.uint8)
-
-
-# MADV_POPULATE_READ (Linux 5.14): fills a mapping's page tables in the
-# kernel. Python's mmap module names it from 3.12 on, and holds the GIL
-# over madvise; libc's, through ctypes, does not.
-_MADV_POPULATE_READ = 22
-_PREFETCH_CHUNK = 512 << 10
-
-
-def _libc_madvise() -> Optional[Callable[[int, int, int], int]]:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return cast(Callable[[int, int, int], int], fn)
-
-
-class Prefetch:
-    """Fills the page tables of a zero_copy hit's host segments in the
-    background, on the cores the engine leaves idle, so that the engine's
-    copies out of them (vLLM's weight_loader, a copy to a GPU) find the
-    pages mapped instead of faulting them in one by one (Go's
-    client/prefetch_linux.go). stop() ends it; the mappings must outlive
-    it."""
-
-    def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        madvise = _libc_madvise()
-        workers = min((os.cpu_count() or 1) // 2, 4)
-        chunks = [(addr + off, min(_PREFETCH_CHUNK, n - off)) for addr, n in spans for off in range(0, n, _PREFETCH_CHUNK)]
-        if madvise is None or workers < 1 or not chunks:
-            return
-        it = iter(chunks)
-        lock = threading.Lock()
-
-        def run() -> None:
-            while not self._stop.is_set():
-                with lock:
-                    c = next(it, None)
-                if c is None or madvise(c[0], c[1], _MADV_POPULATE_READ) != 0:
-                    return  # done, or a kernel without it: reads fault pages in as before
-
-        for _ in range(min(workers, len(chunks))):
-            t = threading.Thread(target=run, name="weightcache-prefetch", daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
-        self._threads = []
