@@ -301,10 +301,10 @@ func protocolMiss(err error) Source {
 }
 
 // mapManifest maps a manifest's segments and its index: read-only, or,
-// with copy, GPU segments writable and host segments read into this
-// process's memory instead of mapped (readSegment). On error every
+// private (copy mode), GPU segments writable and host segments read into
+// this process's memory instead of mapped (readSegment). On error every
 // descriptor is closed and nothing stays mapped.
-func mapManifest(fr *protocol.Frame, copy bool) (*Weights, error) {
+func mapManifest(fr *protocol.Frame, private bool) (*Weights, error) {
 	defer fr.CloseFiles()
 	var m protocol.Manifest
 	if err := fr.Decode(&m); err != nil {
@@ -324,7 +324,7 @@ func mapManifest(fr *protocol.Frame, copy bool) (*Weights, error) {
 		return nil, err
 	}
 	if cuda.IsDevice(m.Device) {
-		if err := w.mapGPU(&m, files, !copy); err != nil {
+		if err := w.mapGPU(&m, files, !private); err != nil {
 			return nil, errors.Join(err, w.Close())
 		}
 		return w, nil
@@ -332,7 +332,7 @@ func mapManifest(fr *protocol.Frame, copy bool) (*Weights, error) {
 	if len(m.Segments) != len(files) {
 		return nil, errors.Join(fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(files)), w.Close())
 	}
-	if copy {
+	if private {
 		for i, s := range m.Segments {
 			b, err := readSegment(files[i], s.Size, i)
 			if err != nil {
