@@ -101,15 +101,8 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 	if err := sockets.CheckDir(o.socketDir); err != nil {
 		return nil, miss(ReasonNoDaemon, sock, err)
 	}
+	a.model = model
 	w, src := connect(ctx, sock, a, o)
-	if a.change != "" && src.Hit {
-		// The files are others with the same headers: a hit only if
-		// every tensor is the daemon's.
-		if err := verifyContent(ctx, w, model, o, a.fp.DType); err != nil {
-			_ = w.Close()
-			w, src = nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; verify_content: %w", a.change, err))
-		}
-	}
 	src.Socket = sock
 	return w, src
 }
@@ -121,7 +114,7 @@ func attachDaemon(ctx context.Context, a attempt, model string, o options) (*Wei
 // hello, is a reasonAgain miss: connect tries again.
 func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, helloBy time.Time) (*Weights, Source) {
 	step := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, o.connectTimeout) }
-	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name}
+	hello := protocol.Hello{Head: protocol.NewHead(protocol.TypeHello), Fingerprint: a.fp, Device: o.device, Mode: string(o.mode), Client: o.name, Reports: true}
 	// The manifest request goes out with the hello: a ready daemon answers
 	// both in turn, a round trip saved. One that is not ready answers it
 	// not_ready and keeps the connection; mismatched files leave it unread
@@ -153,6 +146,15 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 		return nil, miss(ReasonEmpty, "", errors.New("daemon holds no weights yet: load from disk and publish"))
 	}
 	identity := ok.Identity
+	// The daemon counts this start by what is reported here, where it
+	// is known: a hit once the weights are this engine's, else the
+	// reason they were refused.
+	report := func(src Source) Source {
+		if ok.Outcomes {
+			reportOutcome(ctx, conn, src, o.connectTimeout)
+		}
+		return src
+	}
 	var early *protocol.Frame // a manifest answered before wait_ready
 	defer func() {
 		if early != nil {
@@ -195,7 +197,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 			return nil, Source{Reason: reasonRehash, Detail: change}
 		}
 	case !o.verifyContent:
-		return nil, miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; the headers are the same (verify_content would compare every tensor)", a.change))
+		return nil, report(miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; the headers are the same (verify_content would compare every tensor)", a.change)))
 	}
 	sctx, cancel = step()
 	switch {
@@ -215,25 +217,50 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 		// committed since is another engine's.
 		return nil, mismatchMiss(fr)
 	}
-	w, err := mapManifest(fr, o.mode == ZeroCopy)
+	w, err := mapManifest(fr, o.mode == Copy)
 	if errors.Is(err, errDeviceMismatch) {
 		return nil, miss(ReasonDeviceMismatch, "", err)
 	}
 	if err != nil {
-		return nil, miss(ReasonProtocolError, "", err)
+		return nil, report(miss(ReasonProtocolError, "", err))
+	}
+	if a.change != "" {
+		// The files are others with the same headers: a hit only if
+		// every tensor is the daemon's.
+		if err := verifyContent(ctx, w, a.model, o, a.fp.DType); err != nil {
+			_ = w.Close()
+			return nil, report(miss(ReasonCheckpointChanged, "", fmt.Errorf("%s; verify_content: %w", a.change, err)))
+		}
 	}
 	if o.mode == Copy {
-		if err := w.copyAndRelease(ctx, conn, o); err != nil {
+		if err := w.copyAndRelease(ctx, conn, o, report); err != nil {
 			return nil, miss(ReasonProtocolError, "", err)
 		}
 		_ = conn.Close()
 	} else {
+		report(Source{Hit: true})
 		// The open connection is the lease; the deadline set by the last
 		// call must not end it.
 		_ = conn.Unix().SetDeadline(time.Time{})
 		w.conn = conn
+		w.prefetchOn = true
 	}
 	return w, Source{Hit: true}
+}
+
+// reportOutcome tells the daemon what became of the start src describes,
+// and waits until it is counted. What the engine took is its own by now:
+// a daemon that does not answer changes nothing but its count.
+func reportOutcome(ctx context.Context, conn *protocol.Conn, src Source, timeout time.Duration) {
+	o := protocol.Outcome{Head: protocol.NewHead(protocol.TypeOutcome), Used: src.Hit}
+	if !src.Hit {
+		o.Reason, o.Detail = string(src.Reason), src.Detail
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if fr, err := conn.Call(cctx, o, protocol.TypeCounted); err == nil {
+		fr.CloseFiles()
+	}
 }
 
 // mismatchMiss turns a mismatch frame into the miss it names: the device
@@ -273,9 +300,11 @@ func protocolMiss(err error) Source {
 	return miss(ReasonProtocolError, "", err)
 }
 
-// mapManifest maps a manifest's segments, read-only when readOnly, and its
-// index. On error every descriptor is closed and nothing stays mapped.
-func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
+// mapManifest maps a manifest's segments and its index: read-only, or,
+// private (copy mode), GPU segments writable and host segments read into
+// this process's memory instead of mapped (readSegment). On error every
+// descriptor is closed and nothing stays mapped.
+func mapManifest(fr *protocol.Frame, private bool) (*Weights, error) {
 	defer fr.CloseFiles()
 	var m protocol.Manifest
 	if err := fr.Decode(&m); err != nil {
@@ -295,13 +324,23 @@ func mapManifest(fr *protocol.Frame, readOnly bool) (*Weights, error) {
 		return nil, err
 	}
 	if cuda.IsDevice(m.Device) {
-		if err := w.mapGPU(&m, files, readOnly); err != nil {
+		if err := w.mapGPU(&m, files, !private); err != nil {
 			return nil, errors.Join(err, w.Close())
 		}
 		return w, nil
 	}
 	if len(m.Segments) != len(files) {
 		return nil, errors.Join(fmt.Errorf("%w: manifest names %d segments but %d descriptors came with it", protocol.ErrBadFrame, len(m.Segments), len(files)), w.Close())
+	}
+	if private {
+		for i, s := range m.Segments {
+			b, err := readSegment(files[i], s.Size, i)
+			if err != nil {
+				return nil, errors.Join(err, w.Close())
+			}
+			w.data = append(w.data, b)
+		}
+		return w, nil
 	}
 	for i, s := range m.Segments {
 		b, err := host.Map(files[i], s.Size)
@@ -334,8 +373,8 @@ func (w *Weights) mapIndex(f *os.File, m protocol.Manifest) error {
 }
 
 // copyAndRelease moves every tensor into this process's memory, unmaps the
-// segments and tells the daemon it may let go.
-func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o options) error {
+// segments, reports the hit and tells the daemon it may let go.
+func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o options, report func(Source) Source) error {
 	// The index is small next to the weights: copied whole, so that
 	// entries read the same way afterwards.
 	own := append([]byte(nil), w.indexMap...)
@@ -352,15 +391,12 @@ func (w *Weights) copyAndRelease(ctx context.Context, conn *protocol.Conn, o opt
 			return err
 		}
 		w.ReadOnly = false
+		report(Source{Hit: true})
 		return release(ctx, conn, o)
 	}
-	w.data = make([][]byte, len(w.maps))
-	for i, m := range w.maps {
-		w.data[i] = append([]byte(nil), m...)
-		_ = host.Unmap(m)
-	}
-	w.maps = nil
+	// The host segments were read, not mapped (mapManifest).
 	w.ReadOnly = false
+	report(Source{Hit: true})
 	return release(ctx, conn, o)
 }
 

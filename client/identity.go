@@ -19,8 +19,9 @@ func WithVerifyContent(on bool) Opt { return func(o *options) { o.verifyContent 
 // attempt is one try at the daemon: the fingerprint sent and how the
 // engine's files are checked against the daemon's.
 type attempt struct {
-	fp  checkpoint.Fingerprint
-	dir string // the engine's checkpoint directory
+	fp    checkpoint.Fingerprint
+	dir   string // the engine's checkpoint directory
+	model string // as the engine named it, for verify_content
 	// change is, on a second try, how the engine's files differ from the
 	// daemon's; the fingerprint then carries the checkpoint hash.
 	change string
@@ -37,14 +38,17 @@ const reasonRehash Reason = "rehash"
 
 // filesChange compares the daemon's offered identity with the engine's
 // files: "" when they are the same files, unchanged. The engine's files are
-// its own choice (checkpoint.WeightFiles, the files vLLM reads), never the
-// daemon's list: a daemon serving other files of the same directory (say
-// the shards beside a consolidated.safetensors) is a named difference.
+// its own choice (the files vLLM reads), never the daemon's list: a daemon
+// serving other files of the same directory (say the shards beside a
+// consolidated.safetensors) is a named difference. The choice trusts the
+// set the daemon derived from an index that is still the file it read
+// (checkpoint.KnownWeightFiles), so an unchanged checkpoint's index is
+// not parsed.
 func filesChange(offered checkpoint.Identity, dir string) string {
 	if offered == nil {
 		return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
 	}
-	set, err := checkpoint.WeightFiles(dir)
+	set, err := checkpoint.KnownWeightFiles(dir, offered)
 	if err != nil {
 		return err.Error()
 	}

@@ -67,7 +67,7 @@ func FuzzMapManifest(f *testing.F) {
 		if fr.Body, err = json.Marshal(m); err != nil {
 			t.Fatal(err)
 		}
-		w, err := mapManifest(fr, true)
+		w, err := mapManifest(fr, false)
 		if fr.Files != nil {
 			t.Fatal("descriptors left open")
 		}

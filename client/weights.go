@@ -50,8 +50,14 @@ type Weights struct {
 	bytes     int64
 	data      [][]byte // host segments' bytes: the mappings, or private copies
 	maps      [][]byte // what Close unmaps
-	gpu       *gpuWeights
-	conn      *protocol.Conn // the lease, in zero_copy mode
+	// A zero_copy hit's mappings are populated from the first tensor
+	// asked for on (prefetch_linux.go): the engine reads from then on,
+	// and an attach that reads nothing costs nothing more.
+	prefetchOn   bool
+	prefetchOnce sync.Once
+	prefetch     *prefetch
+	gpu          *gpuWeights
+	conn         *protocol.Conn // the lease, in zero_copy mode
 }
 
 // Len is the number of tensors.
@@ -71,6 +77,9 @@ func (w *Weights) At(i int) (Tensor, error) {
 	}
 	if w.index == nil {
 		return w.list[i], nil
+	}
+	if w.prefetchOn {
+		w.prefetchOnce.Do(func() { w.prefetch = startPrefetch(w.maps) })
 	}
 	e, err := w.index.Entry(i)
 	if err != nil {
@@ -151,6 +160,8 @@ func (w *Weights) Bytes() int64 {
 func (w *Weights) Close() error {
 	var errs []error
 	w.closeOnce.Do(func() {
+		w.prefetchOnce.Do(func() {}) // none starts from now on
+		w.prefetch.Stop()
 		for _, m := range w.maps {
 			errs = append(errs, host.Unmap(m))
 		}

@@ -63,8 +63,32 @@ func WeightFiles(dir string) (WeightSet, error) {
 	return l.set, nil
 }
 
+// KnownWeightFiles is WeightFiles for a directory whose set was derived
+// before, from the files known names (an Identity whose first file is the
+// index that chose the rest, as a daemon offers it): where the index the
+// rule reads now still has known's stat identity, the names are known's
+// and the index is not read, so the cost grows with the files, not with
+// the tensors the index lists. The rest of the rule (which format, which
+// index, the candidates at the top of dir, regular files) is applied
+// again: it lists the directory, which a change of format or a new or
+// removed index shows in. Any other index is parsed, as WeightFiles does.
+// python/weightcache/checkpoint.py weight_files(known=) is the same rule.
+func KnownWeightFiles(dir string, known Identity) (WeightSet, error) {
+	l, err := listKnownWeights(dir, known)
+	if err != nil {
+		return WeightSet{}, err
+	}
+	return l.set, nil
+}
+
 // listWeights is WeightFiles keeping what the index said, for checkIndex.
 func listWeights(dir string) (*shardList, error) {
+	return listKnownWeights(dir, nil)
+}
+
+// listKnownWeights is KnownWeightFiles; an index it trusts leaves the
+// shardList without its data.
+func listKnownWeights(dir string, known Identity) (*shardList, error) {
 	mistral, err := hasConsolidated(dir)
 	if err != nil {
 		return nil, err
@@ -78,6 +102,10 @@ func listWeights(dir string) (*shardList, error) {
 		return nil, err
 	}
 	l := &shardList{idxPath: filepath.Join(dir, index), set: WeightSet{Mistral: mistral}}
+	if names := knownNames(l.idxPath, index, known); names != nil {
+		l.set.Names, l.set.Index = names, index
+		return l, l.checkNamed(dir, candidates)
+	}
 	data, err := readIndex(l.idxPath)
 	if err != nil {
 		return nil, err
@@ -92,18 +120,53 @@ func listWeights(dir string) (*shardList, error) {
 		if l.set.Names, l.sum, err = indexShards(l.idxPath, data); err != nil {
 			return nil, err
 		}
+	}
+	return l, l.checkNamed(dir, candidates)
+}
+
+// checkNamed requires every name an index chose to be a candidate, and
+// every name to be a regular file once symlinks are followed.
+func (l *shardList) checkNamed(dir string, candidates []string) error {
+	if l.set.Index != "" {
 		for _, n := range l.set.Names {
 			if _, ok := slices.BinarySearch(candidates, n); !ok {
-				return nil, fmt.Errorf("%w: %s names shard %s, which is missing (no such file at the top of %s)", ErrInvalid, l.idxPath, n, dir)
+				return fmt.Errorf("%w: %s names shard %s, which is missing (no such file at the top of %s)", ErrInvalid, l.idxPath, n, dir)
 			}
 		}
 	}
 	for _, n := range l.set.Names {
 		if err := shardFile(filepath.Join(dir, n)); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return l, nil
+	return nil
+}
+
+// knownNames is the names known says index chose, when the index at
+// idxPath is still the file known statted: nil otherwise.
+func knownNames(idxPath, index string, known Identity) []string {
+	if len(known) < 2 || known[0].Name != index {
+		return nil
+	}
+	st, err := statFile(idxPath)
+	if err != nil {
+		return nil
+	}
+	st.Name = index
+	if (Identity{known[0]}).Diff(Identity{st}) != "" {
+		return nil
+	}
+	names := make([]string, len(known)-1)
+	for i, f := range known[1:] {
+		if !localName(f.Name) || strings.Contains(f.Name, "/") {
+			return nil // not a file at the top of dir: let the index say
+		}
+		names[i] = f.Name
+	}
+	if !slices.IsSorted(names) {
+		return nil
+	}
+	return names
 }
 
 // isShardName is glob's *.safetensors: no leading dot.

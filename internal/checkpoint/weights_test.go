@@ -62,20 +62,89 @@ func (c weightCase) build(t *testing.T, base string) string {
 	return dir
 }
 
-func loadWeightCases(t *testing.T) []weightCase {
+// knownCase is one case of the vectors' known list: a case's directory
+// and the identity a daemon derived from it before.
+type knownCase struct {
+	Name      string
+	Case      string
+	Known     []string
+	IndexStat string `json:"index_stat"`
+	Want      *struct {
+		Names   []string
+		Index   string
+		Mistral bool
+	}
+	Error string
+}
+
+type weightVectors struct {
+	Cases []weightCase
+	Known []knownCase
+}
+
+func loadWeightVectors(t *testing.T) weightVectors {
 	t.Helper()
 	data, err := os.ReadFile("testdata/weight_files_vectors.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v struct{ Cases []weightCase }
+	var v weightVectors
 	if err := json.Unmarshal(data, &v); err != nil {
 		t.Fatal(err)
 	}
-	if len(v.Cases) < 20 {
-		t.Fatalf("%d cases", len(v.Cases))
+	if len(v.Cases) < 20 || len(v.Known) < 4 {
+		t.Fatalf("%d cases, %d known", len(v.Cases), len(v.Known))
 	}
-	return v.Cases
+	return v
+}
+
+func loadWeightCases(t *testing.T) []weightCase {
+	t.Helper()
+	return loadWeightVectors(t).Cases
+}
+
+// TestKnownWeightFilesVectors: where the index is still the file the
+// daemon statted, its set is the daemon's, unread; any other is read.
+func TestKnownWeightFilesVectors(t *testing.T) {
+	v := loadWeightVectors(t)
+	byName := map[string]weightCase{}
+	for _, c := range v.Cases {
+		byName[c.Name] = c
+	}
+	for _, k := range v.Known {
+		t.Run(k.Name, func(t *testing.T) {
+			c, ok := byName[k.Case]
+			if !ok {
+				t.Fatalf("no case %q", k.Case)
+			}
+			dir := c.build(t, t.TempDir())
+			known := make(Identity, len(k.Known))
+			for i, n := range k.Known {
+				known[i].Name = n
+			}
+			if st, err := statFile(filepath.Join(dir, k.Known[0])); err == nil {
+				st.Name = k.Known[0]
+				if k.IndexStat == "changed" {
+					st.MtimeNS++
+				}
+				known[0] = st
+			}
+			got, err := KnownWeightFiles(dir, known)
+			if k.Want == nil {
+				want := strings.ReplaceAll(k.Error, "DIR", dir)
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Fatalf("KnownWeightFiles = %+v, %v; want an error with %q", got, err, want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.Names, k.Want.Names) || got.Index != k.Want.Index || got.Mistral != k.Want.Mistral {
+				t.Errorf("KnownWeightFiles = %+v, want %+v", got, *k.Want)
+			}
+		})
+	}
 }
 
 func TestWeightFilesVectors(t *testing.T) {

@@ -56,6 +56,7 @@ func preloadTree(b *testing.B, args ...string) (time.Duration, int64, func()) {
 // it also preloads TP 4 for its memory; "medium" is the medium preset
 // (219 tensors, 1.4 GB). Python's figures: python/bench_scale.py.
 func BenchmarkAttachScale(b *testing.B) {
+	perAttach := map[int]time.Duration{} // the last run of each size
 	for _, n := range []int{219, 1000, 10000, 100000} {
 		name := fmt.Sprintf("tensors=%d", n)
 		if n == 219 {
@@ -100,6 +101,7 @@ func BenchmarkAttachScale(b *testing.B) {
 				attach()
 			}
 			b.StopTimer()
+			perAttach[n] = b.Elapsed() / time.Duration(b.N)
 			b.ReportMetric(preload.Seconds(), "preload_s")
 			b.ReportMetric(cp.Seconds(), "cp_to_shm_s")
 			b.ReportMetric(preload.Seconds()/cp.Seconds(), "preload/cp_shm")
@@ -124,5 +126,14 @@ func BenchmarkAttachScale(b *testing.B) {
 			}
 			fmt.Fprintln(os.Stderr, line)
 		})
+	}
+	// Issue 41's targets, from this run: attach grows with the files, not
+	// the tensors.
+	small, large, medium := perAttach[1000], perAttach[100000], perAttach[219]
+	if small > 0 && large > 0 && medium > 0 {
+		ratio := float64(large) / float64(small)
+		met := ratio <= 3 && large <= 5*time.Millisecond && medium <= time.Millisecond
+		fmt.Fprintf(os.Stderr, "attach: 100k/1k %.2f (target <= 3), 100k %s (target <= 5ms), medium (219 tensors) %s (target <= 1ms): %s\n",
+			ratio, large.Round(time.Microsecond), medium.Round(time.Microsecond), map[bool]string{true: "met", false: "MISSED"}[met])
 	}
 }

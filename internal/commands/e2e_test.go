@@ -495,3 +495,39 @@ func TestDemo(t *testing.T) {
 		t.Errorf("status after the runs does not count 8 hits and the mismatch:\n%s", out)
 	}
 }
+
+// A shard replaced after the preload by a file with the same header (a
+// re-download): a strict attach stops with exit 3 and checkpoint_changed,
+// and the daemon counts that reason, not a hit.
+func TestRefusedAttachCountsNoHit(t *testing.T) {
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	shards, err := filepath.Glob(filepath.Join(model, "*.safetensors"))
+	if err != nil || len(shards) == 0 {
+		t.Fatalf("shards of %s: %v", model, err)
+	}
+	b, err := os.ReadFile(shards[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(shards[0]+".new", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(shards[0]+".new", shards[0]); err != nil {
+		t.Fatal(err)
+	}
+	miss, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false")
+	if code != exitMiss || miss.Reason != "checkpoint_changed" {
+		t.Fatalf("strict attach of a replaced shard: exit %d, %+v", code, miss)
+	}
+	st := stats(t, dir)
+	if st.Handshakes["hit"] != 0 || st.Handshakes["checkpoint_changed"] != 1 {
+		t.Fatalf("handshakes %v, want checkpoint_changed 1 and no hit", st.Handshakes)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("preload exit %d: %s", code, p.stderr)
+	}
+	if !strings.Contains(p.stderr.String(), "msg=miss") || strings.Contains(p.stderr.String(), "msg=hit") {
+		t.Fatalf("preload's log:\n%s", p.stderr.String())
+	}
+}

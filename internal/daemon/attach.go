@@ -89,11 +89,6 @@ func (d *Daemon) manifest(s *session) (reply, error) {
 		d.count(protocol.ResultError, nil)
 		return reply{}, protocol.Errorf(protocol.CodeInternal, "%v", err)
 	}
-	d.count(protocol.ResultHit, nil)
-	// One line per attach that hits, with the engine process that took
-	// the lease (SO_PEERCRED), so that an operator can tell which engine
-	// a hit was (the logger names the device, group and socket).
-	d.log.Info("hit", "model", d.cfg.Model, "tensors", l.tensors, "bytes", l.bytes,
-		"mode", s.hello.Mode, "client", clip(s.hello.Client), "client_pid", s.pid)
+	d.servedManifest(s, l)
 	return reply{msg: l.manifest, files: files}, nil
 }

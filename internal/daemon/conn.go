@@ -30,6 +30,10 @@ type session struct {
 	// closing the connection or counting a handshake.
 	early  bool
 	handed bool // its lease goes to a successor (handover.go)
+	// pending is the manifest a reporting client was sent and has not
+	// said it used or refused; decided, that it said (outcome.go).
+	pending *served
+	decided bool
 	// leaseID names its lease to the LeaseWatcher; 0: none told.
 	leaseID uint64
 
@@ -83,7 +87,9 @@ func (d *Daemon) serveConn(s *session) {
 		// A writer may take long to fill its segments: like a lease, it is
 		// bounded by its connection, not by the idle timeout.
 		switch {
-		case s.leased || s.writer:
+		case s.leased || s.writer || s.pending != nil:
+			// A copy-mode engine released its lease but reports its
+			// outcome once its load is done.
 			_ = uc.SetReadDeadline(time.Time{})
 		case s.hello == nil:
 			_ = uc.SetReadDeadline(time.Now().Add(d.limits.HelloTimeout))
@@ -332,6 +338,8 @@ func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply, error) {
 		return d.publish(s, fr)
 	case protocol.TypeCommit:
 		return d.commit(s, fr)
+	case protocol.TypeOutcome:
+		return d.outcome(s, fr)
 	}
 	d.count(protocol.ResultError, nil)
 	return reply{}, retryable{protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type)}

@@ -49,7 +49,7 @@ func (d *Daemon) hello(s *session, fr *protocol.Frame) (reply, error) {
 		return reply{msg: l.hello}, nil
 	}
 	s.early = true
-	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version()}}, nil
+	return reply{msg: protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: string(state), Device: dev, Daemon: Version(), Outcomes: true}}, nil
 }
 
 // helloFieldTooLong names the first string field of h over MaxFieldBytes;

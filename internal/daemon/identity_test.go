@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/protocol"
 )
 
 // copyModel copies every file of model into a fresh directory: the same
@@ -137,5 +140,83 @@ func TestChangedWhileLoadingOffersNoIdentity(t *testing.T) {
 	var me *client.MissError
 	if !errors.As(err, &me) || me.Source.Reason != client.ReasonCheckpointChanged || !strings.Contains(me.Source.Detail, "offers no stat identity") {
 		t.Fatalf("attach: %v, want checkpoint_changed", err)
+	}
+}
+
+// replaceShard renames a copy of model's first shard over it: a
+// re-download of the same tensors, the same header, another file.
+func replaceShard(t *testing.T, model string) {
+	t.Helper()
+	ckpt, err := checkpoint.Resolve(model, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ckpt.Shards[0].Path
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p+".new", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(p+".new", p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A start the client refuses (a shard replaced after the preload by one
+// with the same header) is a checkpoint_changed miss in the daemon's
+// counts and log, and no hit; one that verify_content accepts is a hit,
+// counted once; one it refuses, a miss.
+func TestRefusedStartIsAMissNotAHit(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	var logged lockedBuffer
+	d := start(t, model, dir, "host", func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logged, nil))
+		c.peerCred = func(*net.UnixConn) (int, int, error) { return os.Geteuid(), 4343, nil }
+	})
+	if err := d.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	replaceShard(t, model)
+	counts := func() (hit, changed int64) {
+		st := d.Stats()
+		return st.Handshakes[protocol.ResultHit], st.Handshakes[protocol.ResultCheckpointChanged]
+	}
+	for _, mode := range []client.Mode{client.ZeroCopy, client.Copy} {
+		_, err := strictAttach(model, dir, client.WithMode(mode))
+		if !errors.Is(err, client.ErrCheckpointChanged) {
+			t.Fatalf("%s: attach after the shard was replaced: %v, want checkpoint_changed", mode, err)
+		}
+	}
+	if hit, changed := counts(); hit != 0 || changed != 2 {
+		t.Fatalf("after two refused starts: %d hits, %d checkpoint_changed; want 0 and 2\n%s", hit, changed, logged.String())
+	}
+	if strings.Contains(logged.String(), "msg=hit") {
+		t.Fatalf("a refused start logged a hit:\n%s", logged.String())
+	}
+	n := 0
+	for _, ln := range strings.Split(logged.String(), "\n") {
+		if strings.Contains(ln, "msg=miss") && strings.Contains(ln, "reason=checkpoint_changed") && strings.Contains(ln, "another file") && strings.Contains(ln, "client_pid=4343") {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d miss lines with the reason, what changed and client_pid, want 2:\n%s", n, logged.String())
+	}
+	w, err := strictAttach(model, dir, client.WithVerifyContent(true))
+	if err != nil {
+		t.Fatalf("verify_content over the same bytes: %v", err)
+	}
+	w.Close()
+	if hit, changed := counts(); hit != 1 || changed != 2 {
+		t.Fatalf("after a verified start: %d hits, %d checkpoint_changed; want 1 and 2", hit, changed)
+	}
+	flipLastByte(t, model)
+	if _, err := strictAttach(model, dir, client.WithVerifyContent(true), client.WithMode(client.Copy)); !errors.Is(err, client.ErrCheckpointChanged) {
+		t.Fatalf("verify_content over other bytes: %v, want checkpoint_changed", err)
+	}
+	if hit, changed := counts(); hit != 1 || changed != 3 {
+		t.Fatalf("after a start verify_content refused: %d hits, %d checkpoint_changed; want 1 and 3", hit, changed)
 	}
 }

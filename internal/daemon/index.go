@@ -32,7 +32,7 @@ type layout struct {
 // encodeReplies encodes the replies that offer l's identity.
 func (l *layout) encodeReplies(device string) error {
 	var err error
-	l.hello, err = json.Marshal(protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: device, Daemon: Version(), Identity: l.identity})
+	l.hello, err = json.Marshal(protocol.OK{Head: protocol.NewHead(protocol.TypeOK), State: protocol.StateReady, Device: device, Daemon: Version(), Identity: l.identity, Outcomes: true})
 	if err == nil {
 		l.ready, err = json.Marshal(protocol.Ready{Head: protocol.NewHead(protocol.TypeReady), State: protocol.StateReady, Identity: l.identity})
 	}

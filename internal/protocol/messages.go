@@ -15,6 +15,8 @@ const (
 	TypeReleased  = "released"   //
 	TypeStats     = "stats"      // -> stats
 	TypeError     = "error"      //
+	TypeOutcome   = "outcome"    // -> counted
+	TypeCounted   = "counted"    //
 )
 
 // Client modes.
@@ -48,6 +50,23 @@ type Hello struct {
 	Device      string                 `json:"device"`
 	Mode        string                 `json:"mode"`
 	Client      string                 `json:"client"`
+	// Reports says that the client sends an Outcome once it has decided
+	// whether its engine takes the weights (only to a daemon whose OK
+	// says Outcomes): the daemon counts the start then, by that outcome,
+	// instead of counting a hit when it sends the manifest.
+	Reports bool `json:"reports,omitempty"`
+}
+
+// Outcome is what a client that Reports decided about its start, sent
+// once on the connection it ends with, answered counted: Used after its own
+// checks passed on the manifest it holds (a hit), or not, with the
+// reason it refused (one of Results: checkpoint_changed, layout,
+// protocol_error) and what it found.
+type Outcome struct {
+	Head
+	Used   bool   `json:"used"`
+	Reason string `json:"reason,omitempty"`
+	Detail string `json:"detail,omitempty"`
 }
 
 // OK accepts a hello. State says whether the tensors can be had now.
@@ -64,6 +83,9 @@ type OK struct {
 	Device   string              `json:"device"`
 	Daemon   string              `json:"daemon"`
 	Identity checkpoint.Identity `json:"identity,omitempty"`
+	// Outcomes says the daemon takes an Outcome from a client that
+	// Reports.
+	Outcomes bool `json:"outcomes,omitempty"`
 }
 
 // Mismatch refuses a hello, naming each differing field with both values.
@@ -187,18 +209,26 @@ type PlanReport struct {
 // Handshake results as counted in Stats.Handshakes (and exported as
 // weightcache_handshakes_total{result}): hit, or the fallback reason the
 // engine reports for the refusal, spelled as the clients spell it, so that
-// the daemon's counts and the engines' logs name the same thing.
-// checkpoint_changed is decided by the client alone and never counted here.
+// the daemon's counts and the engines' logs name the same thing. A client
+// that Reports has its start counted by its Outcome: hit only once it
+// used the weights, or the reason it refused them after the daemon
+// accepted it (checkpoint_changed, layout).
 const (
-	ResultHit            = "hit"
-	ResultMismatch       = "fingerprint_mismatch"
-	ResultDeviceMismatch = "device_mismatch"
-	ResultNotReady       = "not_ready_timeout" // still loading when the engine's wait ended
-	ResultError          = "protocol_error"    // a malformed or unexpected request
-	ResultDraining       = "no_daemon"         // draining or stopped: the engine finds no daemon to serve it
-	ResultEmpty          = "empty"             // a publish-only daemon that holds nothing yet
-	ResultBusy           = "busy"              // a lease refused: the table or the process's share is full
+	ResultHit               = "hit"
+	ResultMismatch          = "fingerprint_mismatch"
+	ResultDeviceMismatch    = "device_mismatch"
+	ResultNotReady          = "not_ready_timeout"  // still loading when the engine's wait ended
+	ResultError             = "protocol_error"     // a malformed or unexpected request
+	ResultDraining          = "no_daemon"          // draining or stopped: the engine finds no daemon to serve it
+	ResultEmpty             = "empty"              // a publish-only daemon that holds nothing yet
+	ResultBusy              = "busy"               // a lease refused: the table or the process's share is full
+	ResultCheckpointChanged = "checkpoint_changed" // the engine's files are not the daemon's, its headers the same
+	ResultLayout            = "layout"             // the vLLM loader: the daemon's tensors do not fit the model vLLM built
 )
 
 // Results lists every handshake result, for exporters that show a zero.
-var Results = []string{ResultHit, ResultMismatch, ResultDeviceMismatch, ResultNotReady, ResultError, ResultDraining, ResultEmpty, ResultBusy}
+var Results = []string{ResultHit, ResultMismatch, ResultDeviceMismatch, ResultNotReady, ResultError, ResultDraining, ResultEmpty, ResultBusy,
+	ResultCheckpointChanged, ResultLayout}
+
+// Refusals are the reasons an Outcome may give.
+var Refusals = []string{ResultCheckpointChanged, ResultLayout, ResultError}

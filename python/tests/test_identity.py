@@ -2,11 +2,13 @@
 other files are checkpoint_changed unless verify_content checks every
 tensor (the Go client's internal/daemon/identity_test.go)."""
 
+import json
 import os
 import shutil
 
 import pytest
 import torch
+from conftest import status
 
 from weightcache import MissError, attach
 
@@ -83,3 +85,74 @@ def test_other_headers_are_a_hash_mismatch(model, synth, daemon, sock_dir):
         attach(other, socket_dir=sock_dir, fallback=False)
     assert e.value.reason == "fingerprint_mismatch"
     assert [f["field"] for f in e.value.info.fields] == ["checkpoint_hash"]
+
+
+def _read_bytes():
+    """This process's rchar: every byte its read calls returned."""
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+
+
+def test_an_unchanged_index_is_not_read(model, daemon, sock_dir, tmp_path):
+    """The daemon derived the shards from an index that is still the file
+    it read: attach takes that set without reading the index (4 MiB here,
+    as an MoE checkpoint's is); one rewritten to name other shards is read,
+    and the start misses saying so."""
+    cp = str(tmp_path / "padded")
+    shutil.copytree(model, cp)
+    idx_path = os.path.join(cp, "model.safetensors.index.json")
+    with open(idx_path) as f:
+        idx = json.load(f)
+    idx["metadata"] = {"padding": "x" * (4 << 20)}
+    with open(idx_path, "w") as f:
+        json.dump(idx, f)
+    daemon(cp)
+    before = _read_bytes()
+    w, info = attach(cp, socket_dir=sock_dir, fallback=False)
+    read = _read_bytes() - before
+    assert info.hit, info
+    w.close()
+    assert read < 1 << 20, f"attach read {read} bytes; the index alone is over 4 MiB"
+    first = sorted(set(idx["weight_map"].values()))[0]
+    idx["weight_map"] = dict.fromkeys(idx["weight_map"], first)
+    with open(idx_path, "w") as f:
+        json.dump(idx, f)
+    with pytest.raises(MissError) as e:
+        attach(cp, socket_dir=sock_dir, fallback=False)
+    assert f"this engine reads ['model.safetensors.index.json', '{first}']" in e.value.info.detail, e.value.info
+
+
+def _replace_first_shard(directory):
+    """A re-download of the same tensors: the same header, another file."""
+    name = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))[0]
+    p = os.path.join(directory, name)
+    shutil.copyfile(p, p + ".new")
+    os.replace(p + ".new", p)
+
+
+def test_a_refused_start_is_a_miss_not_a_hit(model, daemon, sock_dir, tmp_path, wc_bin):
+    """A shard replaced after the preload by one with the same header: the
+    start is refused, and the daemon counts checkpoint_changed, no hit; a
+    start whose engine refuses the weights itself (confirm=False, then
+    refuse) is counted by its reason, one it confirms a hit."""
+    cp = str(tmp_path / "replaced")
+    shutil.copytree(model, cp)
+    daemon(cp)
+    _replace_first_shard(cp)
+    for mode in ("zero_copy", "copy"):
+        with pytest.raises(MissError) as e:
+            attach(cp, socket_dir=sock_dir, fallback=False, mode=mode)
+        assert e.value.reason == "checkpoint_changed", e.value.info
+    hs = status(wc_bin, sock_dir)[0]["handshakes"]
+    assert (hs.get("hit", 0), hs.get("checkpoint_changed", 0)) == (0, 2), hs
+    w, info = attach(cp, socket_dir=sock_dir, fallback=False, verify_content=True, confirm=False)
+    assert info.hit, info
+    w.refuse("layout", "the model vLLM built has other tensors")
+    w.close()
+    for hits, mode in enumerate(("zero_copy", "copy")):
+        w, info = attach(cp, socket_dir=sock_dir, fallback=False, verify_content=True, confirm=False, mode=mode)
+        assert status(wc_bin, sock_dir)[0]["handshakes"].get("hit", 0) == hits, mode
+        w.confirm()
+        w.close()
+    hs = status(wc_bin, sock_dir)[0]["handshakes"]
+    assert (hs.get("hit", 0), hs.get("checkpoint_changed", 0), hs.get("layout", 0)) == (2, 2, 1), hs

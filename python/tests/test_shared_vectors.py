@@ -151,6 +151,26 @@ def test_weight_files(v, tmp_path):
     assert {"names": got.names, "index": got.index, "mistral": got.mistral} == v["want"]
 
 
+WEIGHTS = _load("internal", "checkpoint", "testdata", "weight_files_vectors.json")
+
+
+@pytest.mark.parametrize("k", WEIGHTS["known"], ids=lambda k: k["name"])
+def test_known_weight_files(k, tmp_path):
+    d = weight_case_dir(str(tmp_path), next(v for v in WEIGHTS["cases"] if v["name"] == k["case"]))
+    known = [{"name": n} for n in k["known"]]
+    if os.path.exists(os.path.join(d, k["known"][0])):
+        known[0] = identity.stat_identity(d, k["known"][:1])[0]
+        if k["index_stat"] == "changed":
+            known[0]["mtime_ns"] += 1
+    if k.get("want") is None:
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.weight_files(d, known)
+        assert k["error"].replace("DIR", d) in str(e.value)
+        return
+    got = checkpoint.weight_files(d, known)
+    assert {"names": got.names, "index": got.index, "mistral": got.mistral} == k["want"]
+
+
 PACK = _load("internal", "backend", "testdata", "pack_vectors.json")
 
 

@@ -178,6 +178,28 @@ def test_consolidated_beside_the_shards_hits(synth, tmp_path, daemon, sock_dir, 
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 1}
 
 
+def test_a_replaced_shard_is_a_miss_with_the_verify_content_fix(model, tmp_path, daemon, sock_dir, wc_bin, caplog):
+    """A shard replaced after the preload by one with the same header: the
+    start loads from disk, its line names verify_content, and the daemon
+    counts checkpoint_changed, no hit; with verify_content the same bytes
+    hit, counted once the load took them."""
+    d = tmp_path / "m"
+    shutil.copytree(model, d)
+    daemon(str(d))
+    shard = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+    shutil.copyfile(d / shard, d / "new")
+    os.replace(d / "new", d / shard)
+    caplog.set_level(logging.INFO, "vllm.weightcache")
+    _, want, read, _ = engine(str(d), socket_dir=sock_dir)
+    assert read > 0
+    (line,) = fallback_lines(caplog)
+    assert line.startswith("weightcache: fallback: checkpoint_changed: ") and '{"verify_content": true}' in line, line
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"checkpoint_changed": 1}
+    _, got, read, _ = engine(str(d), socket_dir=sock_dir, fallback=False, verify_content=True)
+    assert torch.equal(got, want) and read == 0
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"checkpoint_changed": 1, "hit": 1}
+
+
 def test_daemon_killed_between_hello_and_manifest(model, sock_dir, caplog):
     def serve(c):
         read_frame(c)

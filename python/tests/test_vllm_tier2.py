@@ -105,7 +105,8 @@ def test_a_layout_of_other_shapes_is_refused_and_tier1_rescues(layout, model, so
     assert fallback_lines(caplog) == [f"weightcache: fallback: layout: tensor model.norm.weight: the layout has "
                                       f"BF16 [2, {n // 2}], the model BF16 [{n}]; loading the checkpoint (tier 1)"]
     d = daemons(wc_bin, sock_dir)
-    assert d["host:0"]["handshakes"] == {"hit": 1} and d["host"]["handshakes"] == {"hit": 1}
+    # The refused layout is counted by its reason, never as a hit.
+    assert d["host:0"]["handshakes"] == {"layout": 1} and d["host"]["handshakes"] == {"hit": 1}
 
 
 def _on_daemon_memory(m):
@@ -146,7 +147,7 @@ def test_post_processing_that_fails_is_rescued_on_the_engines_memory(layout, mod
     hit, _, _, _ = engine(model, socket_dir=sock_dir, tier="processed")
     assert _on_daemon_memory(hit)  # the check sees a model that runs on the daemon's memory
     d = daemons(wc_bin, sock_dir)
-    assert d["host:0"]["handshakes"] == {"hit": 2} and d["host:0"]["leases"] == 1  # the last model's, only
+    assert d["host:0"]["handshakes"] == {"layout": 1, "hit": 1} and d["host:0"]["leases"] == 1  # the last model's, only
     assert d["host"]["handshakes"] == {"hit": 1}
 
 

@@ -187,6 +187,22 @@ def test_miss_serves_from_disk_with_the_reason(case, llama, daemon, sock_dir, tm
         engines.llm(model, "weightcache", strict(sock_dir, connect_timeout_s=1.0))
 
 
+def test_a_changed_checkpoint_counts_no_hit_and_verify_content_hits(llama, daemon, sock_dir, wc_bin, tmp_path, caplog):
+    """A shard replaced by the same bytes after the preload: the start loads
+    from disk, names verify_content, and the daemon counts
+    checkpoint_changed, no hit; with verify_content it hits, counted once
+    vLLM took the tensors."""
+    model, _ = _changed(llama, daemon, tmp_path)
+    want = auto(llama)
+    caplog.set_level(logging.INFO, "vllm.weightcache")
+    assert run(model, "weightcache", {"socket_dir": sock_dir}) == want
+    (line,) = fallback_lines(caplog)
+    assert '{"verify_content": true}' in line, line
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"checkpoint_changed": 1}
+    assert run(model, "weightcache", strict(sock_dir, verify_content=True)) == want
+    assert status(wc_bin, sock_dir)[0]["handshakes"] == {"checkpoint_changed": 1, "hit": 1}
+
+
 def test_miss_another_revision(llama, daemon, sock_dir, caplog):
     daemon(llama, "--devices", "host")
     caplog.set_level(logging.INFO, "vllm.weightcache")

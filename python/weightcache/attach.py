@@ -37,6 +37,12 @@ class Weights(Mapping[str, torch.Tensor]):
     let it be collected) when done. Host tensors stay valid after close (the
     mapping lives as long as they do); the daemon just stops counting the
     lease.
+
+    The daemon counts the start a hit only once it hears that the weights
+    were used: attach() says so itself, unless called with confirm=False,
+    when the caller says it with confirm() once its engine took them, or
+    refuse(reason, detail) when it did not. Closed without either, the
+    start is counted by neither.
     """
 
     def __init__(self, tensors: Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] = (),
@@ -52,6 +58,7 @@ class Weights(Mapping[str, torch.Tensor]):
         self._sizes: list[int] = sizes or []
         self._made: dict[str, torch.Tensor] = {}  # name -> tensor, made once
         self._where: dict[str, int] = {}  # name -> entry number, learnt while iterating
+        self._report: Optional[protocol.Conn] = None  # where the outcome is due; the lease or, copied, its own
 
     def __len__(self) -> int:
         return len(self._index) if self._index is not None else len(self._dict)
@@ -114,7 +121,28 @@ class Weights(Mapping[str, torch.Tensor]):
             raise KeyError(name)
         return self._index.entry(i)[6]
 
+    def confirm(self) -> None:
+        """Tell the daemon that the engine took these weights: a hit."""
+        self._outcome(protocol.Outcome(used=True))
+
+    def refuse(self, reason: str, detail: object = "") -> None:
+        """Tell the daemon that the engine did not take these weights, and
+        why (source.CHECKPOINT_CHANGED, source.LAYOUT, source.PROTOCOL_ERROR):
+        a miss by that reason."""
+        self._outcome(protocol.Outcome(used=False, reason=reason, detail=str(detail)))
+
+    def _outcome(self, o: protocol.Outcome) -> None:
+        conn, self._report = self._report, None
+        if conn is None:
+            return
+        _report(conn, o)
+        if conn is not self._conn:
+            conn.close()
+
     def close(self) -> None:
+        if self._report is not None and self._report is not self._conn:
+            self._report.close()
+        self._report = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -222,7 +250,7 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
            socket_dir: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0, dp_size: int = 1,
            dp_rank: int = 0, group: str = "main", engine: str = "", engine_version: str = "",
            engine_config: str = "", client_name: str = "weightcache-python",
-           verify_content: bool = False) -> tuple[Weights, AttachInfo]:
+           verify_content: bool = False, confirm: bool = True) -> tuple[Weights, AttachInfo]:
     """Return (weights, info): weights maps tensor names to torch tensors;
     info.source is "hit" or "fallback" and info.reason says why it missed.
 
@@ -238,6 +266,9 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
     keep the same headers, once every tensor read from this checkpoint has
     the daemon's CRC-32C (it reads the whole checkpoint); without it that
     is a checkpoint_changed miss.
+    confirm tells the daemon, on a hit, that the weights were used (it
+    counts the hit then); an engine with checks of its own passes False and
+    calls weights.confirm() or weights.refuse() itself.
     """
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: want zero_copy or copy")
@@ -271,6 +302,8 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
             info.detail = change  # which files differ, beside the hashes
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
+    if weights is not None and info.hit and confirm:
+        weights.confirm()
     if weights is None or not info.hit:
         info.fix = source.fix_for(info, os.fspath(model), socket_dir or protocol.default_socket_dir(),
                                   protocol.default_socket_dir())
@@ -307,6 +340,7 @@ def _verify(weights: Weights, info: AttachInfo, verify_content: bool, model: Uni
     if not why:
         info.detail = ""
         return weights, info
+    weights.refuse(source.CHECKPOINT_CHANGED, why)
     weights.close()
     return None, miss(source.CHECKPOINT_CHANGED, why, socket=sock)
 
@@ -378,7 +412,7 @@ def _attach_daemon(fp: Fingerprint, directory: str, change: str, key: str, mode:
         retries += 1
         pause = min(2 * pause, _MAX_PAUSE)
     info.socket = path
-    if not info.hit or mode == "copy":
+    if not info.hit or (mode == "copy" and (weights is None or weights._report is not conn)):
         conn.close()
     if info.hit and change:
         info.detail = change  # for _verify
@@ -423,7 +457,7 @@ def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str
     timeout, and waiting for a loading daemon the state timeout. A daemon
     that goes away before the manifest, or answers no hello, is an _AGAIN
     miss."""
-    hello = protocol.Hello(fingerprint=fp.to_wire(), device=key, mode=mode, client=name)
+    hello = protocol.Hello(fingerprint=fp.to_wire(), device=key, mode=mode, client=name, reports=True)
     try:
         try:
             fr = conn.call(hello, "ok", "mismatch", timeout=max(hello_by - time.monotonic(), 0.001))
@@ -433,7 +467,7 @@ def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str
         if fr.type == "mismatch":
             return None, _mismatch(fr)
         ok: protocol.OK = fr.reply(protocol.OK)
-        state, offered = ok.state, ok.identity
+        state, offered, reports = ok.state, ok.identity, ok.outcomes
         if state == "empty":
             return None, miss(source.EMPTY, "daemon holds no weights yet: load from disk and publish")
         if state != "ready":
@@ -459,6 +493,8 @@ def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str
     try:
         idx, bases, sizes, maps = map_manifest(fr, copy=mode == "copy")
     except (OSError, ValueError, TypeError, protocol.ProtocolError, cuda.CudaError) as e:
+        if reports:
+            _report(conn, protocol.Outcome(used=False, reason=source.PROTOCOL_ERROR, detail=str(e)))
         return None, miss(source.PROTOCOL_ERROR, e)
     if mode == "copy":
         # Host segments came read, not mapped; GPU segments and the index
@@ -471,9 +507,32 @@ def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str
             conn.call(protocol.Release(), "released", timeout=connect_timeout)
         except _EXCHANGE_ERRORS as e:
             return None, _classify(e)
-        return Weights(index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
+        w = Weights(index=idx, bases=bases, sizes=sizes)
+        if reports:
+            # No lease: the connection stays for the outcome alone.
+            w._report = conn
+        return w, AttachInfo("hit")
     conn.sock.settimeout(None)  # the lease must not time out
-    return Weights(conn=conn, segments=maps, index=idx, bases=bases, sizes=sizes), AttachInfo("hit")
+    w = Weights(conn=conn, segments=maps, index=idx, bases=bases, sizes=sizes)
+    if reports:
+        w._report = conn
+    return w, AttachInfo("hit")
+
+
+def _report(conn: protocol.Conn, o: protocol.Outcome) -> None:
+    """Send an outcome and wait until the daemon counted it. What the
+    engine took is its own by now: a daemon that does not answer changes
+    nothing but its count."""
+    timeout = conn.sock.gettimeout()
+    try:
+        conn.call(o, "counted", timeout=5.0)
+    except _EXCHANGE_ERRORS:
+        pass
+    finally:
+        try:
+            conn.sock.settimeout(timeout)
+        except OSError:
+            pass
 
 
 def map_manifest(fr: protocol.Frame, copy: bool = False) -> tuple[index.Index, list[torch.Tensor], list[int], list[Any]]:

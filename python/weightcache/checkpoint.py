@@ -12,7 +12,7 @@ import posixpath
 import re
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Protocol, Union
 
 from . import dtypes, safetensors
@@ -436,20 +436,49 @@ def _consolidated_anywhere(directory: str) -> tuple[bool, str]:
     return False, first
 
 
-def weight_files(directory: str) -> WeightFiles:
+def weight_files(directory: str, known: Sequence[dict[str, Any]] = ()) -> WeightFiles:
     """Which files of directory are the checkpoint's weights: the files
     vLLM 0.32.0's DefaultModelLoader reads for load_format auto, as Go's
     checkpoint.WeightFiles decides them (see there for the rule;
     testdata/weight_files_vectors.json holds both, and real vLLM, to it).
     CheckpointError naming the file for anything vLLM would fail on, and
-    for a dangling or unreadable index."""
-    return _choose_weights(directory)[0]
+    for a dangling or unreadable index.
+
+    known is a set derived before, as a daemon offers its identity (the
+    index first, then the files it chose, each {name, dev, ino, size,
+    mtime_ns, ctime_ns}): where the index the rule reads is still that
+    file, the names are known's and the index is not read (Go's
+    KnownWeightFiles)."""
+    return _choose_weights(directory, known)[0]
 
 
-def _choose_weights(directory: str) -> tuple[WeightFiles, Optional[dict[str, str]]]:
+def _known_names(idx_path: str, index: str, known: Sequence[dict[str, Any]]) -> Optional[list[str]]:
+    """The names known says index chose, when the index at idx_path is
+    still the file known statted; None otherwise."""
+    if len(known) < 2 or not isinstance(known[0], dict) or known[0].get("name") != index:
+        return None
+    try:
+        st = os.stat(idx_path)
+    except OSError:
+        return None
+    k = known[0]
+    if (k.get("dev"), k.get("ino"), k.get("size"), k.get("mtime_ns"), k.get("ctime_ns")) != \
+            (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+        return None
+    names = [f.get("name") if isinstance(f, dict) else None for f in known[1:]]
+    if not all(isinstance(n, str) and n and "/" not in n and "\\" not in n and n not in (".", "..") for n in names):
+        return None  # not a file at the top of the directory: let the index say
+    strs = [n for n in names if isinstance(n, str)]
+    if strs != sorted(strs, key=lambda n: n.encode()):
+        return None
+    return strs
+
+
+def _choose_weights(directory: str, known: Sequence[dict[str, Any]] = ()) -> tuple[WeightFiles, Optional[dict[str, str]]]:
     """weight_files, with the weight map of the index that chose the files
-    (None when none did): resolve checks the shards against the very index
-    read here, not against a second read of it."""
+    (None when none did, or when known's set was taken unread): resolve
+    checks the shards against the very index read here, not against a
+    second read of it."""
     weight_map: Optional[dict[str, str]] = None
     try:
         entries = os.listdir(directory)
@@ -459,10 +488,14 @@ def _choose_weights(directory: str) -> tuple[WeightFiles, Optional[dict[str, str
     match, index = (_is_consolidated_name, CONSOLIDATED_INDEX_NAME) if mistral else (_is_shard_name, INDEX_NAME)
     candidates = sorted((n for n in entries if match(n)), key=lambda n: n.encode())
     idx_path = os.path.join(directory, index)
-    if os.path.lexists(idx_path) and not os.path.exists(idx_path):
+    trusted = _known_names(idx_path, index, known)
+    if trusted is None and os.path.lexists(idx_path) and not os.path.exists(idx_path):
         raise CheckpointError(f"invalid checkpoint: index {idx_path} is a dangling symlink (to {os.readlink(idx_path)}, which does not exist)")
-    if os.path.exists(idx_path):
-        weight_map, names = _parse_index(idx_path)
+    if trusted is not None or os.path.exists(idx_path):
+        if trusted is None:
+            weight_map, names = _parse_index(idx_path)
+        else:
+            names = trusted
         have = set(candidates)
         for n in names:
             if n not in have:

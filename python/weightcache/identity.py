@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from . import checkpoint, dtypes, safetensors
+from .crc32c import crc32c_function
 from .checkpoint import Checkpoint, CheckpointError
 
 if TYPE_CHECKING:
@@ -48,11 +49,13 @@ def files_change(offered: Sequence[dict[str, Any]], directory: str) -> str:
     offered: "" when they are the same files, unchanged (Go's filesChange).
     The files are this engine's own choice (checkpoint.weight_files, what
     vLLM reads), never the daemon's list: a daemon serving other files of
-    the directory is a named difference."""
+    the directory is a named difference. The choice trusts the set the
+    daemon derived from an index that is still the file it read, so an
+    unchanged checkpoint's index is not parsed."""
     if not offered:
         return "the daemon offers no stat identity for its files (they changed while it loaded them, or its publisher gave none)"
     try:
-        names = checkpoint.weight_files(directory).identity_names()
+        names = checkpoint.weight_files(directory, offered).identity_names()
         theirs = [f.get("name") for f in offered]
         if theirs != names:
             return f"the daemon serves the files {theirs}, this engine reads {names}"
@@ -170,11 +173,7 @@ class ServedCRCs(Protocol):
 def verify_content(weights: ServedCRCs, ckpt: Checkpoint, dtype: str) -> None:
     """Raise ValueError naming the first tensor whose CRC-32C, read from
     ckpt as served in dtype, differs from the daemon's."""
-    try:
-        import crcmod.predefined
-    except ImportError:
-        raise ValueError("verify_content needs crcmod for CRC-32C: pip install crcmod (Debian: apt-get install python3-crcmod)") from None
-    crc32c: Callable[[Any], int] = crcmod.predefined.mkCrcFun("crc-32c")
+    crc32c = crc32c_function()
     import torch
     served = ckpt.served(dtype)
     if len(served) != len(weights):

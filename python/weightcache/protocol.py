@@ -120,6 +120,10 @@ class Hello:
     device: str
     mode: str
     client: str
+    # The client sends an Outcome once it decided whether its engine takes
+    # the weights (to a daemon whose OK says outcomes): the daemon counts
+    # the start by it, not at the manifest.
+    reports: bool = False
     type: ClassVar[str] = "hello"
 
 
@@ -137,6 +141,16 @@ class ManifestRequest:
 @dataclasses.dataclass
 class Release:
     type: ClassVar[str] = "release"
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a reporting client decided about its start (Go's
+    protocol.Outcome): used, or the reason it refused the weights."""
+    used: bool
+    reason: str = ""
+    detail: str = ""
+    type: ClassVar[str] = "outcome"
 
 
 @dataclasses.dataclass
@@ -160,7 +174,7 @@ class Commit:
     type: ClassVar[str] = "commit"
 
 
-Request = Union[Hello, WaitReady, ManifestRequest, Release, Stats, Publish, Commit]
+Request = Union[Hello, WaitReady, ManifestRequest, Release, Outcome, Stats, Publish, Commit]
 
 
 def encode(msg: Request) -> bytes:
@@ -180,6 +194,7 @@ class OK:
     device: str = ""
     daemon: str = ""
     identity: Optional[list[Any]] = None
+    outcomes: bool = False  # the daemon takes an Outcome
 
 
 @dataclasses.dataclass
@@ -220,7 +235,7 @@ class Committed:
 
 
 R = TypeVar("R", bound="DataclassInstance")
-_JSON_TYPES: dict[str, type] = {"str": str, "int": int, "list": list}
+_JSON_TYPES: dict[str, type] = {"str": str, "int": int, "list": list, "bool": bool}
 
 
 def _json_type(annotation: str) -> tuple[type, bool]:

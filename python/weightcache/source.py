@@ -23,6 +23,9 @@ BUSY = "busy"
 
 REASONS = (NO_DAEMON, NOT_READY_TIMEOUT, FINGERPRINT_MISMATCH, DEVICE_MISMATCH, PROTOCOL_ERROR, EMPTY, CHECKPOINT_CHANGED,
            BUSY)
+# The vLLM loader's: the daemon's tensors do not fit the model vLLM built,
+# or vLLM would read other files than the daemon serves.
+LAYOUT = "layout"
 
 
 class AttachInfo:

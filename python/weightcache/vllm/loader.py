@@ -27,6 +27,12 @@ from .tier2 import load_processed
 
 log = logging.getLogger("vllm.weightcache")
 
+# The next step after a checkpoint_changed miss: files re-downloaded or
+# touched with the same bytes hit once their content is checked.
+VERIFY_CONTENT_FIX = ("if the files hold the same bytes (a re-download, a touch), "
+                      "--model-loader-extra-config '{\"verify_content\": true}' reads every tensor once, "
+                      "compares its CRC-32C with the daemon's, and hits")
+
 
 class WeightcacheModelLoader(DefaultModelLoader):
     """--load-format weightcache. api is set by register(): the adapter
@@ -61,8 +67,10 @@ class WeightcacheModelLoader(DefaultModelLoader):
         w = self.daemon_weights
         why = safety.daemon_unfit(model, self.load_config) if w is not None else ""
         if w is None or why:
+            if w is not None and why:
+                w.refuse(source.LAYOUT, why)
             if why:
-                self.miss(source.miss("layout", why))
+                self.miss(source.miss(source.LAYOUT, why))
             yield from super().get_all_weights(model_config, model)
             return
         if self.counter_before_loading_weights == 0.0:
@@ -83,7 +91,7 @@ class WeightcacheModelLoader(DefaultModelLoader):
             _, mine = shard_paths(model_config.model, model_config.revision)
             why = safety.files_differ(files, use_st, mine)
             if why:
-                raise MissError(source.miss("layout", why))
+                raise MissError(source.miss(source.LAYOUT, why))
             self.ckpt = model_config
         except (MissError, CheckpointError, OSError, ValueError) as e:
             # Decided before any daemon is asked, so none counts a hit.
@@ -105,6 +113,8 @@ class WeightcacheModelLoader(DefaultModelLoader):
     def miss(self, info: AttachInfo, then: str = "loading from disk") -> None:
         """The start's fallback line; MissError instead with fallback off."""
         self.info = info
+        if info.reason == source.CHECKPOINT_CHANGED and not self.options.verify_content and not info.fix:
+            info.fix = VERIFY_CONTENT_FIX
         if not self.options.fallback:
             raise MissError(info)
         log.warning("weightcache: fallback: %s; %s", info, then)
@@ -116,9 +126,12 @@ class WeightcacheModelLoader(DefaultModelLoader):
                  time.monotonic() - self.started, self.info.socket, note)
 
     def report_served(self) -> None:
-        """The hit line of a load that took the daemon's tensors."""
+        """The hit line of a load that took the daemon's tensors, and the
+        daemon told, so that it counts the hit (a load that did not take
+        them is counted by neither)."""
         w = self.daemon_weights
         if self.served and w is not None:
+            w.confirm()
             self.report_hit(len(w), sum(t.numel() * t.element_size() for t in w.values()))
 
     def drop_daemon_weights(self) -> None:
@@ -130,10 +143,13 @@ class WeightcacheModelLoader(DefaultModelLoader):
         """attach() with fallback off; every error is a MissError."""
         o = self.options
         try:
+            # The daemon counts the start once the load says whether it
+            # took the tensors (report_served, or a refusal by its reason).
             return attach(self.ckpt.model, device=device, mode=o.mode, fallback=False, dtype=dtype,
                           connect_timeout_s=o.connect_timeout_s, state_timeout_s=o.state_timeout_s,
                           revision=self.ckpt.revision, socket_dir=o.socket_dir, engine=engine,
-                          engine_version=self.api.version if engine else "", group=self.group, **kw)
+                          engine_version=self.api.version if engine else "", group=self.group,
+                          verify_content=o.verify_content, confirm=False, **kw)
         except MissError:
             raise
         except Exception as e:

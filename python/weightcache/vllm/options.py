@@ -12,7 +12,7 @@ MODES = ("zero_copy", "copy")
 
 _NUM = (int, float)
 _KEYS: dict[str, Any] = {"mode": str, "fallback": bool, "connect_timeout_s": _NUM, "state_timeout_s": _NUM,
-                         "tier": str, "socket_dir": str}
+                         "tier": str, "socket_dir": str, "verify_content": bool}
 
 
 @dataclasses.dataclass
@@ -25,6 +25,11 @@ class Options:
     state_timeout_s: float = 300.0
     tier: str = "checkpoint"
     socket_dir: Optional[str] = None
+    # Files replaced or rewritten with the same headers (a re-download, a
+    # touch) hit once the CRC-32C of every tensor read from them matches
+    # the daemon's: the whole checkpoint is read once (the Go client's
+    # --verify-content).
+    verify_content: bool = False
 
 
 def unknown_keys_error(keys: dict[str, Any]) -> ValueError:

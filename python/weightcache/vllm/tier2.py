@@ -78,18 +78,23 @@ def load_processed(loader: Loader, vllm_config: Any, model_config: Any, prefix: 
         with api.weights_already_processed():
             api.process_weights_after_loading(model, model_config, dev)
     except Exception as e:
-        w.close()
         if model is None:  # the build itself failed: nothing to rescue
-            loader.miss(source.miss("layout", f"model build: {type(e).__name__}: {e}"), TIER1)
+            why = f"model build: {type(e).__name__}: {e}"
+            w.refuse(source.LAYOUT, why)
+            w.close()
+            loader.miss(source.miss(source.LAYOUT, why), TIER1)
             return load_checkpoint(loader, vllm_config, model_config, prefix, dev)
         if undo is not None:
             processed.undo_restore(undo)
-        why = e if isinstance(e, processed.LayoutError) else f"{type(e).__name__}: {e}"
-        loader.miss(source.miss("layout", why), TIER1)
+        why = str(e) if isinstance(e, processed.LayoutError) else f"{type(e).__name__}: {e}"
+        w.refuse(source.LAYOUT, why)
+        w.close()
+        loader.miss(source.miss(source.LAYOUT, why), TIER1)
         return rescue(loader, model, model_config, dev)
     finally:
         for reg in regs:
             reg.close()
+    w.confirm()
     if processed.shares_storage(model, w):
         model._weightcache_lease = w  # zero-copy views: the lease lives with the model
     else:
