@@ -34,3 +34,14 @@ def test_implementations_agree(impl):
         pytest.skip(f"{impl} is not installed here")
     for b in INPUTS:
         assert f(b) == by_table(b), (impl, len(b))
+
+
+def test_numba_runs_outside_this_process():
+    """An engine's process never imports numba: vLLM's kernel rebinding
+    scans every module's objects and fails on numba's."""
+    import sys
+    f = crc32c._numba()
+    if f is None:
+        pytest.skip("numba is not installed here")
+    assert f(b"123456789") == 0xE3069283
+    assert "numba" not in sys.modules
