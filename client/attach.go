@@ -151,7 +151,7 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 	// reason they were refused.
 	report := func(src Source) Source {
 		if ok.Outcomes {
-			reportOutcome(ctx, conn, src, o.connectTimeout)
+			reportOutcome(ctx, conn, src, min(o.connectTimeout, OutcomeWait))
 		}
 		return src
 	}
@@ -247,6 +247,13 @@ func handshake(ctx context.Context, conn *protocol.Conn, a *attempt, o options, 
 	}
 	return w, Source{Hit: true}
 }
+
+// OutcomeWait bounds how long an engine's start waits for its outcome to
+// be counted. A rank killed after it read the outcome and before it
+// answered leaves the connection open (the launcher holds it for the
+// rank that replaces it), so that answer never comes; a daemon answers a
+// counted one in microseconds.
+const OutcomeWait = time.Second
 
 // reportOutcome tells the daemon what became of the start src describes,
 // and waits until it is counted. What the engine took is its own by now:

@@ -519,13 +519,20 @@ def _handshake(conn: protocol.Conn, fp: Fingerprint, directory: str, change: str
     return w, AttachInfo("hit")
 
 
+# How long a start waits for its outcome to be counted, as the Go
+# client's OutcomeWait: a rank killed after it read the outcome and before
+# it answered leaves the connection open (the launcher holds it for the
+# rank that replaces it), so that answer never comes.
+OUTCOME_WAIT = 1.0
+
+
 def _report(conn: protocol.Conn, o: protocol.Outcome) -> None:
     """Send an outcome and wait until the daemon counted it. What the
     engine took is its own by now: a daemon that does not answer changes
     nothing but its count."""
     timeout = conn.sock.gettimeout()
     try:
-        conn.call(o, "counted", timeout=5.0)
+        conn.call(o, "counted", timeout=OUTCOME_WAIT)
     except _EXCHANGE_ERRORS:
         pass
     finally:
