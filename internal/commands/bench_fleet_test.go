@@ -23,6 +23,21 @@ import (
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
+// fleetBenchEnv is the model (the medium preset, or
+// WEIGHTCACHE_BENCH_FLEET_MODEL) and the link rate
+// (WEIGHTCACHE_BENCH_FLEET_RATE, 1gbit) of the fleet benchmarks.
+func fleetBenchEnv(b *testing.B) (model, rate string) {
+	model = os.Getenv("WEIGHTCACHE_BENCH_FLEET_MODEL")
+	if model == "" {
+		model = benchModel(b)
+	}
+	rate = os.Getenv("WEIGHTCACHE_BENCH_FLEET_RATE")
+	if rate == "" {
+		rate = "1gbit"
+	}
+	return model, rate
+}
+
 // BenchmarkFleet is make bench-fleet: seeding nodes from peers in network
 // namespaces, against the floors that matter. Part 1, one peer to one node
 // on an unshaped veth: throughput against a plain TCP copy of the same
@@ -33,14 +48,7 @@ import (
 // the seed alone (~3x). Then SHA-256's CPU time per GB. The model is the
 // medium preset, or WEIGHTCACHE_BENCH_FLEET_MODEL.
 func BenchmarkFleet(b *testing.B) {
-	model := os.Getenv("WEIGHTCACHE_BENCH_FLEET_MODEL")
-	if model == "" {
-		model = benchModel(b)
-	}
-	rate := os.Getenv("WEIGHTCACHE_BENCH_FLEET_RATE")
-	if rate == "" {
-		rate = "1gbit"
-	}
+	model, rate := fleetBenchEnv(b)
 	shards := shardPaths(b, model)
 	var size int64
 	for _, p := range shards {
@@ -345,14 +353,7 @@ func inNetns(b *testing.B, ns string, fn func()) {
 // checkpoint). Each row is the seed's time against the seed without the
 // fault, and the bytes it read from storage.
 func BenchmarkFleetFaults(b *testing.B) {
-	model := os.Getenv("WEIGHTCACHE_BENCH_FLEET_MODEL")
-	if model == "" {
-		model = benchModel(b)
-	}
-	rate := os.Getenv("WEIGHTCACHE_BENCH_FLEET_RATE")
-	if rate == "" {
-		rate = "1gbit"
-	}
+	model, rate := fleetBenchEnv(b)
 	tok := peerToken(b, "bench-token")
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: "+format+"\n", args...) }
 	seedArgs := func(dir string, peers ...string) []string {
