@@ -142,7 +142,7 @@ def test_each_start_says_hit_or_fallback_in_vllms_log(llama, daemon, sock_dir, t
         p.kill()
     out = p.output()
     assert rc == 0, out[-4000:]
-    lines = [ln for ln in out.splitlines() if "weightcache: " in ln or ln == "STARTED"]
+    lines = [ln for ln in out.splitlines() if ("weightcache: " in ln and "weightcache: artifacts" not in ln) or ln == "STARTED"]
     assert len(lines) == 4 and lines[1] == lines[3] == "STARTED", lines
     assert re.fullmatch(VLLM_LINE % ("WARNING", rf"weightcache: fallback: no_daemon: .*{empty}.*; loading from disk"),
                         lines[0]), lines[0]
@@ -543,7 +543,7 @@ def test_offline_hub_id_and_consolidated_repository_hit(llama, daemon, sock_dir,
     assert f"replace model_id [org/tiny-llama] to model_path [{snap}]" in out  # vLLM swapped the id
     assert got["hub"] == got["hub auto"] and got["mistral"] == got["mistral auto"]
     assert got["hub auto"] != got["mistral auto"]  # two models, each read as its own
-    lines = [ln for ln in out.splitlines() if "weightcache: " in ln and "weightcache: tier" not in ln]
+    lines = [ln for ln in out.splitlines() if "weightcache: " in ln and "weightcache: tier" not in ln and "weightcache: artifacts" not in ln]
     assert len(lines) == 2 and all("weightcache: hit, " in ln for ln in lines), lines
     assert f"from {os.path.join(sock_dir, 'main-host.sock')}" in lines[0], lines
     assert f"from {os.path.join(sock2, 'main-host.sock')}" in lines[1], lines

@@ -302,6 +302,8 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
             info.detail = change  # which files differ, beside the hashes
         if info.hit and weights is not None:
             weights, info = _verify(weights, info, verify_content, model, revision, fp.dtype, tp_size)
+    if info.hit or info.reason in _ACCEPTED:
+        info.fingerprint = fp.to_wire()
     if weights is not None and info.hit and confirm:
         weights.confirm()
     if weights is None or not info.hit:
@@ -320,6 +322,8 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
 # Internal to attach(): the files are not the daemon's; try again with the
 # checkpoint hash.
 _REHASH = "rehash"
+# Misses decided after the daemon accepted the engine's hello.
+_ACCEPTED = (source.CHECKPOINT_CHANGED, source.EMPTY, source.NOT_READY_TIMEOUT)
 
 
 def _verify(weights: Weights, info: AttachInfo, verify_content: bool, model: Union[str, os.PathLike[str]],

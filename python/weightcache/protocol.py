@@ -16,6 +16,7 @@ import socket
 import stat
 import struct
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -174,7 +175,23 @@ class Commit:
     type: ClassVar[str] = "commit"
 
 
-Request = Union[Hello, WaitReady, ManifestRequest, Release, Outcome, Stats, Publish, Commit]
+@dataclasses.dataclass
+class Artifacts:
+    """The compile artifacts held for an engine's cache key (artifacts.py)."""
+    lookup: str
+    rank: str
+    config: dict[str, str]
+    type: ClassVar[str] = "artifacts"
+
+
+@dataclasses.dataclass
+class ArtifactsPut:
+    """A set of compile artifacts; its pack rides on the frame."""
+    set: dict[str, Any]
+    type: ClassVar[str] = "artifacts_put"
+
+
+Request = Union[Hello, WaitReady, ManifestRequest, Release, Outcome, Stats, Publish, Commit, Artifacts, ArtifactsPut]
 
 
 def encode(msg: Request) -> bytes:
@@ -314,9 +331,15 @@ class Conn:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, msg: Request) -> None:
+    def send(self, msg: Request, fds: Sequence[int] = ()) -> None:
         body = encode(msg)
-        self.sock.sendall(struct.pack(">I", len(body)) + body)
+        data = struct.pack(">I", len(body)) + body
+        if fds:
+            # The descriptors ride on the frame's first byte, as the
+            # daemon's replies carry theirs.
+            n = self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())])
+            data = data[n:]
+        self.sock.sendall(data)
 
     def recv(self, max_frame: int = MAX_REPLY_FRAME) -> Frame:
         fds: list[int] = []

@@ -45,6 +45,10 @@ class AttachInfo:
         self.daemon_model = daemon_model
         self.fix = ""
         self.seconds = 0.0
+        # The fingerprint of a hello the daemon accepted (to_wire()): a
+        # later connection of the same engine (compile artifacts) says it
+        # again. None where no daemon accepted one.
+        self.fingerprint: Optional[dict[str, Any]] = None
 
     @property
     def hit(self) -> bool:

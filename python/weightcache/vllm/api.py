@@ -4,6 +4,7 @@ python/tests_vllm."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, ContextManager, Optional
 
@@ -51,6 +52,23 @@ class VllmAPI:
         self._pp_group: Optional[Callable[[], Any]] = get_pp_group
         self.weights_already_processed: Optional[Callable[[], ContextManager[Any]]] = weights_already_processed
         self._platform: Any = current_platform
+
+    def compile_cache(self, vllm_config: Any) -> tuple[str, list[str], Any]:
+        """(root, factors, counter) of vLLM's compile cache: the directory
+        its torch.compile caches go under, the factors it hashes into a
+        cache directory's name before it traces (vLLM 0.32
+        compilation/caching.py aot_compile_hash_factors: env, config and,
+        with the mega artifact, Inductor's), and its compilation counter,
+        which counts the artifacts it saves and loads. Private names:
+        any surprise is a MissError."""
+        try:
+            import vllm.envs as envs
+            from vllm.compilation.caching import aot_compile_hash_factors
+            from vllm.compilation.counter import compilation_counter
+            factors = [str(f) for f in aot_compile_hash_factors(vllm_config)]
+            return os.path.join(envs.VLLM_CACHE_ROOT, "torch_compile_cache"), factors, compilation_counter
+        except Exception as e:
+            raise MissError(source.miss("vllm_api", f"vLLM {self.version}'s compile cache: {type(e).__name__}: {e}")) from e
 
     def pp_rank(self) -> int:
         """This rank's place in the pipeline (0 where vLLM has no pipeline group)."""

@@ -18,7 +18,7 @@ from ..attach import Weights, attach
 from ..checkpoint import CheckpointError
 from ..identity import shard_paths
 from ..source import AttachInfo, MissError
-from . import safety
+from . import compile_cache, safety
 from .api import VllmAPI
 from .engine import is_draft, rank_of, target_device
 from .options import Options, parse_options, unknown_keys_error
@@ -81,6 +81,21 @@ class WeightcacheModelLoader(DefaultModelLoader):
             yield from self._get_weights_iterator(src)
 
     def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> torch.nn.Module:
+        model = self._load_model(vllm_config, model_config, prefix)
+        if self.options.artifacts:
+            # After the weights (whose daemon it asks), before vLLM's
+            # first forward pass compiles.
+            compile_cache.prepare(self.api, vllm_config, self.artifact_source(), str(self.info or ""))
+        return model
+
+    def artifact_source(self) -> Optional[compile_cache.Where]:
+        """The daemon that accepted this start's hello, if one did."""
+        i = self.info
+        if i is None or i.fingerprint is None or not i.socket:
+            return None
+        return compile_cache.Where(i.socket, i.fingerprint, i.device, self.options.connect_timeout_s)
+
+    def _load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> torch.nn.Module:
         self.started, self.served = time.monotonic(), False
         dev = target_device(vllm_config)
         self.group = "draft" if is_draft(vllm_config, model_config) else "main"

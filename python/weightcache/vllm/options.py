@@ -12,7 +12,8 @@ MODES = ("zero_copy", "copy")
 
 _NUM = (int, float)
 _KEYS: dict[str, Any] = {"mode": str, "fallback": bool, "connect_timeout_s": _NUM, "state_timeout_s": _NUM,
-                         "tier": str, "socket_dir": str, "verify_content": bool}
+                         "tier": str, "socket_dir": str, "verify_content": bool,
+                         "artifacts": bool}
 
 
 @dataclasses.dataclass
@@ -30,6 +31,10 @@ class Options:
     # the daemon's: the whole checkpoint is read once (the Go client's
     # --verify-content).
     verify_content: bool = False
+    # vLLM's compile artifacts for this configuration restored from the
+    # daemon before it compiles, and what it compiles handed to the
+    # daemon (compile_cache.py).
+    artifacts: bool = True
 
 
 def unknown_keys_error(keys: dict[str, Any]) -> ValueError:
