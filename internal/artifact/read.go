@@ -42,6 +42,9 @@ const (
 	MissConfig = "configuration" // sets of the rank, for other configurations
 )
 
+// MissKinds lists every miss kind, for exporters that show a zero.
+var MissKinds = []string{MissOff, MissNone, MissConfig}
+
 // Miss says why Get found no set: Kind is one of the Miss kinds, Reason
 // the sentence an engine logs.
 type Miss struct{ Kind, Reason string }

@@ -60,6 +60,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	bytesVar(fs, &p.settings.Limits.MaxPublishBytes, "max-publish-bytes", 0, "cap on the segments and index one publish may allocate (0: what the device can hold)")
 	fs.IntVar(&p.settings.Limits.MaxLeasesPerProcess, "max-leases-per-process", daemon.DefaultMaxLeasesPerProcess, "leases one engine process (by its pid) may hold per rank")
 	fs.BoolVar(&p.settings.PublishOnly, "publish-only", false, "load nothing: serve empty until the first engine publishes its own post-processed weights")
+	bytesVar(fs, &p.settings.ArtifactBudget, "artifact-budget", 1<<30, "the engines' compile artifacts kept in --socket-dir, least recently used evicted first, a `size` (0: none kept)")
 	fs.BoolVar(&p.takeover, "takeover", false, "take the segments, sockets and leases of a preload of the same model and devices running in --socket-dir (a restart or upgrade without reading the checkpoint); load from it as usual when none runs or its cache is stale")
 	fs.BoolVar(&p.waitAfterHandover, "wait-after-handover", false, "once a successor has taken this preload's cache, wait for SIGTERM instead of exiting 0 (a DaemonSet container: its kubelet would restart it)")
 	p.gpu.register(fs)
