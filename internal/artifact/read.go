@@ -80,6 +80,19 @@ func (s *Store) Get(lookup, rank string, config map[string]string) ([]Hit, Miss)
 	return nil, missReason(infos, lookup, rank, config)
 }
 
+// Open returns the held set id with its pack opened read-only, without
+// marking it used: what a peer is sent.
+func (s *Store) Open(id string) (Hit, error) {
+	if s.budget == 0 || !isID(id) {
+		return Hit{}, fmt.Errorf("no artifact set %.40q: %w", id, fs.ErrNotExist)
+	}
+	in, pack, err := s.read(id, true)
+	if err != nil {
+		return Hit{}, err
+	}
+	return Hit{Set: in.Set, Pack: pack}, nil
+}
+
 // List is every set held, most recently used first.
 func (s *Store) List() []Info {
 	if s.budget == 0 {

@@ -71,7 +71,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.peers.Auth.CAFile, "peer-tls-ca", "", "the cluster CA (PEM): a peer is any holder of a certificate it signed")
 	fs.StringVar(&p.peers.Auth.TokenFile, "peer-token-file", "", "a file holding the token peers share: alone, both ends prove it by a TLS key derived from it; with the TLS flags, it is sent inside their TLS as well")
 	fs.StringVar(&p.peers.Digest, "peer-manifest-digest", "", "the digest (sha256:HEX) of the piece manifest every byte from peers is checked against, or @FILE holding it (a checkpoint from the hub cache needs none: its blob names are the root)")
-	fs.BoolVar(&p.peers.Trust, "peer-trust-peers", false, "take the manifest from the authenticated peers themselves when there is no digest to check it against")
+	fs.BoolVar(&p.peers.Trust, "peer-trust-peers", false, "take the manifest from the authenticated peers themselves when there is no digest to check it against, and their engines' compile artifacts (code, which no digest vouches for)")
 	bytesVar(fs, &p.peers.Rate, "peer-rate-limit", 0, "cap on the bytes served to all peers, a `size` per second (0: none)")
 	fs.IntVar(&p.peers.MaxConns, "peer-max-conns", 64, "authenticated peer connections, and pieces sent, at once, one address at most a quarter of them (16 at least); more wait to be accepted")
 	fs.DurationVar(&p.peers.Timeout, "peer-timeout", 10*time.Second, "how long a seed waits for a manifest with no peer reading storage, a piece for a peer that has it, and a transfer that stalls, before storage (also the bound on a peer that stops reading what it asked for)")
