@@ -238,6 +238,16 @@ func TestOff(t *testing.T) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("budget 0 made the store: %v", err)
 	}
+	on, err := Open(dir, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, miss := on.Get(Lookup("k"), "rank_0_0", nil); miss.Kind != MissNone {
+		t.Errorf("a store nothing was put in: %+v", miss)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a store is made before its first put: %v", err)
+	}
 	set, pack := makeSet("k", "rank_0_0", nil, "f", "x")
 	if _, err := s.Put(set, bytes.NewReader(pack)); !errors.Is(err, ErrOff) {
 		t.Errorf("put: %v", err)

@@ -106,7 +106,9 @@ func (s *Store) List() []Info {
 func (s *Store) scan() []Info {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
-		s.log.Warn("artifacts: list the store", "dir", s.dir, "err", err)
+		if !errors.Is(err, fs.ErrNotExist) { // none stored yet
+			s.log.Warn("artifacts: list the store", "dir", s.dir, "err", err)
+		}
 		return nil
 	}
 	var infos []Info

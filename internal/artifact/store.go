@@ -62,8 +62,9 @@ type cached struct {
 	set            *Set
 }
 
-// Open opens the store at dir, creating it (0700) unless budget is 0,
-// which holds nothing: Put refuses, Get misses with ErrOff's reason.
+// Open opens the store at dir, which the first Put creates (0700), so
+// that a socket directory no engine stored artifacts in holds none. A
+// budget of 0 holds nothing: Put refuses, Get misses with ErrOff's reason.
 func Open(dir string, budget int64, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -73,17 +74,23 @@ func Open(dir string, budget int64, log *slog.Logger) (*Store, error) {
 		s.budget = 0
 		return s, nil
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("artifact store %s: %w", dir, err)
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return nil, fmt.Errorf("artifact store %s: %w", dir, err)
-	}
-	if !st.IsDir() || st.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("artifact store %s: not a directory of mode 0700 (mode %s)", dir, st.Mode())
+	if err := s.checkDir(); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	return s, nil
+}
+
+// checkDir refuses a store that is not a directory only this uid reaches
+// into, as the socket directory it lives in.
+func (s *Store) checkDir() error {
+	st, err := os.Lstat(s.dir)
+	if err != nil {
+		return fmt.Errorf("artifact store %s: %w", s.dir, err)
+	}
+	if !st.IsDir() || st.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("artifact store %s: not a directory of mode 0700 (mode %s)", s.dir, st.Mode())
+	}
+	return nil
 }
 
 // Budget is the most bytes of sets the store holds; 0: off.
@@ -114,6 +121,12 @@ func (s *Store) Put(set *Set, pack io.ReaderAt) (Stored, error) {
 	}
 	if set.Bytes > s.budget {
 		return Stored{}, fmt.Errorf("%w: set %s (rank %s) is %d bytes, the budget %d (--artifact-budget)", ErrOverBudget, set.Key, set.Rank, set.Bytes, s.budget)
+	}
+	if err := os.Mkdir(s.dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return Stored{}, fmt.Errorf("artifact store %s: %w", s.dir, err)
+	}
+	if err := s.checkDir(); err != nil {
+		return Stored{}, err
 	}
 	tmp, err := os.MkdirTemp(s.dir, putPrefix)
 	if err != nil {
