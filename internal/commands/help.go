@@ -34,7 +34,7 @@ var flagGroups = map[string]string{
 
 	"socket-dir": "serving", "drain-timeout": "serving", "weight-cache-health-host": "serving",
 	"weight-cache-health-port": "serving", "mode": "serving", "fallback": "serving",
-	"connect-timeout": "serving", "state-timeout": "serving",
+	"connect-timeout": "serving", "state-timeout": "serving", "artifact-budget": "serving",
 
 	"peers": "peers", "peer-listen": "peers", "peer-tls-cert": "peers", "peer-tls-key": "peers", "peer-tls-ca": "peers",
 	"peer-token-file": "peers", "peer-manifest-digest": "peers", "peer-trust-peers": "peers", "peer-rate-limit": "peers",

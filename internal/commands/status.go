@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -43,6 +44,9 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	if err := writeStatusTable(e.stdout, daemons); err != nil {
 		return err
 	}
+	if err := writeArtifacts(e.stdout, daemons); err != nil {
+		return err
+	}
 	// A plan that matched too little is said once per rank, under the table.
 	for _, d := range daemons {
 		if p := d.Plan; p != nil && p.Unmatched > 0 {
@@ -70,6 +74,50 @@ func writeStatusTable(w io.Writer, daemons []client.DaemonStatus) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n",
 			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, rankOf(fp.TPRank, fp.TPSize), rankOf(fp.DPRank, fp.DPSize),
 			d.Tensors, size, d.Leases, d.Handshakes[protocol.ResultHit], mismatchSummary(d.Mismatches))
+	}
+	return tw.Flush()
+}
+
+// writeArtifacts lists the compile artifact sets held, once: the ranks
+// of a socket directory share one store, and each counts its own hits,
+// which are summed here. Nothing is written when every budget is 0.
+func writeArtifacts(w io.Writer, daemons []client.DaemonStatus) error {
+	var budget, held int64
+	type row struct {
+		set  protocol.ArtifactSet
+		hits int64
+	}
+	var rows []*row
+	byID := map[[2]string]*row{}
+	for _, d := range daemons {
+		if d.ArtifactBudget == 0 {
+			continue
+		}
+		if budget == 0 {
+			budget, held = d.ArtifactBudget, d.ArtifactBytes
+		}
+		for _, a := range d.Artifacts {
+			r := byID[[2]string{a.Dir, a.Rank}]
+			if r == nil {
+				r = &row{set: a}
+				byID[[2]string{a.Dir, a.Rank}] = r
+				rows = append(rows, r)
+			}
+			r.hits += a.Hits
+		}
+	}
+	if budget == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nartifacts: %d sets, %s of %s (--artifact-budget)\n", len(rows), humanBytes(held), humanBytes(budget))
+	if len(rows) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tRANK\tDIR\tFILES\tBYTES\tHITS\tLAST USED")
+	for _, r := range rows {
+		a := r.set
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", a.Key, a.Rank, a.Dir, a.Files, humanBytes(a.Bytes), r.hits, a.LastUsed.Local().Format(time.DateTime))
 	}
 	return tw.Flush()
 }

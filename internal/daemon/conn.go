@@ -124,13 +124,15 @@ func (d *Daemon) serveConn(s *session) {
 			return
 		}
 		d.setIdle(s, false)
-		// Requests never carry descriptors.
-		fr.CloseFiles()
 		if err := d.awaitUnread(s); err != nil {
+			fr.CloseFiles()
 			d.log.Warn("closed a connection that sent a request before reading its last reply's descriptors", "type", fr.Type, "err", err)
 			return
 		}
 		msg, files, keep := d.answer(s, fr)
+		// Only an artifacts_put carries a descriptor, which its handler
+		// reads; any other request's are closed unread.
+		fr.CloseFiles()
 		// Idle from its reply on: the client may close and connect again
 		// before this goroutine reads once more, and a full table must
 		// find this connection evictable meanwhile.
@@ -340,6 +342,10 @@ func (d *Daemon) handle(s *session, fr *protocol.Frame) (reply, error) {
 		return d.commit(s, fr)
 	case protocol.TypeOutcome:
 		return d.outcome(s, fr)
+	case protocol.TypeArtifacts:
+		return d.artifacts(s, fr)
+	case protocol.TypeArtifactsPut:
+		return d.artifactsPut(s, fr)
 	}
 	d.count(protocol.ResultError, nil)
 	return reply{}, retryable{protocol.Errorf(protocol.CodeUnknownType, "unknown message type %q", fr.Type)}

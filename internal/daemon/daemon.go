@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/artifact"
 	"github.com/weightcache/weightcache/internal/backend"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/protocol"
@@ -105,6 +106,9 @@ type Daemon struct {
 	leaseID uint64     // the last lease's, for the LeaseWatcher
 	carried int        // leases the LeaseWatcher holds a copy of
 	handed  []*session // leased sessions stopped for the successor
+	arts    artifactCounts
+
+	art *artifact.Store // compile artifacts, shared with the other ranks (artifacts.go)
 
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -171,7 +175,9 @@ func Start(cfg Config) (*Daemon, error) {
 		limits:     cfg.Limits.withDefaults(),
 		handshakes: map[string]int64{},
 		mismatches: map[string]int64{},
+		arts:       artifactCounts{byID: map[string]int64{}, misses: map[string]int64{}},
 	}
+	d.art = d.openArtifacts()
 	if cfg.Checkpoint != nil {
 		d.total.Store(cfg.Checkpoint.Size())
 	}
@@ -259,6 +265,7 @@ func (d *Daemon) free() {
 
 // Stats is the daemon's current state, as served to `weightcache status`.
 func (d *Daemon) Stats() protocol.Stats {
+	held := d.art.List()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := protocol.Stats{
@@ -285,6 +292,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Plan:           d.cfg.PlanReport,
 	}
 	st.LeaseLimit, _ = d.limits.leaseTable()
+	d.artifactStats(&st, held)
 	if d.cfg.Checkpoint != nil && !d.cfg.PublishOnly {
 		st.Tensors = d.cfg.Checkpoint.NumTensors() // until the layout is in
 	}

@@ -18,6 +18,9 @@ type Settings struct {
 	// PublishOnly starts the daemon empty: it loads nothing from disk and
 	// serves the layout the first engine publishes (publish.go).
 	PublishOnly bool `json:"publish_only,omitempty"`
+	// ArtifactBudget is the most bytes of compile artifacts the ranks keep
+	// in SocketDir's store (artifacts.go); 0 keeps none.
+	ArtifactBudget int64 `json:"artifact_budget"`
 	// GPU configures a GPU rank's backend (rank.NewBackend); Start takes the
 	// backend made already.
 	GPU cuda.Options `json:"gpu"`

@@ -10,9 +10,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/artifact"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/peer"
 	"github.com/weightcache/weightcache/internal/scatter"
+	"github.com/weightcache/weightcache/internal/sockets"
 )
 
 // Peers is how this node trades checkpoint bytes with other nodes
@@ -46,6 +48,10 @@ type peering struct {
 	mu      sync.Mutex
 	stores  map[string]*peer.Store // by group
 	digests map[string]string      // by group: the manifest the load was checked against
+	// arts is the socket directory's artifact store, which the ranks
+	// serve engines from: offered to peers, and seeded from them once.
+	arts     *artifact.Store
+	artsSeed sync.Once
 	// Checkpoint bytes that came from peers and from storage, all loads.
 	fromPeers, fromStorage atomic.Int64
 }
@@ -62,6 +68,13 @@ func (l *launcher) startPeers(ctx context.Context) error {
 	if err := cfg.Auth.Load(); err != nil {
 		return err
 	}
+	if l.cfg.ArtifactBudget > 0 {
+		arts, err := artifact.Open(sockets.ArtifactDir(l.cfg.SocketDir), l.cfg.ArtifactBudget, l.log)
+		if err != nil {
+			l.log.Warn("artifacts: neither served to peers nor taken from them", "err", err)
+		}
+		l.peers.arts = arts
+	}
 	if cfg.Listen == "" {
 		return nil
 	}
@@ -69,7 +82,7 @@ func (l *launcher) startPeers(ctx context.Context) error {
 	if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("--peer-listen %s: %w", cfg.Listen, err)
 	}
-	sv := &peer.Server{Auth: &cfg.Auth, Rate: cfg.Rate, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log}
+	sv := &peer.Server{Auth: &cfg.Auth, Rate: cfg.Rate, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log, Artifacts: l.peers.arts}
 	l.peers.mu.Lock()
 	l.peers.server = sv // read by /metrics scrapes
 	l.peers.mu.Unlock()
@@ -181,6 +194,14 @@ func (l *launcher) fillFromPeers(ctx context.Context, pc *peering, g Group, ld *
 		pc.digests[g.Name] = digest
 		pc.mu.Unlock()
 		l.log.Info("checkpoint pieces held", "group", g.Name, "manifest", digest)
+		if len(pc.cfg.Addrs) > 0 && pc.arts != nil {
+			// Once the weights are placed, and beside the load: a
+			// start waits for its weights, not for another's compile.
+			pc.artsSeed.Do(func() {
+				sd := &peer.Seeder{Auth: &pc.cfg.Auth, Peers: pc.cfg.Addrs, Self: pc.cfg.Listen, Trust: pc.cfg.Trust, Timeout: pc.cfg.Timeout, Log: l.log}
+				go sd.Artifacts(ctx, pc.arts)
+			})
+		}
 	}()
 	return f, nil
 }

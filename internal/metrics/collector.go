@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weightcache/weightcache/internal/artifact"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/status"
 )
@@ -34,6 +35,10 @@ var (
 	descPeerBytes  = prometheus.NewDesc("weightcache_peer_bytes_total", "Checkpoint bytes the launcher got from peers (--peers), each piece checked against the manifest.", nil, nil)
 	descStorBytes  = prometheus.NewDesc("weightcache_storage_bytes_total", "Checkpoint bytes the launcher read from storage while peering: those no peer served.", nil, nil)
 	descPeerSent   = prometheus.NewDesc("weightcache_peer_sent_bytes_total", "Checkpoint bytes this node served to peers (--peer-listen).", nil, nil)
+	descArtHits    = desc("weightcache_artifact_hits_total", "Compile artifact sets the rank served to engines.")
+	descArtMisses  = desc("weightcache_artifact_misses_total", "Engine requests for compile artifacts that found no set, by reason: none_held, configuration (held for another), off.", "reason")
+	descArtSets    = prometheus.NewDesc("weightcache_artifact_sets", "Compile artifact sets held in the socket directory's store, which the ranks share.", nil, nil)
+	descArtBytes   = prometheus.NewDesc("weightcache_artifact_bytes", "Bytes of the compile artifact sets held (at most --artifact-budget).", nil, nil)
 	descRead       = prometheus.NewDesc("weightcache_checkpoint_read_bytes_total", "Checkpoint bytes the launcher read since it started: one checkpoint, unless a load was repeated.", nil, nil)
 )
 
@@ -45,7 +50,8 @@ type collector struct{ src Source }
 func newCollector(src Source) *collector { return &collector{src: src} }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descQueued, descRestarts, descRead, descPeerBytes, descStorBytes, descPeerSent} {
+	for _, d := range []*prometheus.Desc{descReady, descResident, descTensors, descLoad, descHandshakes, descFields, descLeases, descReleases, descLeaseLimit, descRefused, descConns, descQueued, descRestarts, descRead, descPeerBytes, descStorBytes, descPeerSent,
+		descArtHits, descArtMisses, descArtSets, descArtBytes} {
 		ch <- d
 	}
 }
@@ -65,6 +71,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ranks := c.src.Ranks()
 	stats, _ := fetchStats(ranks)
+	emitStore(ch, stats)
 	for i, r := range ranks {
 		l := []string{r.Group, r.Device, strconv.Itoa(r.TPRank), strconv.Itoa(r.DPRank)}
 		ready := 0.0
@@ -114,8 +121,25 @@ func emitStats(ch chan<- prometheus.Metric, st *status.Daemon, l []string) {
 	for _, res := range protocol.Results {
 		ch <- prometheus.MustNewConstMetric(descHandshakes, prometheus.CounterValue, float64(st.Handshakes[res]), with(res)...)
 	}
+	ch <- prometheus.MustNewConstMetric(descArtHits, prometheus.CounterValue, float64(st.ArtifactHits), l...)
+	for _, kind := range artifact.MissKinds {
+		ch <- prometheus.MustNewConstMetric(descArtMisses, prometheus.CounterValue, float64(st.ArtifactMisses[kind]), with(kind)...)
+	}
 	for field, n := range st.Mismatches {
 		ch <- prometheus.MustNewConstMetric(descFields, prometheus.CounterValue, float64(n), with(field)...)
+	}
+}
+
+// emitStore exports the artifact store once: every rank of the preload
+// reads the same one, so the first rank that answered speaks for it.
+func emitStore(ch chan<- prometheus.Metric, stats []*status.Daemon) {
+	for _, st := range stats {
+		if st == nil || st.ArtifactBudget == 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(descArtSets, prometheus.GaugeValue, float64(len(st.Artifacts)))
+		ch <- prometheus.MustNewConstMetric(descArtBytes, prometheus.GaugeValue, float64(st.ArtifactBytes))
+		return
 	}
 }
 

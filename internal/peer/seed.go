@@ -48,7 +48,8 @@ type Seeder struct {
 type remote struct {
 	addr netip.Addr
 	port uint16
-	url  string
+	base string       // scheme://address
+	url  string       // base and the checkpoint's path
 	have []pieceState // its first /have answer, for where this node starts
 }
 
@@ -78,20 +79,8 @@ func (sd *Seeder) Fill(ctx context.Context, s *Store) error {
 }
 
 func (sd *Seeder) fill(ctx context.Context, s *Store) error {
-	sd.timeout, sd.workers = sd.Timeout, sd.Workers
-	if sd.timeout <= 0 {
-		sd.timeout = 10 * time.Second
-	}
-	if sd.workers <= 0 {
-		sd.workers = 8
-	}
 	sd.store = s
-	// No transparent decompression: a body is read as sent, within its
-	// bound. No redirect: the token goes only where --peers says.
-	tr := &http.Transport{TLSClientConfig: sd.Auth.TLSConfig(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
-		ResponseHeaderTimeout: sd.timeout, DialContext: (&net.Dialer{Timeout: sd.timeout}).DialContext, DisableCompression: true}
-	sd.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	defer tr.CloseIdleConnections()
+	defer sd.connect()()
 	peers, err := sd.resolve(ctx)
 	if err != nil {
 		return err
@@ -101,6 +90,24 @@ func (sd *Seeder) fill(ctx context.Context, s *Store) error {
 		return err
 	}
 	return sd.pieces(ctx, peers, from)
+}
+
+// connect makes the client peers are asked with, and returns what closes
+// its idle connections.
+func (sd *Seeder) connect() func() {
+	sd.timeout, sd.workers = sd.Timeout, sd.Workers
+	if sd.timeout <= 0 {
+		sd.timeout = 10 * time.Second
+	}
+	if sd.workers <= 0 {
+		sd.workers = 8
+	}
+	// No transparent decompression: a body is read as sent, within its
+	// bound. No redirect: the token goes only where --peers says.
+	tr := &http.Transport{TLSClientConfig: sd.Auth.TLSConfig(), ForceAttemptHTTP2: true, MaxIdleConnsPerHost: sd.workers,
+		ResponseHeaderTimeout: sd.timeout, DialContext: (&net.Dialer{Timeout: sd.timeout}).DialContext, DisableCompression: true}
+	sd.client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return tr.CloseIdleConnections
 }
 
 func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
@@ -135,7 +142,12 @@ func (sd *Seeder) resolve(ctx context.Context) ([]*remote, error) {
 			if !seen[addr] {
 				seen[addr] = true
 				pn, _ := strconv.ParseUint(port, 10, 16)
-				out = append(out, &remote{addr: a, port: uint16(pn), url: sd.Auth.scheme() + "://" + addr + "/v1/checkpoints/" + sd.store.ckpt.Hash()})
+				r := &remote{addr: a, port: uint16(pn), base: sd.Auth.scheme() + "://" + addr}
+				r.url = r.base
+				if sd.store != nil {
+					r.url += "/v1/checkpoints/" + sd.store.ckpt.Hash()
+				}
+				out = append(out, r)
 			}
 		}
 	}

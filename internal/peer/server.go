@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/artifact"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
@@ -37,11 +38,14 @@ const sendSlice = 64 << 10
 // to authenticated peers. It runs in the launcher, not in the ranks, so
 // engines attach at full speed whatever it sends.
 type Server struct {
-	Auth      *Auth
-	Rate      int64         // bytes per second to all peers together; 0 is unlimited
-	MaxConns  int           // authenticated connections, and pieces being sent, at once
-	Timeout   time.Duration // a write a peer takes nothing of for this long is cut off
-	Log       *slog.Logger
+	Auth     *Auth
+	Rate     int64         // bytes per second to all peers together; 0 is unlimited
+	MaxConns int           // authenticated connections, and pieces being sent, at once
+	Timeout  time.Duration // a write a peer takes nothing of for this long is cut off
+	Log      *slog.Logger
+	// Artifacts, when set, are the compile artifact sets offered to
+	// peers (artifacts.go).
+	Artifacts *artifact.Store
 	mu        sync.Mutex
 	stores    map[string]*Store // by checkpoint hash
 	sent      atomic.Int64
@@ -98,6 +102,8 @@ func (sv *Server) Serve(l net.Listener) error {
 	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", sv.manifest)
 	mux.HandleFunc("GET /v1/checkpoints/{key}/have", sv.have)
 	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", sv.piece)
+	mux.HandleFunc("GET /v1/artifacts", sv.artifactList)
+	mux.HandleFunc("GET /v1/artifacts/{id}/pack", sv.artifactPack)
 	sv.mu.Lock()
 	// WriteTimeout bounds every answer, per request (per stream in
 	// HTTP/2); a piece's writes extend it slice by slice. The receive

@@ -191,7 +191,15 @@ type Stats struct {
 	Mismatches    map[string]int64 `json:"mismatches"`
 	Releases      int64            `json:"releases"`
 	Plan          *PlanReport      `json:"plan,omitempty"` // tensor-parallel ranks only
-	Error         string           `json:"error,omitempty"`
+	// Artifacts are the compile artifact sets held in the socket
+	// directory's store (shared by a preload's ranks), most recently used
+	// first; each one's Hits are this daemon's.
+	Artifacts      []ArtifactSet    `json:"artifacts,omitempty"`
+	ArtifactBytes  int64            `json:"artifact_bytes"`
+	ArtifactBudget int64            `json:"artifact_budget"`
+	ArtifactHits   int64            `json:"artifact_hits"`             // sets served since the daemon started
+	ArtifactMisses map[string]int64 `json:"artifact_misses,omitempty"` // requests that found none, by artifact miss kind
+	Error          string           `json:"error,omitempty"`
 }
 
 // PlanReport says what a tensor-parallel sharding plan left whole on every

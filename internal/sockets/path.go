@@ -57,6 +57,11 @@ func List(dir string) ([]string, error) {
 	return socks, nil
 }
 
+// ArtifactDir is the store of compile artifacts (internal/artifact) that
+// the ranks of the preloads in dir share: a directory, so neither List nor
+// a client's glob of "*.sock" takes it for a socket.
+func ArtifactDir(dir string) string { return filepath.Join(dir, "artifacts") }
+
 // LockPath is the lock file beside socket sock: whoever holds its flock
 // serves the socket.
 func LockPath(sock string) string { return sock + ".lock" }
