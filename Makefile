@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-scale bench-outlive bench-fleet fuzz deps release clean
+.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-restart test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-restart bench-scale bench-outlive bench-fleet fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -91,7 +91,14 @@ WHICH_PACKAGE = import importlib.metadata as m; d = m.distribution("weightcache"
 VLLM_RESUME = WEIGHTCACHE_BIN=$(CURDIR)/$(BIN) $(VLLM_PY) python/tests_vllm/resume.py -v -rfEs -p no:cacheprovider -W ignore::DeprecationWarning
 test-vllm: build vllm-env ## the loader in real vLLM (slow)
 	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
-	$(VLLM_RESUME) --ignore=python/tests_vllm/test_upgrade.py python/tests_vllm
+	$(VLLM_RESUME) --ignore=python/tests_vllm/test_upgrade.py --ignore=python/tests_vllm/test_restart.py python/tests_vllm
+
+# vLLM's compile artifacts through the daemon, with vLLM's default
+# torch.compile on: every engine compiles or restores, half a minute or more
+# each, so it is its own stage (python/tests_vllm/test_restart.py).
+test-restart: build vllm-env ## compile artifacts restored from the daemon in real vLLM, compile on (slow)
+	@$(VLLM_PY) -c '$(WHICH_PACKAGE)'
+	$(VLLM_PYTEST) python/tests_vllm/test_restart.py
 
 # vLLM 0.31.0, the release before, pinned in python/requirements-vllm-0.31.txt:
 # a second 3 GB download the first time, cached and shared as the first is;
@@ -150,6 +157,12 @@ bench-python: build python-deps ## attach from Python
 # the file and copied from the daemon's mapping).
 bench-vllm: build vllm-env ## weight loading in real vLLM against load_format auto
 	$(VLLM_PY) python/bench_vllm.py --bin $(BIN) $(BENCH_VLLM_ARGS)
+
+# A whole vLLM start with torch.compile on, per phase: warm and fresh
+# nodes, auto and weightcache (weights and compile artifacts from the
+# daemon), interleaved rounds. BENCH_RESTART_ARGS='--runs 5 --layers 4'.
+bench-restart: build vllm-env ## a whole vLLM start, compile on: fresh and warm nodes, auto and weightcache
+	$(VLLM_PY) python/bench_restart.py --bin $(BIN) $(BENCH_RESTART_ARGS)
 
 # Real `vllm serve` restarts, --load-format auto and weightcache
 # alternately against one preloaded daemon: each start's timeline (start-up,

@@ -71,6 +71,17 @@ def describe(api: VllmAPI, vllm_config: Any) -> dict[str, str]:
             "backend": str(getattr(cc, "backend", "")), "platform": api.platform()}
 
 
+def with_factors(config: dict[str, str], factors: list[str]) -> dict[str, str]:
+    """config with short hashes of vLLM's own factors (its env factors,
+    its config hash, the rest): a miss for a difference the named fields do
+    not show (an environment variable vLLM keys on) still says where."""
+    names = ("vllm_env", "vllm_config")
+    out = dict(config)
+    for i, f in enumerate(factors):
+        out[names[i] if i < len(names) else f"vllm_factor{i}"] = hashlib.sha256(f.encode()).hexdigest()[:10]
+    return out
+
+
 def rank_dir(vllm_config: Any) -> str:
     """The per-rank directory vLLM writes under a cache directory."""
     par = vllm_config.parallel_config
@@ -106,7 +117,8 @@ def prepare(api: VllmAPI, vllm_config: Any, where: Optional[Where], why_not: str
     except MissError as e:
         log.warning("weightcache: artifacts: none (%s); vLLM compiles", e.info)
         return
-    lookup, rank, config = lookup_key(api, factors), rank_dir(vllm_config), describe(api, vllm_config)
+    lookup, rank = lookup_key(api, factors), rank_dir(vllm_config)
+    config = with_factors(describe(api, vllm_config), factors)
     key = artifacts.short(lookup)
     restored: list[artifacts.Set] = []
     if where is None:
@@ -164,32 +176,35 @@ def _settled(counter: Any, since: float) -> None:
 
 def _watch(vllm_config: Any, counter: Any, root: str, where: Optional[Where], lookup: str, rank: str,
            config: dict[str, str], restored: bool) -> None:
-    """Wait for vLLM to save or load its compiled artifacts, say how the
-    compile went, and publish what it saved when Inductor compiled anything
-    afresh (or nothing was restored)."""
-    start, before, fx = time.monotonic(), _counts(counter), _caches()
+    """Wait for vLLM to save or load its compiled artifacts, then hand
+    over to _compiled. A daemon thread: an engine whose compile never
+    comes is not kept from exiting."""
+    start, before, caches = time.monotonic(), _counts(counter), _caches()
     while _counts(counter) == before:
         if time.monotonic() - start > WATCH_FOR_S:
             return
         time.sleep(_POLL_S)
-    saved = _counts(counter)[0] > before[0]
-    hits, misses = (a - b for a, b in zip(_caches(), fx))
-    # Said at once: the save ends the model's compile, and an engine that
-    # stops soon after (a script) still says it.
-    log.info("weightcache: artifacts: vLLM's compile took %.1f s after the load (compile caches: %d hits, %d misses)",
-             time.monotonic() - start, hits, misses)
-    if not saved or where is None or (restored and misses == 0):
-        return
     # Not a daemon thread: an engine that ends soon after its start (a
-    # script, a test) still hands over what it compiled, once the
-    # warm-up's own compiles have written their files too.
-    threading.Thread(target=_publish, name="weightcache-publish", daemon=False,
-                     args=(vllm_config, counter, root, where, lookup, rank, config)).start()
+    # script, a test) still says how its compile went and hands over what
+    # it compiled.
+    threading.Thread(target=_compiled, name="weightcache-artifacts-publish", daemon=False,
+                     args=(vllm_config, counter, root, where, lookup, rank, config, restored, start, before, caches)).start()
 
 
-def _publish(vllm_config: Any, counter: Any, root: str, where: Where, lookup: str, rank: str,
-             config: dict[str, str]) -> None:
+def _compiled(vllm_config: Any, counter: Any, root: str, where: Optional[Where], lookup: str, rank: str,
+              config: dict[str, str], restored: bool, start: float, before: tuple[int, int],
+              caches: tuple[int, int]) -> None:
+    """Once the warm-up's own compiles are done too: say how the compile
+    went, and publish what vLLM saved where the daemon had no set for this
+    start (a set restored is not sent back: torch writes a new entry on
+    every start, which would make every start a publish)."""
+    took = time.monotonic() - start
     _settled(counter, time.monotonic())
+    hits, misses = (a - b for a, b in zip(_caches(), caches))
+    log.info("weightcache: artifacts: vLLM's compile took %.1f s after the load (compile caches: %d hits, %d misses)",
+             took, hits, misses)
+    if restored or where is None or _counts(counter)[0] == before[0]:
+        return
     try:
         publish(vllm_config, root, where, lookup, rank, config)
     except (artifacts.Unavailable, OSError) as e:
