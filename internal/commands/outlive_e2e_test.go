@@ -65,6 +65,7 @@ func intact(t *testing.T, w *client.Weights) {
 // (a connect in the gap waits in the backlog, a handshake cut short is
 // tried again), nothing is read again, and the bytes are the file's.
 func TestRankKilledFiftyTimes(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	port := freePort(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--weight-cache-health-port", port)
@@ -270,6 +271,7 @@ func TestTakeoverAcrossVersions(t *testing.T) {
 // Handovers that must not happen end with one preload serving and a
 // message that says why.
 func TestBadTakeovers(t *testing.T) {
+	t.Parallel()
 	model, other, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "host:0,host:1", "--tensor-parallel-size", "2")
 	for _, c := range []struct {
@@ -561,6 +563,7 @@ func memfd(t *testing.T, size int64, sealed bool) *os.File {
 // sealed or not of their size, is not trusted: the successor loads from
 // the checkpoint, says why, and serves.
 func TestTakeoverFromABadPredecessor(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	offer := func(conn *protocol.Conn, size int64) {
 		_ = conn.Send(map[string]any{"type": "handover_offer", "version": protocol.Version, "handover_version": 1, "pid": 1, "binary": "fake",
@@ -601,6 +604,7 @@ func TestTakeoverFromABadPredecessor(t *testing.T) {
 // A successor that speaks only a handover version this preload does not
 // know is told so and offered no segments; the preload serves on.
 func TestTakeoverUnknownVersion(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	ckpt, err := checkpoint.Resolve(model, "")
@@ -648,6 +652,7 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 // as a daemon does; its launcher replaces it on a fresh socket at the same
 // path, with the same segments.
 func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	rank := int(readyRanks(t, p)[0]["pid"].(float64))
@@ -671,6 +676,7 @@ func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
 // sockets; an engine leased on the old bytes keeps them until it lets go,
 // and the old preload exits 0 once it has.
 func TestTakeoverOfAChangedCheckpointLoadsAfresh(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	args := []string{"--model", model, "--socket-dir", dir, "--drain-timeout", "30s"}
 	old := startPreloadProc(t, true, args...)

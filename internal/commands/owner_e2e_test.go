@@ -277,6 +277,7 @@ func TestSuccessiveTakeovers(t *testing.T) {
 // serve the right bytes, every socket is there, and exactly one live
 // launcher owns them.
 func TestKilledMidTakeover(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	steps := map[string][]string{
 		"pred":      {"hello", "offer", "segments", "take", "sockets", "leases", "sent", "done"},
