@@ -94,19 +94,29 @@ type preloadProc struct {
 // ready line is out.
 func startPreloadProc(t testing.TB, wait bool, args ...string) *preloadProc {
 	t.Helper()
-	return startPreloadWith(t, wait, nil, args...)
+	return startPreloadWith(t, wait, nil, nil, args...)
 }
 
 // startPreloadProcFiles starts a preload with files from fd 3 on, as
-// systemd passes stored descriptors, and waits for its ready line.
-func startPreloadProcFiles(t testing.TB, files []*os.File, args ...string) *preloadProc {
+// systemd passes stored descriptors, and env (KEY=value) added to its
+// environment, and waits for its ready line.
+func startPreloadProcFiles(t testing.TB, env []string, files []*os.File, args ...string) *preloadProc {
 	t.Helper()
-	return startPreloadWith(t, true, files, args...)
+	return startPreloadWith(t, true, env, files, args...)
 }
 
-func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string) *preloadProc {
+// startPreloadEnv is startPreloadProc with env (KEY=value) added to the
+// preload's environment. The variables go to that process alone, not to
+// the test's (t.Setenv), so that tests that need them can run in parallel.
+func startPreloadEnv(t testing.TB, wait bool, env []string, args ...string) *preloadProc {
+	t.Helper()
+	return startPreloadWith(t, wait, env, nil, args...)
+}
+
+func startPreloadWith(t testing.TB, wait bool, env []string, files []*os.File, args ...string) *preloadProc {
 	t.Helper()
 	cmd := wc(append([]string{"preload"}, args...)...)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.ExtraFiles = files
 	return startPreloadCmd(t, wait, cmd)
 }

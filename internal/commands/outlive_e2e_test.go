@@ -139,8 +139,7 @@ func TestRankKilledFiftyTimes(t *testing.T) {
 // binary built at that version does.
 func versionedPreload(t *testing.T, v string, args ...string) *preloadProc {
 	t.Helper()
-	t.Setenv("WEIGHTCACHE_TEST_VERSION", v)
-	return startPreloadProc(t, true, args...)
+	return startPreloadEnv(t, true, []string{"WEIGHTCACHE_TEST_VERSION=" + v}, args...)
 }
 
 // holdLeases attaches n engines across the ranks of groups on devices and
@@ -216,6 +215,7 @@ func sumStatus(t *testing.T, dir string, field func(client.DaemonStatus) int) in
 // leases move with their connections, the successor serves new engines
 // without reading the checkpoint, and the old preload exits 0.
 func TestTakeoverAcrossVersions(t *testing.T) {
+	t.Parallel()
 	model, draft, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
 	args := []string{"--model", model, "--draft-model", draft, "--socket-dir", dir, "--devices", "host:0,host:1,host:2,host:3",
 		"--tensor-parallel-size", "4", "--max-leases-per-process", "100"}
@@ -352,6 +352,9 @@ type fakeStore struct {
 	removed []string
 }
 
+// notify is the environment that points a preload at the store.
+func (s *fakeStore) notify() string { return "NOTIFY_SOCKET=" + s.path }
+
 func newFakeStore(t *testing.T) *fakeStore {
 	t.Helper()
 	s := &fakeStore{path: filepath.Join(sockDir(t), "notify"), files: map[string]*os.File{}}
@@ -440,9 +443,8 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 			f.Close()
 		}
 	}()
-	t.Setenv("LISTEN_FDS", fmt.Sprint(len(files)))
-	t.Setenv("LISTEN_FDNAMES", strings.Join(names, ":"))
-	return startPreloadProcFiles(t, files, args...)
+	env := []string{s.notify(), "LISTEN_FDS=" + fmt.Sprint(len(files)), "LISTEN_FDNAMES=" + strings.Join(names, ":")}
+	return startPreloadProcFiles(t, env, files, args...)
 }
 
 // The fd store keeps the cache across a crash of the whole service: the
@@ -450,11 +452,11 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 // checkpoint. After the checkpoint changed, it loads afresh, says why,
 // and takes the stale segments out of the store.
 func TestFDStoreRestart(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	store := newFakeStore(t)
-	t.Setenv("NOTIFY_SOCKET", store.path)
 	args := []string{"--model", model, "--socket-dir", dir}
-	p := startPreloadProc(t, true, args...)
+	p := startPreloadEnv(t, true, []string{store.notify()}, args...)
 	waitFor(t, "the description stored", func() bool { return store.has("wc-meta") && store.has("wc-0-seg-0") })
 	_ = p.cmd.Process.Kill()
 	_ = p.cmd.Wait()

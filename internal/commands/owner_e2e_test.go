@@ -452,6 +452,7 @@ func walkerHello(t *testing.T, model, dir string) map[string]any {
 // step) delay a real takeover by a step's deadline at most, grow the
 // launcher by little, and get no lease.
 func TestHostileControlClients(t *testing.T) {
+	// Serial: it bounds the real takeover's wall time under the attack.
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, tpArgs(model, dir)...)
 	held := holdLeases(t, dir, 2, map[string]string{"main": model}, 2)

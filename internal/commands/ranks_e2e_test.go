@@ -16,10 +16,10 @@ import (
 )
 
 func TestTensorParallelHealthAndMetrics(t *testing.T) {
+	t.Parallel()
 	model, dir, port := synthModel(t, "tiny"), sockDir(t), freePort(t)
 	notify, notified := notifyListener(t)
-	t.Setenv("NOTIFY_SOCKET", notify)
-	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
+	p := startPreloadEnv(t, true, []string{"NOTIFY_SOCKET=" + notify}, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
 		"--devices", "host:0,host:1", "--weight-cache-health-port", port)
 	timer := waitTimer(t)
 	defer timer.Stop()
