@@ -132,7 +132,7 @@ func (r storedRun) restart(t *testing.T, omit []string, fds func(passed int) int
 		if slices.Contains(omit, n) {
 			continue
 		}
-		fd, err := syscall.Dup(int(r.store.files[n].Fd()))
+		fd, err := dupCloexec(r.store.files[n])
 		if err != nil {
 			r.store.mu.Unlock()
 			t.Fatal(err)

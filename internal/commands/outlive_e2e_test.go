@@ -421,6 +421,13 @@ func (s *fakeStore) has(name string) bool {
 	return ok
 }
 
+// dupCloexec is a copy of f's descriptor that no process but the one it is
+// passed to (exec.Cmd.ExtraFiles) inherits: a plain dup would go to every
+// process that a test running beside this one starts meanwhile.
+func dupCloexec(f *os.File) (int, error) {
+	return unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+}
+
 // restart starts preload as systemd restarts a service with a store: the
 // stored descriptors from fd 3 on, named in LISTEN_FDNAMES.
 func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
@@ -430,7 +437,7 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 	var files []*os.File
 	for n, f := range s.files {
 		// A copy: the store may replace its own while preload starts.
-		fd, err := syscall.Dup(int(f.Fd()))
+		fd, err := dupCloexec(f)
 		if err != nil {
 			t.Fatal(err)
 		}
