@@ -223,7 +223,8 @@ func loadingFromPeers(t *testing.T, dir string) {
 // completes from the others, each named in a log line; a node joining
 // mid-transfer seeds too.
 func TestFleetSurvivesPeerFaults(t *testing.T) {
-	t.Parallel()
+	// Serial: beside other tests on a loaded machine, a stalled link's
+	// seed missed its 2 s peer timeout and read pieces from storage.
 	f := newNetnsFleet(t, 4, "400mbit")
 	model := synthModel(t, "small")
 	tok := peerToken(t, "fleet-token")
