@@ -35,9 +35,14 @@ $(TESTREPORT): scripts/testreport/*.go
 # leaves deploy/ out: it is named by import path, so that its tests run in
 # the same go test as the product's, against the build list that links it
 # into bin/weightcache.
+#
+# -parallel 4, not go's default of one per core: the end-to-end tests of
+# internal/commands marked parallel spend most of their time waiting on the
+# processes they start (a run of them one after another kept 2 cores about
+# 20% busy), so 4 at a time on 2 cores overlap their waits.
 AUDIT := github.com/weightcache/weightcache/audit
 test-go: build $(TESTREPORT) ## the Go tests of the product and the audit, with -race
-	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -json ./... $(AUDIT)/...
+	CGO_ENABLED=1 $(TESTREPORT) $(GO) test -race -count=1 -timeout 12m -parallel 4 -json ./... $(AUDIT)/...
 
 # Vet runs in each module from inside it (go -C), which checks that the
 # module's own go.mod and go.sum suffice; deploy's shares the build cache

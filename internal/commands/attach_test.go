@@ -119,6 +119,7 @@ func fakeDaemon(t *testing.T, model string, data []byte, ts []protocol.Tensor) s
 // attach --verify reads every tensor against the index's CRC-32C: a daemon
 // whose index is wrong for one tensor fails it, naming that tensor.
 func TestAttachVerifyReportsMismatch(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	data := make([]byte, 4096)
 	for i := range data {

@@ -15,6 +15,7 @@ import (
 // let go of theirs and remove them, nobody else holding them. Its owner
 // file stays, recording the generation the next launcher continues.
 func TestKilledLauncherLeavesNoSocket(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--devices", "host:0,host:1")
 	var pids []int
@@ -53,6 +54,7 @@ func isZombie(pid int) bool {
 // While the launcher loads for its ranks, status shows how far it is, not
 // 0 B.
 func TestStatusShowsLoadingProgress(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--read-limit", "200000")
 	waitFor(t, "status shows bytes read while loading", func() bool {

@@ -18,7 +18,9 @@ import (
 // cross processes and memory really outlives a killed daemon.
 
 // fakeGPU points this test's processes at the fake driver with physical
-// devices, under CUDA_VISIBLE_DEVICES=visible, plus faults in env.
+// devices, under CUDA_VISIBLE_DEVICES=visible, plus faults in env. It sets
+// them in the test process's environment (t.Setenv), so tests that call it
+// run serially.
 func fakeGPU(t *testing.T, devices, visible string, env ...string) {
 	t.Helper()
 	cudatest.Use(t)

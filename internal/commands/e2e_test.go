@@ -94,19 +94,29 @@ type preloadProc struct {
 // ready line is out.
 func startPreloadProc(t testing.TB, wait bool, args ...string) *preloadProc {
 	t.Helper()
-	return startPreloadWith(t, wait, nil, args...)
+	return startPreloadWith(t, wait, nil, nil, args...)
 }
 
 // startPreloadProcFiles starts a preload with files from fd 3 on, as
-// systemd passes stored descriptors, and waits for its ready line.
-func startPreloadProcFiles(t testing.TB, files []*os.File, args ...string) *preloadProc {
+// systemd passes stored descriptors, and env (KEY=value) added to its
+// environment, and waits for its ready line.
+func startPreloadProcFiles(t testing.TB, env []string, files []*os.File, args ...string) *preloadProc {
 	t.Helper()
-	return startPreloadWith(t, true, files, args...)
+	return startPreloadWith(t, true, env, files, args...)
 }
 
-func startPreloadWith(t testing.TB, wait bool, files []*os.File, args ...string) *preloadProc {
+// startPreloadEnv is startPreloadProc with env (KEY=value) added to the
+// preload's environment. The variables go to that process alone, not to
+// the test's (t.Setenv), so that tests that need them can run in parallel.
+func startPreloadEnv(t testing.TB, wait bool, env []string, args ...string) *preloadProc {
+	t.Helper()
+	return startPreloadWith(t, wait, env, nil, args...)
+}
+
+func startPreloadWith(t testing.TB, wait bool, env []string, files []*os.File, args ...string) *preloadProc {
 	t.Helper()
 	cmd := wc(append([]string{"preload"}, args...)...)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.ExtraFiles = files
 	return startPreloadCmd(t, wait, cmd)
 }
@@ -275,6 +285,7 @@ func noSockets(t *testing.T, dir string) {
 }
 
 func TestPreloadAttachStatusAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	for _, k := range []string{"socket", "tensors", "bytes", "load_seconds"} {
@@ -320,6 +331,7 @@ func TestPreloadAttachStatusAcrossProcesses(t *testing.T) {
 }
 
 func TestKillDaemonDuringAttach(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	// Throttled so that the engines are still waiting when the daemon dies.
 	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--read-limit", "100000")
@@ -369,6 +381,7 @@ func TestKillDaemonDuringAttach(t *testing.T) {
 // loaded machine could outlast before the SIGTERM is sent; the exit order
 // of two processes that end a moment apart is not compared.
 func TestSIGTERMDrainsLiveLease(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--drain-timeout", "1h")
 	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "1h", "--fallback=false")
@@ -417,6 +430,7 @@ func TestSIGTERMDrainsLiveLease(t *testing.T) {
 }
 
 func TestKilledClientReleasesLease(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	holder := wc("attach", "--model", model, "--socket-dir", dir, "--hold", "60s")
@@ -431,6 +445,7 @@ func TestKilledClientReleasesLease(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	corrupt := filepath.Join(t.TempDir(), "corrupt")
 	if err := os.MkdirAll(corrupt, 0o755); err != nil {
@@ -481,6 +496,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	out, stderr, code := runWC(t, "demo", "--preset", "tiny", "--repeat", "3")
 	if code != 0 {
 		t.Fatalf("demo exit %d: %s\n%s", code, out, stderr)
@@ -500,6 +516,7 @@ func TestDemo(t *testing.T) {
 // re-download): a strict attach stops with exit 3 and checkpoint_changed,
 // and the daemon counts that reason, not a hit.
 func TestRefusedAttachCountsNoHit(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	shards, err := filepath.Glob(filepath.Join(model, "*.safetensors"))

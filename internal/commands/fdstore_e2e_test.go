@@ -35,9 +35,8 @@ type storedRun struct {
 func storeThenStop(t *testing.T, sig syscall.Signal) storedRun {
 	t.Helper()
 	r := storedRun{model: synthModel(t, "tiny"), dir: sockDir(t), store: newFakeStore(t)}
-	t.Setenv("NOTIFY_SOCKET", r.store.path)
 	r.args = []string{"--model", r.model, "--socket-dir", r.dir}
-	p := startPreloadProc(t, true, r.args...)
+	p := startPreloadEnv(t, true, []string{r.store.notify()}, r.args...)
 	waitFor(t, "the description stored", func() bool { return r.store.has("wc-meta") && r.store.has("wc-0-seg-0") })
 	_ = p.cmd.Process.Signal(sig)
 	_ = p.cmd.Wait()
@@ -133,7 +132,7 @@ func (r storedRun) restart(t *testing.T, omit []string, fds func(passed int) int
 		if slices.Contains(omit, n) {
 			continue
 		}
-		fd, err := syscall.Dup(int(r.store.files[n].Fd()))
+		fd, err := dupCloexec(r.store.files[n])
 		if err != nil {
 			r.store.mu.Unlock()
 			t.Fatal(err)
@@ -147,9 +146,8 @@ func (r storedRun) restart(t *testing.T, omit []string, fds func(passed int) int
 			f.Close()
 		}
 	}()
-	t.Setenv("LISTEN_FDS", fmt.Sprint(fds(len(files))))
-	t.Setenv("LISTEN_FDNAMES", strings.Join(names(passed), ":"))
-	return startPreloadProcFiles(t, files, r.args...)
+	env := []string{r.store.notify(), "LISTEN_FDS=" + fmt.Sprint(fds(len(files))), "LISTEN_FDNAMES=" + strings.Join(names(passed), ":")}
+	return startPreloadProcFiles(t, env, files, r.args...)
 }
 
 func asPassed(n int) int                { return n }
@@ -191,6 +189,7 @@ func (r storedRun) servesTheFile(t *testing.T, p *preloadProc, source, reason st
 // a clean stop and after a crash, when the store holds the sockets too:
 // they are adopted by this launch's own paths whatever the description.
 func TestFDStoreRefusesABadMeta(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		meta   func(t *testing.T, good []byte) *os.File
@@ -203,6 +202,7 @@ func TestFDStoreRefusesABadMeta(t *testing.T) {
 	for _, tt := range tests {
 		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 			t.Run(tt.name+" after "+sig.String(), func(t *testing.T) {
+				t.Parallel()
 				r := storeThenStop(t, sig)
 				good := r.store.stored("wc-meta")
 				if !json.Valid(good) {
@@ -225,6 +225,7 @@ func TestFDStoreRefusesABadMeta(t *testing.T) {
 // taken or closed. With a name for each, what was passed is used; without,
 // nothing is (after a clean stop: see TestFDStoreRefusesABadMeta).
 func TestFDStoreMoreListenFDsThanPassed(t *testing.T) {
+	t.Parallel()
 	// Enough to reach past the preload's own descriptors at the time, the
 	// poller's included: each named as a descriptor this binary stores.
 	const extras = 40
@@ -235,11 +236,13 @@ func TestFDStoreMoreListenFDsThanPassed(t *testing.T) {
 		return passed
 	}
 	t.Run("named", func(t *testing.T) {
+		t.Parallel()
 		r := storeThenStop(t, syscall.SIGKILL)
 		p := r.restart(t, nil, func(n int) int { return n + extras }, extra)
 		r.servesTheFile(t, p, "fdstore", "", "ignoring the descriptors beyond those passed", "is close-on-exec, so this process opened it")
 	})
 	t.Run("a stored segment not passed", func(t *testing.T) {
+		t.Parallel()
 		r := storeThenStop(t, syscall.SIGKILL)
 		// Its name last, where the process's own first descriptor is.
 		p := r.restart(t, []string{"wc-0-seg-0"}, func(n int) int { return n + 1 },
@@ -247,6 +250,7 @@ func TestFDStoreMoreListenFDsThanPassed(t *testing.T) {
 		r.servesTheFile(t, p, "checkpoint", "the store lacks some of its segments", "ignoring the descriptors beyond those passed", "name=wc-0-seg-0")
 	})
 	t.Run("names missing", func(t *testing.T) {
+		t.Parallel()
 		r := storeThenStop(t, syscall.SIGTERM)
 		var passed int
 		p := r.restart(t, nil, func(n int) int { passed = n; return n + 3 }, namesAsPassed)
@@ -259,6 +263,7 @@ func TestFDStoreMoreListenFDsThanPassed(t *testing.T) {
 // Without the description the sockets are refused too, hence a clean
 // stop before (see TestFDStoreRefusesABadMeta).
 func TestFDStoreLostADatagram(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		lost, reason string
 		stop         syscall.Signal
@@ -268,6 +273,7 @@ func TestFDStoreLostADatagram(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.lost, func(t *testing.T) {
+			t.Parallel()
 			r := storeThenStop(t, tt.stop)
 			r.store.put(t, tt.lost, nil)
 			p := r.restart(t, nil, asPassed, namesAsPassed)
@@ -279,6 +285,7 @@ func TestFDStoreLostADatagram(t *testing.T) {
 // A store that does not read, its queue full: preload says which descriptor
 // it could not store, goes on serving, and stops in bounded time.
 func TestFDStoreThatDoesNotRead(t *testing.T) {
+	// Serial: it bounds a stop's wall time, which tests beside it would eat.
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	path := filepath.Join(sockDir(t), "notify")
 	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
@@ -295,8 +302,7 @@ func TestFDStoreThatDoesNotRead(t *testing.T) {
 	if _, err := c.Read(make([]byte, 64)); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("NOTIFY_SOCKET", path)
-	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
+	p := startPreloadEnv(t, true, []string{"NOTIFY_SOCKET=" + path}, "--model", model, "--socket-dir", dir)
 	w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false))
 	if err != nil {
 		t.Fatalf("attach: %v", err)
@@ -346,6 +352,7 @@ func fillQueue(path string) error {
 // not by the luck of a CRC sample: the restart loads from the checkpoint
 // and serves the file's bytes on both ranks.
 func TestFDStoreForgeries(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		forge  func(t *testing.T, s *fakeStore)
@@ -368,10 +375,10 @@ func TestFDStoreForgeries(t *testing.T) {
 		}, "segment 0 is not the descriptor bound to it"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			r := storedRun{model: synthModel(t, "tiny"), dir: sockDir(t), store: newFakeStore(t)}
-			t.Setenv("NOTIFY_SOCKET", r.store.path)
 			r.args = tpArgs(r.model, r.dir)
-			p := startPreloadProc(t, true, r.args...)
+			p := startPreloadEnv(t, true, []string{r.store.notify()}, r.args...)
 			waitFor(t, "the description stored", func() bool { return r.store.has("wc-meta") && r.store.has("wc-1-index") })
 			_ = p.cmd.Process.Kill()
 			_ = p.cmd.Wait()

@@ -11,6 +11,7 @@ import (
 
 // Each error a new user meets first ends with what to do next.
 func TestErrorsEndWithTheFix(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	other := filepath.Join(t.TempDir(), "other")
 	if err := checkpoint.Synth(other, "tiny", 1, "f16"); err != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,9 @@ type netnsFleet struct {
 	addrs  []string // node i's address
 }
 
+// fleets numbers the fleets this process builds.
+var fleets atomic.Int32
+
 // newNetnsFleet builds n nodes on links of rate (a tc rate, "1gbit"; ""
 // leaves them unshaped). It skips the test where namespaces cannot be
 // made (not root, no ip).
@@ -40,7 +44,8 @@ func newNetnsFleet(t testing.TB, n int, rate string) *netnsFleet {
 			t.Skip("no tc command (iproute2)")
 		}
 	}
-	f := &netnsFleet{t: t, prefix: fmt.Sprintf("wc%d", os.Getpid()%100000)}
+	// Fleets of tests that run in parallel need namespaces of their own.
+	f := &netnsFleet{t: t, prefix: fmt.Sprintf("wc%d-%d", os.Getpid()%100000, fleets.Add(1))}
 	br := f.prefix + "br"
 	t.Cleanup(func() {
 		for _, ns := range append(f.nodes, br) {
@@ -135,6 +140,7 @@ func fleetReady(t *testing.T, what string, p *preloadProc, source string, fromPe
 // fleet at once. Storage is read once in all, every rank's bytes are the
 // files'.
 func TestFleetSeedsFromPeers(t *testing.T) {
+	t.Parallel()
 	f := newNetnsFleet(t, 4, "1gbit")
 	model := synthModel(t, "small")
 	tok := peerToken(t, "fleet-token")
@@ -217,6 +223,8 @@ func loadingFromPeers(t *testing.T, dir string) {
 // completes from the others, each named in a log line; a node joining
 // mid-transfer seeds too.
 func TestFleetSurvivesPeerFaults(t *testing.T) {
+	// Serial: beside other tests on a loaded machine, a stalled link's
+	// seed missed its 2 s peer timeout and read pieces from storage.
 	f := newNetnsFleet(t, 4, "400mbit")
 	model := synthModel(t, "small")
 	tok := peerToken(t, "fleet-token")

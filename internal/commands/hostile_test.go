@@ -104,6 +104,8 @@ func closeAll[C interface{ Close() error }](cs []C) {
 // A hostile local client cannot grow the daemon's memory or descriptors
 // past its limits, and a real engine still attaches during the attack.
 func TestHostileClientsAreBounded(t *testing.T) {
+	// Serial: its floods and the memory and descriptors it bounds are
+	// its own only with no other test beside it.
 	const tensors, maxConns = 5000, 64
 	model, dir := manyTensorModel(t, tensors), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir,

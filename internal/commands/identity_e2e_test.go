@@ -55,6 +55,7 @@ func rewriteKeepingMtime(t *testing.T, path string) {
 // restored: only the ctime differs from the identity the daemon offers,
 // and an engine that trusted the rest would map stale bytes.
 func TestRewrittenInPlaceWithMtimeRestoredIsChanged(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	if r, code := attachJSON(t, "--model", model, "--socket-dir", dir, "--fallback=false"); code != 0 || r.Source != "hit" {

@@ -10,6 +10,7 @@ import (
 // and weightcache_rank_ready within the liveness timeout, and as ready
 // again once it answers.
 func TestStoppedRankShowsInHealth(t *testing.T) {
+	t.Parallel()
 	model, dir, port := synthModel(t, "tiny"), sockDir(t), freePort(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
 		"--devices", "host:0,host:1", "--weight-cache-health-port", port)

@@ -11,6 +11,7 @@ import (
 )
 
 func TestTwoNodes(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	node := func(rank int, dir, port string, extra ...string) []string {
 		return append([]string{"--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--devices", "host:0",

@@ -65,6 +65,7 @@ func intact(t *testing.T, w *client.Weights) {
 // (a connect in the gap waits in the backlog, a handshake cut short is
 // tried again), nothing is read again, and the bytes are the file's.
 func TestRankKilledFiftyTimes(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	port := freePort(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--weight-cache-health-port", port)
@@ -138,8 +139,7 @@ func TestRankKilledFiftyTimes(t *testing.T) {
 // binary built at that version does.
 func versionedPreload(t *testing.T, v string, args ...string) *preloadProc {
 	t.Helper()
-	t.Setenv("WEIGHTCACHE_TEST_VERSION", v)
-	return startPreloadProc(t, true, args...)
+	return startPreloadEnv(t, true, []string{"WEIGHTCACHE_TEST_VERSION=" + v}, args...)
 }
 
 // holdLeases attaches n engines across the ranks of groups on devices and
@@ -215,6 +215,7 @@ func sumStatus(t *testing.T, dir string, field func(client.DaemonStatus) int) in
 // leases move with their connections, the successor serves new engines
 // without reading the checkpoint, and the old preload exits 0.
 func TestTakeoverAcrossVersions(t *testing.T) {
+	t.Parallel()
 	model, draft, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
 	args := []string{"--model", model, "--draft-model", draft, "--socket-dir", dir, "--devices", "host:0,host:1,host:2,host:3",
 		"--tensor-parallel-size", "4", "--max-leases-per-process", "100"}
@@ -270,6 +271,7 @@ func TestTakeoverAcrossVersions(t *testing.T) {
 // Handovers that must not happen end with one preload serving and a
 // message that says why.
 func TestBadTakeovers(t *testing.T) {
+	t.Parallel()
 	model, other, dir := synthModel(t, "tiny"), synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--devices", "host:0,host:1", "--tensor-parallel-size", "2")
 	for _, c := range []struct {
@@ -350,6 +352,9 @@ type fakeStore struct {
 	removed []string
 }
 
+// notify is the environment that points a preload at the store.
+func (s *fakeStore) notify() string { return "NOTIFY_SOCKET=" + s.path }
+
 func newFakeStore(t *testing.T) *fakeStore {
 	t.Helper()
 	s := &fakeStore{path: filepath.Join(sockDir(t), "notify"), files: map[string]*os.File{}}
@@ -416,6 +421,13 @@ func (s *fakeStore) has(name string) bool {
 	return ok
 }
 
+// dupCloexec is a copy of f's descriptor that no process but the one it is
+// passed to (exec.Cmd.ExtraFiles) inherits: a plain dup would go to every
+// process that a test running beside this one starts meanwhile.
+func dupCloexec(f *os.File) (int, error) {
+	return unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+}
+
 // restart starts preload as systemd restarts a service with a store: the
 // stored descriptors from fd 3 on, named in LISTEN_FDNAMES.
 func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
@@ -425,7 +437,7 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 	var files []*os.File
 	for n, f := range s.files {
 		// A copy: the store may replace its own while preload starts.
-		fd, err := syscall.Dup(int(f.Fd()))
+		fd, err := dupCloexec(f)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,9 +450,8 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 			f.Close()
 		}
 	}()
-	t.Setenv("LISTEN_FDS", fmt.Sprint(len(files)))
-	t.Setenv("LISTEN_FDNAMES", strings.Join(names, ":"))
-	return startPreloadProcFiles(t, files, args...)
+	env := []string{s.notify(), "LISTEN_FDS=" + fmt.Sprint(len(files)), "LISTEN_FDNAMES=" + strings.Join(names, ":")}
+	return startPreloadProcFiles(t, env, files, args...)
 }
 
 // The fd store keeps the cache across a crash of the whole service: the
@@ -448,11 +459,11 @@ func (s *fakeStore) restart(t *testing.T, args ...string) *preloadProc {
 // checkpoint. After the checkpoint changed, it loads afresh, says why,
 // and takes the stale segments out of the store.
 func TestFDStoreRestart(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	store := newFakeStore(t)
-	t.Setenv("NOTIFY_SOCKET", store.path)
 	args := []string{"--model", model, "--socket-dir", dir}
-	p := startPreloadProc(t, true, args...)
+	p := startPreloadEnv(t, true, []string{store.notify()}, args...)
 	waitFor(t, "the description stored", func() bool { return store.has("wc-meta") && store.has("wc-0-seg-0") })
 	_ = p.cmd.Process.Kill()
 	_ = p.cmd.Wait()
@@ -561,6 +572,7 @@ func memfd(t *testing.T, size int64, sealed bool) *os.File {
 // sealed or not of their size, is not trusted: the successor loads from
 // the checkpoint, says why, and serves.
 func TestTakeoverFromABadPredecessor(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	offer := func(conn *protocol.Conn, size int64) {
 		_ = conn.Send(map[string]any{"type": "handover_offer", "version": protocol.Version, "handover_version": 1, "pid": 1, "binary": "fake",
@@ -601,6 +613,7 @@ func TestTakeoverFromABadPredecessor(t *testing.T) {
 // A successor that speaks only a handover version this preload does not
 // know is told so and offered no segments; the preload serves on.
 func TestTakeoverUnknownVersion(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	ckpt, err := checkpoint.Resolve(model, "")
@@ -648,6 +661,7 @@ func TestTakeoverUnknownVersion(t *testing.T) {
 // as a daemon does; its launcher replaces it on a fresh socket at the same
 // path, with the same segments.
 func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir)
 	rank := int(readyRanks(t, p)[0]["pid"].(float64))
@@ -671,6 +685,7 @@ func TestRankTerminatedByOthersIsReplaced(t *testing.T) {
 // sockets; an engine leased on the old bytes keeps them until it lets go,
 // and the old preload exits 0 once it has.
 func TestTakeoverOfAChangedCheckpointLoadsAfresh(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	args := []string{"--model", model, "--socket-dir", dir, "--drain-timeout", "30s"}
 	old := startPreloadProc(t, true, args...)

@@ -277,6 +277,7 @@ func TestSuccessiveTakeovers(t *testing.T) {
 // serve the right bytes, every socket is there, and exactly one live
 // launcher owns them.
 func TestKilledMidTakeover(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	steps := map[string][]string{
 		"pred":      {"hello", "offer", "segments", "take", "sockets", "leases", "sent", "done"},
@@ -451,6 +452,7 @@ func walkerHello(t *testing.T, model, dir string) map[string]any {
 // step) delay a real takeover by a step's deadline at most, grow the
 // launcher by little, and get no lease.
 func TestHostileControlClients(t *testing.T) {
+	// Serial: it bounds the real takeover's wall time under the attack.
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	old := startPreloadProc(t, true, tpArgs(model, dir)...)
 	held := holdLeases(t, dir, 2, map[string]string{"main": model}, 2)

@@ -10,6 +10,7 @@ import (
 // generation the owner file records: nothing of the dead one is in its
 // memory, and ownership must not start over at 1.
 func TestGenerationSurvivesACrash(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	args := []string{"--model", model, "--socket-dir", dir, "--devices", "host:0"}
 	first := startPreloadProc(t, true, args...)

@@ -8,6 +8,7 @@ import (
 // --peer-trust-peers takes the manifest from whoever answers at a peer's
 // address: the flags must make that end prove itself.
 func TestPeerTrustPeersNeedsAuthenticatedPeers(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	code, _, stderr := runCmd("preload", "--model", model, "--socket-dir", dir, "--devices", "host:0", "--peers", "127.0.0.1:1", "--peer-trust-peers")
 	if code != exitUsage || !strings.Contains(stderr, "--peer-trust-peers needs peers that prove themselves") {

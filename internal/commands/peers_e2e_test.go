@@ -107,6 +107,7 @@ func readyInt(t *testing.T, p *preloadProc, key string) int64 {
 // a TP 1 node from the TP 2 one alone: every rank's bytes are the files',
 // and only the first node read them.
 func TestSeedFromPeersAcrossLayouts(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	health := freePort(t)
@@ -156,6 +157,7 @@ func TestSeedFromPeersAcrossLayouts(t *testing.T) {
 // A peer that cannot be used costs the seed its storage read, said in a
 // log line naming the peer and why, never a wrong byte.
 func TestSeedFallsBackToStorage(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)

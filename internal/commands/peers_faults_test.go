@@ -88,6 +88,7 @@ func peakRSS(t *testing.T, pid int) int64 {
 // ready from storage within the bound, with the files' bytes, and says
 // so in a few lines, not one per try.
 func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	a := startPreloadProc(t, true, peerArgs(model, sockDir(t), tok, "127.0.0.1:0", 1)...)
@@ -141,6 +142,7 @@ func TestSeedEndsWhenItsPeerServesNoPiece(t *testing.T) {
 // the seeding launcher's peak memory stays within 64 MiB of a seed whose
 // peer has no manifest at all.
 func TestSeedManifestBombLeavesTheLauncherSmall(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "small")
 	tok := peerToken(t, "s3cret-token")
 	var z bytes.Buffer

@@ -173,6 +173,8 @@ func closeFDs(fds []int) {
 // 64 MiB, whether it sends garbage, holds 10,000 idle connections or
 // asks for pieces and never reads them.
 func TestHostilePeers(t *testing.T) {
+	// Serial: 10,000 connections on a raised descriptor limit, and cut-off
+	// times it bounds, with no other test beside it.
 	const (
 		maxConns = 64
 		perHost  = maxConns / 4 // the server's share for one address

@@ -13,6 +13,7 @@ import (
 // A publish-only daemon serves nothing until an engine publishes; then the
 // CLI, naming that engine, attaches exactly the published bytes.
 func TestPublishOnlyAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--publish-only")
 	if p.ready["tensors"].(float64) != 0 {

@@ -16,10 +16,10 @@ import (
 )
 
 func TestTensorParallelHealthAndMetrics(t *testing.T) {
+	t.Parallel()
 	model, dir, port := synthModel(t, "tiny"), sockDir(t), freePort(t)
 	notify, notified := notifyListener(t)
-	t.Setenv("NOTIFY_SOCKET", notify)
-	p := startPreloadProc(t, true, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
+	p := startPreloadEnv(t, true, []string{"NOTIFY_SOCKET=" + notify}, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2",
 		"--devices", "host:0,host:1", "--weight-cache-health-port", port)
 	timer := waitTimer(t)
 	defer timer.Stop()
@@ -201,6 +201,7 @@ func TestTensorParallelHealthAndMetrics(t *testing.T) {
 }
 
 func TestRankKilledDuringStartup(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	// Throttled, so that both ranks are still loading when one is killed.
 	p := startPreloadProc(t, false, "--model", model, "--socket-dir", dir, "--tensor-parallel-size", "2", "--read-limit", "50000")
@@ -248,6 +249,7 @@ func TestRankKilledDuringStartup(t *testing.T) {
 }
 
 func TestDraftGroupBesideMain(t *testing.T) {
+	t.Parallel()
 	model, dir := synthModel(t, "tiny"), sockDir(t)
 	draft := filepath.Join(t.TempDir(), "draft")
 	if err := checkpoint.Synth(draft, "tiny", 1, "f32"); err != nil {
@@ -298,6 +300,7 @@ func unknownArch(t *testing.T, model string) string {
 }
 
 func TestShardingPlanFileWithDataParallel(t *testing.T) {
+	t.Parallel()
 	model, dir := unknownArch(t, synthModel(t, "tiny")), sockDir(t)
 	planFile := filepath.Join(t.TempDir(), "plan.yaml")
 	yaml := `rules:
@@ -348,6 +351,7 @@ func TestShardingPlanFileWithDataParallel(t *testing.T) {
 }
 
 func TestRankFlagErrors(t *testing.T) {
+	t.Parallel()
 	model := synthModel(t, "tiny")
 	unknown := unknownArch(t, model)
 	tests := []struct {
@@ -380,6 +384,7 @@ func TestRankFlagErrors(t *testing.T) {
 }
 
 func TestDaemonCommandNeedsLauncher(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := runWC(t, "daemon")
 	if code != 1 || !strings.Contains(stderr, "started by preload") {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -393,6 +398,7 @@ func TestDaemonCommandNeedsLauncher(t *testing.T) {
 // the ready line and status say how much every rank holds whole and name
 // the first tensors no rule matched; --strict-plan refuses to start.
 func TestUnmatchedTensorsReported(t *testing.T) {
+	t.Parallel()
 	model, dir := unknownArch(t, synthModel(t, "tiny")), sockDir(t)
 	planFile := filepath.Join(t.TempDir(), "plan.yaml")
 	yaml := `rules:

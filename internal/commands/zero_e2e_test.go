@@ -56,6 +56,7 @@ func zeroSizeModel(t *testing.T) (string, []string) {
 // Zero-size tensors are served through preload (TP 1 and TP 2) exactly as
 // the fallback reads them from disk.
 func TestZeroSizeTensorsServed(t *testing.T) {
+	t.Parallel()
 	model, zero := zeroSizeModel(t)
 	for _, tp := range []int{1, 2} {
 		t.Run("tp"+strconv.Itoa(tp), func(t *testing.T) {
