@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA backend's check on a real GPU (issues 5 and 10).
-# Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py), and the
+# Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py), vLLM's
+# compile artifacts restored from the daemon (scripts/gpu-restart.py), and the
 # cache outliving a GPU rank and a preload (--takeover; issue 18), and GPU
 # ranks seeded from a peer over loopback (issue 29).
 #
@@ -489,6 +490,22 @@ if command -v python3 >/dev/null && python3 -c 'import torch,sys; sys.exit(not t
 	kill -TERM "$T2H" "$T2G" 2>/dev/null || true
 fi
 
+# 10a. vLLM's compile artifacts on the GPU (issue 42): real vLLM with CUDA
+# and its default torch.compile, the same start twice with an emptied
+# compile cache each time; the second has the first's artifacts restored
+# from the daemon. Compile time as vLLM reports it, both starts.
+RESTART_ART_LINE="skipped (no python3 with vLLM and CUDA)"
+if command -v python3 >/dev/null && python3 -c 'import torch,vllm,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+	if RA_OUT=$(step 600 "compile artifacts on the GPU" python3 "$ROOT/scripts/gpu-restart.py" "$BIN" "$WORK" 2>"$WORK/ra.err" | tail -n 1); then
+		RESTART_ART_LINE="first start $(calc "$(field "$RA_OUT" first_ready_s)" 1) s (vLLM compile $(field "$RA_OUT" first_compile_s) s), restored start $(calc "$(field "$RA_OUT" second_ready_s)" 1) s (vLLM compile $(field "$RA_OUT" second_compile_s) s)"
+		check "compile artifacts published by the first GPU start" "$([[ $(field "$RA_OUT" published) == true ]] && echo 1 || echo 0)" "$RA_OUT"
+		check "compile artifacts restored into the second's empty cache" "$([[ $(field "$RA_OUT" restored) == true ]] && echo 1 || echo 0)" "$RA_OUT"
+		check "restored start generates what the compiling one did" "$([[ $(field "$RA_OUT" identical) == true ]] && echo 1 || echo 0)" "$RA_OUT"
+	else
+		check "compile artifacts on the GPU" 0 "$(tail -n 5 "$WORK/ra.err")"
+	fi
+fi
+
 # 10b. A GPU rank seeded from a peer (issue 29): a host preload serves the
 # checkpoint's pieces on loopback; a GPU preload fills its device segments
 # from them, through the pinned staging path it uses for files, checks
@@ -540,6 +557,7 @@ say "  vLLM loader tier 2 restart on the GPU:     $T2_LINE"
 say "  GPU rank killed and replaced:              $RESTART_LINE"
 say "  --takeover on the GPU:                     $TAKEOVER_LINE"
 say "  GPU ranks seeded from a peer (loopback):   $PEER_LINE"
+say "  vLLM compile artifacts restored (GPU):     $RESTART_ART_LINE"
 target "preload >= 70% of the pinned ceiling" "$(ge "$PRELOAD" "0.7 * $PINNED")" "$RATIO_PINNED%"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"

@@ -91,10 +91,10 @@ def test_a_fresh_cache_is_restored_and_vllm_compiles_nothing_afresh(published, l
     assert int(hits) > 0 and int(misses) < cold_misses, (hits, misses, cold_misses)
     assert res == cold  # tokens and logprobs of the cold compile's engine
     assert not PUBLISHED.search(out)  # nothing new to hand back
-    restored = glob.glob(str(tmp_path / "fresh-cache" / "torch_compile_cache" / "*" / key / "inductor_cache" / "*"))
+    restored = glob.glob(str(tmp_path / "fresh-cache" / "torch_compile_cache" / "*" / f"{key}*" / "inductor_cache" / "*"))
     assert restored, os.listdir(tmp_path / "fresh-cache")
     held = status(wc_bin, sock_dir)[0].get("artifacts") or []
-    assert [(a["key"], a["hits"]) for a in held] == [(key, 1)], held
+    assert [(a["key"][:12], a["hits"]) for a in held] == [(key, 1)], held
 
 
 def test_an_altered_artifact_is_refused_by_name_and_vllm_compiles(published, llama, sock_dir, tmp_path):
@@ -106,7 +106,7 @@ def test_an_altered_artifact_is_refused_by_name_and_vllm_compiles(published, lla
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
     out, res = start(tmp_path, "altered", llama, sock_dir)
-    assert re.search(rf"weightcache: artifacts: refused for key [0-9a-f]+: set {key}: \S+ has sha256 [0-9a-f]+, "
+    assert re.search(rf"weightcache: artifacts: refused for key [0-9a-f]+: set {key}[0-9a-f]*: \S+ has sha256 [0-9a-f]+, "
                      r"its set says [0-9a-f]+; nothing written, vLLM compiles", out), out[-6000:]
     assert not RESTORED.search(out)
     hits, misses = one(COMPILED, out)
@@ -146,9 +146,11 @@ def test_two_ranks_each_restore_their_own_set(llama, daemon, sock_dir, tmp_path)
     kw = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
     out1, cold = start(tmp_path, "tp2-first", llama, sock_dir, kw=kw, env=env)
     assert len(PUBLISHED.findall(out1)) == 2, out1[-6000:]
+    cold_misses = min(int(m) for _, m in COMPILED.findall(out1))
     out2, res = start(tmp_path, "tp2-fresh", llama, sock_dir, kw=kw, env=env)
     assert len(RESTORED.findall(out2)) == 2, out2[-6000:]
-    assert all(int(h) > 0 for h, _ in COMPILED.findall(out2)), out2[-6000:]
+    warm = COMPILED.findall(out2)
+    assert len(warm) == 2 and all(int(m) < cold_misses for _, m in warm), (warm, cold_misses)
     assert res == cold
     ranks = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "tp2-fresh-cache" / "torch_compile_cache" / "*" / "*" / "rank_*")))
     assert ranks == ["rank_0_0", "rank_1_0"], ranks
