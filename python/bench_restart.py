@@ -141,19 +141,22 @@ def main():
 
         def start(column, tag):
             fmt, extra = ("auto", {}) if column.endswith("auto") else ("weightcache", wc)
-            return run(sys.executable, script, fmt, extra, a.model, env_for(column),
+            env = env_for(column)
+            # The plugin asks for vLLM's model info cache as vLLM starts,
+            # whatever the load format: an auto column asks nothing.
+            env.update({"WEIGHTCACHE_ARTIFACTS": "0"} if fmt == "auto" else {"WEIGHTCACHE_SOCKET_DIR": sock})
+            return run(sys.executable, script, fmt, extra, a.model, env,
                        os.path.join(work, f"{tag}-{column.replace(' ', '-')}.log"))
 
         # Before the rounds: the warm columns' caches, and the daemon's
-        # artifacts from a start of its own (a fresh one: it compiles).
+        # artifacts, published by the first weightcache start (its cache
+        # empty: it compiles).
         print(f"bench-restart: {a.model} ({a.layers} layers, hidden {a.hidden}); priming: the warm caches and the "
               f"daemon's artifacts; logs in {work}", flush=True)
-        for column in ("warm auto", "warm wc"):
-            start(column, "prime")
-        _, out = run(sys.executable, script, "weightcache", wc, a.model, env_for("fresh wc"),
-                     os.path.join(work, "prime-publisher.log"))
+        start("warm auto", "prime")
+        _, out = start("warm wc", "prime")
         if "weightcache: artifacts: published" not in out:
-            raise SystemExit(f"bench-restart: the priming start published no artifacts; see {work}/prime-publisher.log")
+            raise SystemExit(f"bench-restart: the priming start published no artifacts; see {work}/prime-warm-wc.log")
         rows = {c: [] for c in COLUMNS}
         tokens = set()
         for r in range(a.runs):

@@ -52,6 +52,11 @@ type Set struct {
 	Bytes  int64             `json:"bytes"`
 }
 
+// EngineRank is the rank of an engine-wide set (vLLM's model info cache,
+// modelinfos/): one per store, asked for without a hello, before the
+// engine's model is known.
+const EngineRank = "engine"
+
 // ID names the set's directory in a store: one set per Dir and Rank.
 func (s *Set) ID() string {
 	sum := sha256.Sum256([]byte(s.Dir + "\x00" + s.Rank))

@@ -39,12 +39,18 @@ func (d *Daemon) openArtifacts() *artifact.Store {
 }
 
 func (d *Daemon) artifacts(s *session, fr *protocol.Frame) (reply, error) {
-	if err := needHello(s, fr); err != nil {
-		return reply{}, err
-	}
 	var req protocol.ArtifactsRequest
 	if err := fr.Decode(&req); err != nil {
 		return reply{}, err
+	}
+	// The engine-wide sets (vLLM's model info cache) are asked for before
+	// the engine knows its model well enough for a hello: by its plugin,
+	// as vLLM starts. They hold no weights and no code, and vLLM checks
+	// them against its own sources; the connection is this uid's.
+	if req.Rank != artifact.EngineRank {
+		if err := needHello(s, fr); err != nil {
+			return reply{}, err
+		}
 	}
 	hits, miss := d.art.Get(req.Lookup, req.Rank, req.Config)
 	msg := protocol.Artifacts{Head: protocol.NewHead(protocol.TypeArtifacts), Sets: []*artifact.Set{}, Reason: miss.Reason}
@@ -63,9 +69,9 @@ func (d *Daemon) artifacts(s *session, fr *protocol.Frame) (reply, error) {
 	}
 	d.mu.Unlock()
 	if len(hits) > 0 {
-		d.log.Info("artifacts: served", "keys", keys, "rank", clip(req.Rank), "client", clip(s.hello.Client), "client_pid", s.pid)
+		d.log.Info("artifacts: served", "keys", keys, "rank", clip(req.Rank), "client", clientOf(s), "client_pid", s.pid)
 	} else {
-		d.log.Info("artifacts: none", "reason", clipDetail(miss.Reason), "rank", clip(req.Rank), "client", clip(s.hello.Client), "client_pid", s.pid)
+		d.log.Info("artifacts: none", "reason", clipDetail(miss.Reason), "rank", clip(req.Rank), "client", clientOf(s), "client_pid", s.pid)
 	}
 	return reply{msg: msg, files: files}, nil
 }
@@ -115,6 +121,15 @@ func (d *Daemon) artifactsPut(s *session, fr *protocol.Frame) (reply, error) {
 	}
 	return reply{msg: protocol.ArtifactsStored{Head: protocol.NewHead(protocol.TypeArtifactsStored),
 		Key: stored.Key, Files: stored.Files, Bytes: stored.Bytes, Evicted: stored.Evicted}}, nil
+}
+
+// clientOf names s's client as its hello did; an engine-wide request may
+// come before any.
+func clientOf(s *session) string {
+	if s.hello == nil {
+		return ""
+	}
+	return clip(s.hello.Client)
 }
 
 func needHello(s *session, fr *protocol.Frame) error {

@@ -154,6 +154,39 @@ func TestArtifactsNeedHello(t *testing.T) {
 	}
 }
 
+// The engine-wide set (vLLM's model info cache) is served without a
+// hello, as a plugin asks for it before its engine knows its model; it is
+// stored only over a hello, as every set is.
+func TestArtifactsEngineSetWithoutHello(t *testing.T) {
+	model, dir := synth(t), sockDir(t)
+	d := start(t, model, dir, "host", withArtifacts(1<<20))
+	set, pack := artifactSet("modelinfos", nil, "vllm-model_executor-models-llama-LlamaForCausalLM.json", `{"hash": "h"}`)
+	set.Dir, set.Rank = "modelinfos", artifact.EngineRank
+	if _, err := putArtifacts(t, rawConn(t, d.Socket()), set, pack); !errors.Is(err, protocol.ErrBadRequest) {
+		t.Fatalf("an engine-wide put before hello: %v", err)
+	}
+	if _, err := putArtifacts(t, helloConn(t, d, model, ""), set, pack); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), waitDeadline(t))
+	defer cancel()
+	fr, err := rawConn(t, d.Socket()).Call(ctx, protocol.ArtifactsRequest{Head: protocol.NewHead(protocol.TypeArtifacts),
+		Lookup: set.Lookup, Rank: artifact.EngineRank}, protocol.TypeArtifacts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.CloseFiles()
+	var a protocol.Artifacts
+	if err := fr.Decode(&a); err != nil || len(a.Sets) != 1 || len(fr.Files) != 1 || a.Sets[0].Dir != "modelinfos" {
+		t.Fatalf("engine-wide set without hello: %+v, %d descriptors, %v", a, len(fr.Files), err)
+	}
+	// Any other rank still needs one.
+	if _, err := rawConn(t, d.Socket()).Call(ctx, protocol.ArtifactsRequest{Head: protocol.NewHead(protocol.TypeArtifacts),
+		Lookup: set.Lookup, Rank: "rank_0_0"}, protocol.TypeArtifacts); !errors.Is(err, protocol.ErrBadRequest) {
+		t.Errorf("rank_0_0 before hello: %v", err)
+	}
+}
+
 func TestArtifactsMissReason(t *testing.T) {
 	model, dir := synth(t), sockDir(t)
 	d := start(t, model, dir, "host", withArtifacts(1<<20))

@@ -44,7 +44,7 @@ def start(tmp_path, name, model, sock_dir, kw=None, env=None, until=None, extra=
             out = engines.run({model!r}, "weightcache", {extra!r}, **{kw!r})
             print("RESULT " + json.dumps(out), flush=True)
     """))
-    env = dict(os.environ, VLLM_CACHE_ROOT=str(tmp_path / f"{name}-cache"), **(env or {}))
+    env = dict(os.environ, VLLM_CACHE_ROOT=str(tmp_path / f"{name}-cache"), WEIGHTCACHE_SOCKET_DIR=sock_dir, **(env or {}))
     p = Logged([sys.executable, str(script)], env, tmp_path / f"{name}.log", f"{name}.py (an engine start)")
     try:
         if until is not None:
@@ -83,6 +83,10 @@ def test_a_fresh_cache_is_restored_and_vllm_compiles_nothing_afresh(published, l
     out, res = start(tmp_path, "fresh", llama, sock_dir)
     n, keys = one(RESTORED, out)
     assert int(n) > 0 and keys == key[:12]
+    # vLLM's model info cache, as vLLM started: no subprocess inspects the
+    # model class (the first start published it).
+    assert re.search(r"weightcache: artifacts: restored 1 files of vLLM's model info cache", out), out[-6000:]
+    assert os.listdir(tmp_path / "fresh-cache" / "modelinfos")
     # What vLLM's own warm restart shows on this build too: its AOT
     # artifact fails to load ("Compiling model again due to a load
     # failure"), it traces again, and torch's caches answer; one
@@ -94,7 +98,7 @@ def test_a_fresh_cache_is_restored_and_vllm_compiles_nothing_afresh(published, l
     restored = glob.glob(str(tmp_path / "fresh-cache" / "torch_compile_cache" / "*" / f"{key}*" / "inductor_cache" / "*"))
     assert restored, os.listdir(tmp_path / "fresh-cache")
     held = status(wc_bin, sock_dir)[0].get("artifacts") or []
-    assert [(a["key"][:12], a["hits"]) for a in held] == [(key, 1)], held
+    assert sorted((a["key"][:12], a["rank"], a["hits"]) for a in held) == [(key, "rank_0_0", 1), ("modelinfos", "engine", 1)], held
 
 
 def test_an_altered_artifact_is_refused_by_name_and_vllm_compiles(published, llama, sock_dir, tmp_path):

@@ -17,7 +17,7 @@ import mmap
 import os
 import stat
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Optional
 
 from . import protocol
 
@@ -206,14 +206,17 @@ class Session:
     of) this start, opened with the same fingerprint: artifacts are asked
     for only where the daemon accepted the engine."""
 
-    def __init__(self, sock: str, fingerprint: dict[str, Any], device: str, timeout: float,
+    def __init__(self, sock: str, fingerprint: Optional[dict[str, Any]], device: str, timeout: float,
                  client: str = "weightcache-python") -> None:
+        """fingerprint None: no hello, for the engine-wide set alone."""
         self.sock = sock
         self.timeout = timeout
         try:
             self.conn = protocol.Conn(sock, timeout)
         except (OSError, protocol.ProtocolError) as e:
             raise Unavailable(f"connect {sock}: {e}") from None
+        if fingerprint is None:
+            return
         try:
             fr = self.conn.call(protocol.Hello(fingerprint=fingerprint, device=device, mode="copy", client=client),
                                 "ok", "mismatch", timeout=timeout)

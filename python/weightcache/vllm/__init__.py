@@ -57,7 +57,11 @@ def register() -> bool:
         from .loader import WeightcacheModelLoader
         WeightcacheModelLoader.api = api
         api.register_model_loader(LOAD_FORMAT)(WeightcacheModelLoader)
-        return True
     except Exception as e:
         log.error("weightcache: --load-format %s not registered: %s: %s", LOAD_FORMAT, type(e).__name__, e)
         return False
+    # As vLLM starts, before it inspects the model: its model info cache
+    # from the daemon (compile_cache.py).
+    from .compile_cache import restore_engine_files
+    restore_engine_files(api)
+    return True

@@ -20,6 +20,7 @@ misses 0, nothing was compiled afresh."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import artifacts
+from .. import artifacts, protocol
 from ..source import MissError
 from .api import VllmAPI
 
@@ -104,10 +105,91 @@ class Where:
         return artifacts.Session(self.socket, self.fingerprint, self.device, self.timeout)
 
 
+# vLLM's model info cache (VLLM_CACHE_ROOT/modelinfos/: what vLLM learnt of
+# a model class in a subprocess that imports vLLM, 9 s on a 2-core machine,
+# keyed by a hash of the class's source) is one engine-wide set per store.
+# It is read as vLLM builds its config, before any loader runs, so the
+# plugin asks for it as vLLM loads plugins, of the daemons in
+# $WEIGHTCACHE_SOCKET_DIR (else the client's default directory): no hello,
+# since the model is not known yet; vLLM checks each file itself.
+# WEIGHTCACHE_ARTIFACTS=0 turns it off (the extra config is not known yet).
+ENGINE_DIR = "modelinfos"
+ENGINE_RANK = "engine"
+_engine_held: dict[str, str] = {}  # path -> sha256 of the engine-wide set the daemon held
+
+
+def engine_lookup(api: VllmAPI) -> str:
+    return hashlib.sha256(f"vllm-modelinfos {api.version}".encode()).hexdigest()
+
+
+def restore_engine_files(api: VllmAPI) -> None:
+    """vLLM's model info cache from the daemon, as vLLM starts. Never
+    raises; says something only when it wrote files."""
+    if os.environ.get("WEIGHTCACHE_ARTIFACTS", "1") == "0":
+        return
+    try:
+        import vllm.envs as envs
+        root = envs.VLLM_CACHE_ROOT
+        sock_dir = os.environ.get("WEIGHTCACHE_SOCKET_DIR") or protocol.default_socket_dir()
+        if not os.path.isdir(sock_dir):
+            return
+        for sock in sorted(glob.glob(os.path.join(sock_dir, "*.sock"))):
+            try:
+                with artifacts.Session(sock, None, "", 1.0) as s:
+                    sets, n, nbytes, _ = artifacts.restore(s, root, engine_lookup(api), ENGINE_RANK, {})
+            except (artifacts.Unavailable, artifacts.Refused, OSError):
+                continue
+            for st in sets:
+                _engine_held.update({f.path: f.sha256 for f in st.files})
+            if n:
+                _say_later("weightcache: artifacts: restored %d files of vLLM's model info cache, %.1f KiB", n,
+                           nbytes / 1024)
+            return
+    except Exception as e:  # noqa: BLE001 - a plugin must not stop vLLM starting
+        log.debug("weightcache: artifacts: vLLM's model info cache not restored: %s", e)
+
+
+_pending: list[tuple[Any, ...]] = []
+
+
+def _say_later(*args: Any) -> None:
+    """An INFO line now if vLLM's logging is set up, else at this process's
+    next load (prepare): plugins can load before vLLM configures its
+    loggers, and a record then goes nowhere."""
+    if logging.getLogger("vllm").handlers:
+        log.info(*args)
+    else:
+        _pending.append(args)
+
+
+def publish_engine_files(api: VllmAPI, where: Where) -> None:
+    """Hand the daemon vLLM's model info cache where it holds files the
+    daemon's set lacks (the restore wrote the daemon's in first, so this
+    is the union)."""
+    import vllm.envs as envs
+    base = os.path.join(envs.VLLM_CACHE_ROOT, ENGINE_DIR)
+    files = artifacts.scan(base, sorted(os.listdir(base))) if os.path.isdir(base) else []
+    if not files:
+        return
+    s, fd = artifacts.pack(base, files, key=ENGINE_DIR, dir=ENGINE_DIR, rank=ENGINE_RANK, lookup=engine_lookup(api),
+                           config={"vllm": api.version})
+    try:
+        have = {f.path: f.sha256 for f in s.files}
+        if all(_engine_held.get(p) == h for p, h in have.items()):
+            return
+        with where.session() as sess:
+            sess.put(s, fd)
+        _engine_held.update(have)
+    finally:
+        os.close(fd)
+
+
 def prepare(api: VllmAPI, vllm_config: Any, where: Optional[Where], why_not: str = "") -> None:
     """Before vLLM compiles: restore this configuration's sets from the
     daemon, say so in one line, and watch for the compile to publish what
     it writes. Never raises: artifacts only ever save time."""
+    while _pending:
+        log.info(*_pending.pop(0))
     why = compiles(vllm_config)
     if why:
         log.info("weightcache: artifacts: none (%s)", why)
@@ -117,6 +199,11 @@ def prepare(api: VllmAPI, vllm_config: Any, where: Optional[Where], why_not: str
     except MissError as e:
         log.warning("weightcache: artifacts: none (%s); vLLM compiles", e.info)
         return
+    if where is not None:
+        try:
+            publish_engine_files(api, where)
+        except (artifacts.Unavailable, OSError) as e:
+            log.warning("weightcache: artifacts: vLLM's model info cache not published: %s", e)
     lookup, rank = lookup_key(api, factors), rank_dir(vllm_config)
     config = with_factors(describe(api, vllm_config), factors)
     key = artifacts.short(lookup)
