@@ -103,7 +103,9 @@ def test_a_fresh_cache_is_restored_and_vllm_compiles_nothing_afresh(published, l
 
 def test_an_altered_artifact_is_refused_by_name_and_vllm_compiles(published, llama, sock_dir, tmp_path):
     _, cold, key, cold_misses = published
-    (pack,) = glob.glob(os.path.join(sock_dir, "artifacts", "*", "pack"))
+    # The compile set's pack, not the engine-wide set's (vLLM's model info).
+    (pack,) = [os.path.join(os.path.dirname(m), "pack") for m in glob.glob(os.path.join(sock_dir, "artifacts", "*", "manifest.json"))
+               if json.load(open(m))["dir"] != "modelinfos"]
     with open(pack, "r+b") as f:
         f.seek(os.path.getsize(pack) // 2)
         b = f.read(1)
