@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/weightcache/weightcache/internal/artifact"
@@ -67,11 +65,8 @@ func (sv *Server) artifactPack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.Pack.Close()
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	if !sv.startSend(host) {
-		sv.busy.Add(1)
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(http.StatusServiceUnavailable)
+	host, ok := sv.admitSend(w, r)
+	if !ok {
 		return
 	}
 	defer sv.endSend(host)
@@ -169,21 +164,11 @@ func (sd *Seeder) artifactSet(ctx context.Context, p *remote, set *artifact.Set,
 	wait := pieceWaits*sd.timeout + time.Duration(set.Bytes/packRate)*time.Second
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	resp, err := sd.do(ctx, http.MethodGet, p.base+"/v1/artifacts/"+set.ID()+"/pack")
+	resp, err := sd.getExact(ctx, p.base+"/v1/artifacts/"+set.ID()+"/pack", "pack", set.Bytes)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
-	}
-	if enc := resp.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
-		return fmt.Errorf("a pack sent as %s", enc)
-	}
-	if resp.ContentLength >= 0 && resp.ContentLength != set.Bytes {
-		return fmt.Errorf("a pack of %d bytes sent as %d", set.Bytes, resp.ContentLength)
-	}
 	pack, err := memfd("artifacts "+set.ID(), 0)
 	if err != nil {
 		return err

@@ -199,6 +199,31 @@ func (sd *Seeder) do(ctx context.Context, method, url string) (*http.Response, e
 	return sd.client.Do(req)
 }
 
+// getExact GETs url, whose body must be a what of size bytes, as sent: a
+// 200, no content encoding and no other declared length. The caller closes
+// the body of what it returns.
+func (sd *Seeder) getExact(ctx context.Context, url, what string, size int64) (*http.Response, error) {
+	resp, err := sd.do(ctx, http.MethodGet, url)
+	if err != nil {
+		return nil, err
+	}
+	var bad error
+	switch enc := resp.Header.Get("Content-Encoding"); {
+	case resp.StatusCode != http.StatusOK:
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		bad = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	case enc != "" && enc != "identity":
+		bad = fmt.Errorf("a %s sent as %s", what, enc)
+	case resp.ContentLength >= 0 && resp.ContentLength != size:
+		bad = fmt.Errorf("a %s of %d bytes sent as %d", what, size, resp.ContentLength)
+	}
+	if bad != nil {
+		resp.Body.Close()
+		return nil, bad
+	}
+	return resp, nil
+}
+
 // unreached is a peer that gave no answer at all: not up yet, or gone.
 type unreached struct{ err error }
 
@@ -899,21 +924,11 @@ func (w *wrongPiece) Error() string { return "wrong piece: sha256 " + w.got + ",
 // fromPeer reads piece j of file i, size bytes, from p into w: exactly
 // those bytes, as sent.
 func (sd *Seeder) fromPeer(ctx context.Context, p *remote, i, j int, w io.Writer, size int64) error {
-	resp, err := sd.do(ctx, http.MethodGet, fmt.Sprintf("%s/files/%d/pieces/%d", p.url, i, j))
+	resp, err := sd.getExact(ctx, fmt.Sprintf("%s/files/%d/pieces/%d", p.url, i, j), "piece", size)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
-	}
-	if enc := resp.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
-		return fmt.Errorf("a piece sent as %s", enc)
-	}
-	if resp.ContentLength >= 0 && resp.ContentLength != size {
-		return fmt.Errorf("a piece of %d bytes sent as %d", size, resp.ContentLength)
-	}
 	buf := getBuf()
 	defer putBuf(buf)
 	got := int64(0)

@@ -269,14 +269,8 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "file and piece are numbers", http.StatusBadRequest)
 		return
 	}
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
-	if !sv.startSend(host) {
-		// Each send holds a buffer until its peer takes it: past the
-		// bound the answer is at once, and has no body that a peer not
-		// reading could hold up.
-		sv.busy.Add(1)
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(http.StatusServiceUnavailable)
+	host, ok := sv.admitSend(w, r)
+	if !ok {
 		return
 	}
 	defer sv.endSend(host)
@@ -289,6 +283,21 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		sv.say(slog.LevelDebug, "sending a piece to a peer failed", r.RemoteAddr, err.Error())
 	}
+}
+
+// admitSend takes a send slot for r's host, or answers 503 at once: each
+// send holds a buffer until its peer takes it, and past the bound the
+// answer has no body that a peer not reading could hold up. The caller
+// ends the send (endSend) when it was admitted.
+func (sv *Server) admitSend(w http.ResponseWriter, r *http.Request) (string, bool) {
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	if !sv.startSend(host) {
+		sv.busy.Add(1)
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return host, false
+	}
+	return host, true
 }
 
 // startSend takes one of the sends in flight, MaxConns in all and one
