@@ -223,13 +223,15 @@ func loadingFromPeers(t *testing.T, dir string) {
 // completes from the others, each named in a log line; a node joining
 // mid-transfer seeds too.
 func TestFleetSurvivesPeerFaults(t *testing.T) {
-	// Serial: beside other tests on a loaded machine, a stalled link's
-	// seed missed its 2 s peer timeout and read pieces from storage.
+	// Serial, and a 5 s peer timeout: beside stress --cpu 4, with 2 s, the
+	// seed past a stalled link gave a healthy peer's re-asked pieces up to
+	// storage (32 MB of 110), as it must when a peer is that slow; the
+	// test is of the stall, not of the load.
 	f := newNetnsFleet(t, 4, "400mbit")
 	model := synthModel(t, "small")
 	tok := peerToken(t, "fleet-token")
 	args := func(dir string, peers ...string) []string {
-		return append(peerArgs(model, dir, tok, "", 1, peers...), "--peer-timeout", "2s")
+		return append(peerArgs(model, dir, tok, "", 1, peers...), "--peer-timeout", "5s")
 	}
 	a := f.preload(0, true, args(sockDir(t))...)
 	files := readyInt(t, a, "file_bytes")
