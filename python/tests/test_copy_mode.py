@@ -104,3 +104,47 @@ def test_copies_outlive_writes_and_the_daemon(every_dtype, daemon, sock_dir, wc_
         assert raw(t) == b"\xa5" * len(want[name][2]), name
         t.reshape(-1).view(torch.uint8).zero_()  # not every dtype has a fill (F4 has none)
         assert raw(t) == bytes(len(want[name][2])), name
+
+
+def present_pages(t):
+    """How many of the pages under tensor t have a page table entry
+    (/proc/self/pagemap bit 63), and how many pages it spans."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = t.data_ptr() // page
+    last = (t.data_ptr() + t.numel() * t.element_size() - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw_ = f.read((last - first + 1) * 8)
+    entries = struct.unpack(f"<{len(raw_) // 8}Q", raw_)
+    return sum(e >> 63 for e in entries), len(entries)
+
+
+def test_populate_maps_every_page_and_changes_no_byte(every_dtype, daemon, sock_dir, monkeypatch):
+    """A zero_copy hit's populate fills the page tables of its mapped
+    segments (chunked across threads here), so that copies out of them
+    fault nothing; the bytes stay the files' own."""
+    model, want = every_dtype
+    monkeypatch.setattr(hostmap, "_POPULATE_CHUNK", 4096)
+    daemon(model)
+    w, info = attach(model, socket_dir=sock_dir, fallback=False)
+    assert info.hit, info
+    try:
+        bases = [b for b in w._bases if b.numel()]
+        assert bases and all(present_pages(b)[0] == 0 for b in bases), "a fresh mapping had pages mapped already"
+        w.populate()
+        wait_for(lambda: all(present_pages(b)[0] == present_pages(b)[1] for b in bases),
+                 what="every page of the segments mapped")
+        for name, (dt, shape, data) in want.items():
+            assert raw(w[name]) == data, name
+    finally:
+        w.close()
+
+
+def test_populate_is_nothing_in_copy_mode(every_dtype, daemon, sock_dir):
+    model, _ = every_dtype
+    daemon(model)
+    w, info = attach(model, socket_dir=sock_dir, mode="copy", fallback=False)
+    assert info.hit, info
+    w.populate()
+    assert w._populate is None
+    w.close()

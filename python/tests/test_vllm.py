@@ -158,6 +158,25 @@ def test_tier1_fp8_checkpoint(fp8_model, daemon, sock_dir):
     served.close()
 
 
+def test_tier1_populates_the_mapping_before_vllm_copies(model, daemon, sock_dir, monkeypatch):
+    """Tier 1 has the page tables of the daemon's mapping filled while vLLM
+    builds the model, before its first copy out of them."""
+    from weightcache.attach import Weights
+    calls = []
+    orig = Weights.populate
+
+    def populate(self):
+        calls.append(self._made.copy())  # the tensors made so far: none
+        orig(self)
+
+    monkeypatch.setattr(Weights, "populate", populate)
+    daemon(model, "--devices", "host")
+    _, want, _, _ = engine(model, "auto")
+    _, got, read, _ = engine(model, socket_dir=sock_dir)
+    assert torch.equal(got, want) and read == 0
+    assert calls == [{}]
+
+
 # -- misses ----------------------------------------------------------------
 
 def test_consolidated_beside_the_shards_hits(synth, tmp_path, daemon, sock_dir, wc_bin, caplog):

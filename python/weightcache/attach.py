@@ -59,6 +59,7 @@ class Weights(Mapping[str, torch.Tensor]):
         self._made: dict[str, torch.Tensor] = {}  # name -> tensor, made once
         self._where: dict[str, int] = {}  # name -> entry number, learnt while iterating
         self._report: Optional[protocol.Conn] = None  # where the outcome is due; the lease or, copied, its own
+        self._populate: Optional[hostmap.Populate] = None
 
     def __len__(self) -> int:
         return len(self._index) if self._index is not None else len(self._dict)
@@ -139,7 +140,19 @@ class Weights(Mapping[str, torch.Tensor]):
         if conn is not self._conn:
             conn.close()
 
+    def populate(self) -> None:
+        """Fill the page tables of this hit's host mappings in the
+        background (hostmap.Populate), for a caller that will read every
+        tensor and has other work to do first: its copies then find the
+        pages mapped. Returns at once; close() stops it. Nothing to do for
+        copy mode (no mapping) or GPU segments."""
+        if self._populate is None and self._segments and all(isinstance(m, mmap.mmap) for m in self._segments):
+            self._populate = hostmap.Populate([(b.data_ptr(), b.numel()) for b in self._bases])
+
     def close(self) -> None:
+        if self._populate is not None:
+            self._populate.stop()
+            self._populate = None
         if self._report is not None and self._report is not self._conn:
             self._report.close()
         self._report = None

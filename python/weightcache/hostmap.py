@@ -14,9 +14,13 @@ mapping of the daemon's left behind.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import fcntl
 import mmap
 import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Optional, cast
 
 import torch
 
@@ -82,3 +86,61 @@ def copy_segment(fd: int, size: int, i: int) -> torch.Tensor:
         with concurrent.futures.ThreadPoolExecutor(min(len(starts), _THREADS)) as pool:
             list(pool.map(read, starts))
     return torch.frombuffer(mp, dtype=torch.uint8)
+
+
+# MADV_POPULATE_READ (Linux 5.14) fills a mapping's page tables in the
+# kernel. Python's mmap module names it from 3.12 on, and holds the GIL
+# over madvise; libc's, through ctypes, does not.
+_MADV_POPULATE_READ = 22
+_POPULATE_CHUNK = 16 << 20  # what stop() may wait for: a few ms
+
+
+def _libc_madvise() -> Optional[Callable[[int, int, int], int]]:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return cast(Callable[[int, int, int], int], fn)
+
+
+class Populate:
+    """Fills the page tables of mapped host segments in the background.
+    A memfd's pages are 4 KiB folios (the kernel's shmem_enabled is
+    "never" by default), so a copy out of the mapping
+    faults every 64 KiB (fault-around), where the page cache of a file on
+    a filesystem with large folios maps a whole folio per fault: 25,000
+    faults against 1,300 for 1.6 GB. Run while the engine does other work
+    (vLLM builds its model before it loads), the copies then fault nothing
+    on the source. Run beside the copies it only competes with them.
+    Threads take chunks in order, so the first tensors are mapped first.
+    stop() ends it; the mappings must outlive it."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]]) -> None:
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        madvise = _libc_madvise()
+        chunks = iter([(a + off, min(_POPULATE_CHUNK, n - off)) for a, n in spans for off in range(0, n, _POPULATE_CHUNK)])
+        lock = threading.Lock()
+        if madvise is None:
+            return
+
+        def run() -> None:
+            while not self._stop.is_set():
+                with lock:
+                    c = next(chunks, None)
+                if c is None or madvise(c[0], c[1], _MADV_POPULATE_READ) != 0:
+                    return  # done, or a kernel without it: copies fault the pages in as before
+
+        # Half the cores, as many as 4: the engine builds its model meanwhile.
+        for _ in range(max(1, min(4, len(os.sched_getaffinity(0)) // 2))):
+            t = threading.Thread(target=run, name="weightcache-populate", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        self._threads = []

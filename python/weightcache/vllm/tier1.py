@@ -32,6 +32,10 @@ def load_checkpoint(loader: Loader, vllm_config: Any, model_config: Any, prefix:
         except MissError as e:
             loader.miss(e.info)
         regs = register_host(loader.daemon_weights, dev, loader.options.mode)
+        if loader.daemon_weights is not None and not regs:
+            # vLLM builds the model before it copies a weight: the page
+            # tables fill meanwhile (page-locking filled them where it ran).
+            loader.daemon_weights.populate()
     try:
         model = loader.api.DefaultModelLoader.load_model(loader, vllm_config=vllm_config, model_config=model_config,
                                                          prefix=prefix)
