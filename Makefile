@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-restart test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-restart bench-scale bench-outlive bench-fleet fuzz deps release clean
+.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-restart test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-restart bench-switch bench-scale bench-outlive bench-fleet fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -162,6 +162,12 @@ bench-python: build python-deps ## attach from Python
 # the file and copied from the daemon's mapping).
 bench-vllm: build vllm-env ## weight loading in real vLLM against load_format auto
 	$(VLLM_PY) python/bench_vllm.py --bin $(BIN) $(BENCH_VLLM_ARGS)
+
+# A running vLLM engine switched to another version of its model in place
+# (weightcache.vllm.switch) against restarting it, through weightcache and
+# with auto. BENCH_SWITCH_ARGS='--runs 5'.
+bench-switch: build vllm-env ## a running vLLM switched to another version in place, against restarts
+	$(VLLM_PY) python/bench_switch.py --bin $(BIN) $(BENCH_SWITCH_ARGS)
 
 # A whole vLLM start with torch.compile on, per phase: warm and fresh
 # nodes, auto and weightcache (weights and compile artifacts from the

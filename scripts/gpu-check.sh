@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the CUDA backend's check on a real GPU (issues 5 and 10).
 # Also the vLLM loader's tier 2 on the GPU (scripts/gpu-tier2.py), vLLM's
-# compile artifacts restored from the daemon (scripts/gpu-restart.py), and the
+# compile artifacts restored from the daemon (scripts/gpu-restart.py), a running
+# vLLM switched to another version in place (python/bench_switch.py), and the
 # cache outliving a GPU rank and a preload (--takeover; issue 18), and GPU
 # ranks seeded from a peer over loopback (issue 29).
 #
@@ -506,6 +507,19 @@ if command -v python3 >/dev/null && python3 -c 'import torch,vllm,sys; sys.exit(
 	fi
 fi
 
+# 10c. A running vLLM engine on the GPU switched to another version of its
+# model in place (weightcache.vllm.switch, issue 45): python/bench_switch.py,
+# one round (1.6 GB v1 and v2 made once under $TMPDIR), against restarts.
+SWITCH_LINE="skipped (no python3 with vLLM and CUDA)"
+if command -v python3 >/dev/null && python3 -c 'import torch,vllm,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+	if SW_OUT=$(step 600 "switch in place on the GPU" python3 "$ROOT/python/bench_switch.py" --bin "$BIN" --runs 1 2>"$WORK/sw.err" | tail -n 1); then
+		SWITCH_LINE="$SW_OUT"
+		check "switched engine back on v1 generates what it did" "$([[ $SW_OUT == *"did before the switches: True"* ]] && echo 1 || echo 0)" "$SW_OUT"
+	else
+		check "switch in place on the GPU" 0 "$(tail -n 5 "$WORK/sw.err")"
+	fi
+fi
+
 # 10b. A GPU rank seeded from a peer (issue 29): a host preload serves the
 # checkpoint's pieces on loopback; a GPU preload fills its device segments
 # from them, through the pinned staging path it uses for files, checks
@@ -558,6 +572,7 @@ say "  GPU rank killed and replaced:              $RESTART_LINE"
 say "  --takeover on the GPU:                     $TAKEOVER_LINE"
 say "  GPU ranks seeded from a peer (loopback):   $PEER_LINE"
 say "  vLLM compile artifacts restored (GPU):     $RESTART_ART_LINE"
+say "  vLLM switched in place (GPU):              $SWITCH_LINE"
 target "preload >= 70% of the pinned ceiling" "$(ge "$PRELOAD" "0.7 * $PINNED")" "$RATIO_PINNED%"
 target "preload >= 80% of plain host-to-device copy" "$(ge "$PRELOAD" "0.8 * $PAGEABLE")" "$RATIO_PAGEABLE%"
 target "attach of $TENSORS tensors < 50 ms" "$(ge 50 "$MEDIAN_MS")" "$MEDIAN_MS ms"

@@ -23,12 +23,13 @@ def _tokenizer(out):
     fast.save_pretrained(out)
 
 
-def llama(out):
+def llama(out, seed=0, layers=2):
     """Llama with grouped-query attention (4 heads, 2 kv heads, head_dim 32:
-    the CPU attention kernels take 32 and up), bf16, untied lm_head."""
+    the CPU attention kernels take 32 and up), bf16, untied lm_head. Another
+    seed is another version of the same model (same config, other weights)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=False)
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
@@ -53,17 +54,18 @@ def qwen2(out):
     return out
 
 
-def big_llama(out, hidden=2048, layers=14, vocab=32000):
-    """A causal LM of about 1.2 GB in bf16 for the benchmark (random weights)."""
+def big_llama(out, hidden=2048, layers=14, vocab=32000, seed=2):
+    """A causal LM of about 1.2 GB in bf16 for the benchmark (random
+    weights; another seed is another version of it)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(2)
+    torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=hidden // 256,
                       max_position_embeddings=1024, tie_word_embeddings=False)
     with torch.device("meta"):
         m = LlamaForCausalLM(cfg)
     m.to_empty(device="cpu")
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.02)

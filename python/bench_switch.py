@@ -1,0 +1,142 @@
+"""A running real vLLM engine switched to another version of its model in
+place (weightcache.vllm.switch) against restarting it, in real vLLM (make
+vllm-env) on make bench-vllm's 1.6 GB Llama (v1) and a second version of
+it (same config, other random weights, made once beside it).
+
+Usage: .venv/vllm/bin/python python/bench_switch.py [--bin bin/weightcache] [--runs 3]
+
+Both versions are preloaded, each by a host daemon of its own. --runs
+rounds, each in turn: an engine process started on v1 through weightcache
+that then switches to v2 and back to v1 (each switch timed: the checks,
+vLLM's reload_weights with its post-processing, and the prefix cache
+reset; the second switch's output compared with the first start's); a
+fresh engine on v2 through weightcache; a fresh engine on v2 with
+load_format auto and the checkpoint in the page cache. A restart is timed
+as LLM() takes (engine construction, the weights and the KV cache
+included); its process start and imports (several seconds more) are left
+out, in the restart's favour. enforce_eager, as bench-vllm: with
+torch.compile a restart also pays the compile cache's load. Prints the
+median and min-max of the rounds and the ratio the target is set on (the
+switch against a weightcache restart); a machine timing, not a
+pass/fail test.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from demo_vllm import bench_model, median_spread, warm  # noqa: E402
+
+ENGINE = textwrap.dedent("""
+    import json, os, sys, time
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+    def main():
+        what, model, sock, other, other_sock = sys.argv[1:6]
+        from vllm import LLM, SamplingParams
+        fmt = "auto" if what == "auto" else "weightcache"
+        extra = {} if what == "auto" else {"socket_dir": sock, "fallback": False}
+        t0 = time.perf_counter()
+        llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=256, max_num_seqs=1, enforce_eager=True,
+                  kv_cache_memory_bytes=64 << 20, distributed_executor_backend="uni", load_format=fmt,
+                  model_loader_extra_config=extra, seed=0)
+        out = {"start": time.perf_counter() - t0}
+        sp = SamplingParams(max_tokens=4, temperature=0)
+        gen = lambda: llm.generate([{"prompt_token_ids": [1, 5, 9, 100]}], sp, use_tqdm=False)[0].outputs[0].token_ids
+        if what == "switch":
+            from weightcache.vllm import switch
+            first = list(gen())
+            for name, (m, s) in (("to_v2", (other, other_sock)), ("to_v1", (model, sock))):
+                t0 = time.perf_counter()
+                done = switch(llm, m, socket_dir=s, fallback=False)
+                out[name] = time.perf_counter() - t0
+                out[name + "_reload"] = max(d.seconds for d in done)
+                assert all(d.source == "hit" for d in done), done
+                out[name + "_tokens"] = list(gen())
+            out["same_after"] = out["to_v1_tokens"] == first
+        print("RESULT " + json.dumps(out), flush=True)
+        llm.llm_engine.engine_core.shutdown()
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def engine(script, what, model, sock, other="", other_sock=""):
+    p = subprocess.run([sys.executable, script, what, model, sock, other, other_sock], capture_output=True, text=True)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        raise SystemExit(f"engine {what} {model} failed:\n{p.stderr[-3000:]}{p.stdout[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def preload(wc_bin, model):
+    sock = tempfile.mkdtemp(prefix="wcsw")
+    os.chmod(sock, 0o700)
+    p = subprocess.Popen([wc_bin, "preload", "--model", model, "--devices", "host", "--socket-dir", sock],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ready = json.loads(p.stdout.readline())
+    assert ready.get("event") == "ready", ready
+    return p, sock
+
+
+def _ms(t):
+    return f"{t[0]:.2f} ({t[1]:.2f}-{t[2]:.2f})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="bin/weightcache")
+    ap.add_argument("--model", default=os.path.join(tempfile.gettempdir(), "weightcache-bench-llama-1g"))
+    ap.add_argument("--runs", type=int, default=3, help="rounds, each running every row once; median and min-max")
+    a = ap.parse_args()
+    v1, v2 = a.model, a.model + "-v2"
+    size = bench_model(v1)
+    if not os.path.exists(os.path.join(v2, "config.json")):
+        sys.path.insert(0, os.path.join(HERE, "tests_vllm"))
+        import models  # made with transformers, in vLLM's environment
+        models.big_llama(v2, seed=3)
+    work = tempfile.mkdtemp(prefix="wcbs")
+    script = os.path.join(work, "engine.py")
+    with open(script, "w") as f:
+        f.write(ENGINE)
+    daemons = []
+    try:
+        (p1, s1), (p2, s2) = preload(a.bin, v1), preload(a.bin, v2)
+        daemons = [p1, p2]
+        engine(script, "wc", v1, s1)  # warms vLLM's own files, uncounted
+        rows: dict = {"switch": [], "wc": [], "auto": []}
+        for _ in range(a.runs):  # interleaved, so that a noisy spell hits every row alike
+            rows["switch"].append(engine(script, "switch", v1, s1, v2, s2))
+            rows["wc"].append(engine(script, "wc", v2, s2))
+            warm(v2)
+            rows["auto"].append(engine(script, "auto", v2, ""))
+    finally:
+        for p in daemons:
+            p.terminate()
+            p.wait()
+    import vllm
+    sw = [r[k] for r in rows["switch"] for k in ("to_v2", "to_v1")]
+    reload_s = [r[k] for r in rows["switch"] for k in ("to_v2_reload", "to_v1_reload")]
+    fig = {"switch": median_spread(sw), "reload": median_spread(reload_s),
+           "wc": median_spread([r["start"] for r in rows["wc"]]), "auto": median_spread([r["start"] for r in rows["auto"]])}
+    print(f"checkpoints {v1} and {v2}: {size / 1e9:.2f} GB each; vLLM {vllm.__version__} (CPU), enforce_eager; "
+          f"{a.runs} interleaved rounds: median (min-max), seconds")
+    print(f"{'switch in place (2 a round)':<44} {_ms(fig['switch']):>20}  of which vLLM's reload_weights {_ms(fig['reload'])}")
+    print(f"{'restart, weightcache (LLM() only)':<44} {_ms(fig['wc']):>20}")
+    print(f"{'restart, auto, page cache warm (LLM() only)':<44} {_ms(fig['auto']):>20}")
+    same = all(r["same_after"] for r in rows["switch"])
+    print(f"switch in place: {fig['switch'][0] / fig['wc'][0]:.2f}x a weightcache restart (target <= 0.2), "
+          f"{fig['switch'][0] / fig['auto'][0]:.2f}x an auto restart (medians); "
+          f"back on v1 the engine generated what it did before the switches: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""A running vLLM engine switched to another version of its model in place.
+
+switch(llm, model) loads the new checkpoint's tensors from the daemon
+serving it into the engine's parameters through vLLM's own
+reload_weights (vLLM 0.32 model_executor/model_loader/reload: the
+model's load_weights, then its post-processing), on every rank, reading
+no weight from disk; switching back is the same call with the old
+version. Then the prefix cache is reset: KV computed by the old weights
+is never reused.
+
+It runs in three steps over vLLM's collective_rpc, so that every rank
+agrees before any weight changes:
+1. check: each rank compares the new checkpoint with the one it runs
+   (architecture, config.json, every tensor's name, dtype and shape) and
+   attaches to the daemon serving it, holding the lease. A refusal or,
+   with fallback off, a miss on any rank ends the switch there: every
+   rank lets go, and the engine serves what it served.
+2. load: each rank reloads, from the daemon's tensors, or from disk
+   (vLLM's own reload from the new path) where its attach missed and
+   fallback is on.
+3. A load that raises part way leaves that rank half-loaded: every rank
+   then reloads the version it ran (from its daemon, else disk) before
+   the error is raised, so that nothing half-switched is served.
+
+A switch needs a vLLM whose worker has reload_weights (0.32's GPU and CPU
+workers do), and the engine idle: LLM's generate and collective_rpc take
+turns, so the synchronous LLM API is; an API server must stop sending
+requests for the switch (this module does not pause one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from ..attach import Weights, attach
+from ..checkpoint import Checkpoint, CheckpointError, resolve
+from ..source import MissError
+
+log = logging.getLogger("vllm.weightcache")
+
+# config.json keys that name how a checkpoint was written, not the model
+# vLLM built from it: they may differ between versions.
+_CONFIG_NOTES = frozenset({"_name_or_path", "transformers_version", "use_cache", "torch_dtype", "dtype"})
+
+
+class SwitchRefused(Exception):
+    """A switch refused before any weight changed: the engine serves the
+    version it ran. str() says which rank and why."""
+
+
+class SwitchFailed(Exception):
+    """A load that raised part way; every rank was reloaded with the
+    version it ran (or says here that it could not be)."""
+
+
+@dataclasses.dataclass
+class Switched:
+    """One rank's switch: where its weights came from and how long the
+    reload took (vLLM's load_weights and post-processing)."""
+    rank: int
+    model: str  # the checkpoint directory the rank now runs
+    source: str  # "hit" or "fallback"
+    reason: str  # why not from the daemon; "" on a hit
+    seconds: float
+    nbytes: int  # bytes from the daemon (0 from disk)
+
+
+def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
+           fallback: bool = True, connect_timeout_s: float = 5.0) -> list[Switched]:
+    """Switch the running engine of llm (vllm.LLM) to checkpoint model (a
+    directory or hub id, at revision) in place; returns one Switched per
+    rank. socket_dir is where the daemon serving model listens (default:
+    the default socket directory). Raises SwitchRefused when any rank
+    refuses, or misses with fallback off (nothing changed), or
+    SwitchFailed (undone)."""
+    args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s)
+    refusals = [why for why in llm.collective_rpc(_check, args=args) if why]
+    if refusals:
+        llm.collective_rpc(_let_go)
+        raise SwitchRefused("; ".join(refusals))
+    try:
+        done: list[Switched] = llm.collective_rpc(_load)
+        llm.collective_rpc(_let_go)
+    except Exception as e:
+        undone = llm.collective_rpc(_undo)
+        bad = [u for u in undone if u]
+        raise SwitchFailed(f"switch to {model} failed and was undone on every rank: {type(e).__name__}: {e}"
+                           + (f"; but {'; '.join(bad)}" if bad else "")) from e
+    finally:
+        llm.reset_prefix_cache()
+    return done
+
+
+@dataclasses.dataclass
+class _Pending:
+    old_model: str
+    old_revision: Optional[str]
+    old_socket_dir: str
+    new: Checkpoint
+    socket_dir: str
+    weights: Optional[Weights]
+    reason: str  # the miss's, when weights is None
+
+
+def _rank(worker: Any) -> int:
+    return int(getattr(worker, "rank", 0) or 0)
+
+
+def _socket_dir(worker: Any) -> str:
+    """Where the daemon serving the version this rank runs listens: the
+    last switch's, else the engine's own --model-loader-extra-config
+    ("" for the default)."""
+    d = getattr(worker, "_weightcache_socket_dir", None)
+    if d is None:
+        extra = getattr(worker.vllm_config.load_config, "model_loader_extra_config", None) or {}
+        d = extra.get("socket_dir", "") if isinstance(extra, dict) else ""
+    return str(d or "")
+
+
+def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bool,
+           connect_timeout_s: float) -> str:
+    """Step 1 on one rank: "" when the rank can switch (holding its lease
+    or its reason to read from disk), else why it cannot."""
+    _let_go(worker)
+    rank = _rank(worker)
+    runner = getattr(worker, "model_runner", None)
+    if runner is None or not hasattr(runner, "reload_weights"):
+        return f"rank {rank}: this vLLM's worker has no reload_weights: it cannot switch weights in place"
+    mc = worker.vllm_config.model_config
+    try:
+        old = resolve(mc.model, mc.revision)
+        new = resolve(model, revision or None)
+        why = differ(old, new)
+    except (CheckpointError, OSError, ValueError) as e:
+        return f"rank {rank}: {e}"
+    if why:
+        return f"rank {rank}: {new.dir} cannot replace {old.dir} in place: {why}; the engine still serves {old.dir}"
+    weights, reason = None, ""
+    try:
+        weights, _ = attach(new.dir, device="host", fallback=False, revision=new.revision or None,
+                            socket_dir=socket_dir or None, connect_timeout_s=connect_timeout_s, confirm=False)
+    except MissError as e:
+        if not fallback:
+            return f"rank {rank}: {e.info}; fallback is off: the engine still serves {old.dir}"
+        reason = str(e.info)
+    worker._weightcache_switch = _Pending(mc.model, mc.revision, _socket_dir(worker), new, socket_dir, weights, reason)
+    return ""
+
+
+def _let_go(worker: Any) -> None:
+    p: Optional[_Pending] = getattr(worker, "_weightcache_switch", None)
+    worker._weightcache_switch = None
+    if p is not None and p.weights is not None:
+        p.weights.close()
+
+
+def _load(worker: Any) -> Switched:
+    """Step 2 on one rank."""
+    p: Optional[_Pending] = getattr(worker, "_weightcache_switch", None)
+    if p is None:
+        raise RuntimeError(f"rank {_rank(worker)}: no checked switch to load")
+    started = time.monotonic()
+    runner, mc = worker.model_runner, worker.vllm_config.model_config
+    try:
+        if p.weights is not None:
+            w = p.weights
+            nbytes = sum(t.numel() * t.element_size() for t in w.values())
+            runner.reload_weights(weights_iterator=w.items(), is_checkpoint_format=True)
+            w.confirm()
+            _run(worker, p.new.dir, p.socket_dir)
+            log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s", len(w), nbytes / (1 << 20),
+                     time.monotonic() - started, p.new.dir)
+            return Switched(_rank(worker), p.new.dir, "hit", "", time.monotonic() - started, nbytes)
+        log.warning("weightcache: switch: fallback: %s; loading %s from disk", p.reason, p.new.dir)
+        runner.reload_weights(weights_path=p.new.dir, is_checkpoint_format=True)
+        _run(worker, p.new.dir, p.socket_dir)
+        return Switched(_rank(worker), p.new.dir, "fallback", p.reason, time.monotonic() - started, 0)
+    finally:
+        if p.weights is not None:
+            p.weights.close()
+
+
+def _undo(worker: Any) -> str:
+    """Step 3 on one rank: reload the version it ran; "" once done, else
+    what failed."""
+    p: Optional[_Pending] = getattr(worker, "_weightcache_switch", None)
+    worker._weightcache_switch = None
+    if p is None:
+        return ""
+    mc = worker.vllm_config.model_config
+    try:
+        old = resolve(p.old_model, p.old_revision)
+        try:
+            w, _ = attach(old.dir, device="host", fallback=False, revision=old.revision or None,
+                          socket_dir=p.old_socket_dir or None)
+            try:
+                worker.model_runner.reload_weights(weights_iterator=w.items(), is_checkpoint_format=True)
+            finally:
+                w.close()
+        except MissError:
+            worker.model_runner.reload_weights(weights_path=old.dir, is_checkpoint_format=True)
+        mc.model, mc.revision = p.old_model, p.old_revision
+        worker._weightcache_socket_dir = p.old_socket_dir
+        return ""
+    except Exception as e:
+        return f"rank {_rank(worker)} could not reload {p.old_model}: {type(e).__name__}: {e}"
+
+
+def _run(worker: Any, directory: str, socket_dir: str) -> None:
+    """The engine's model config names the version it runs, as vLLM's own
+    reload from a path leaves it, and the rank remembers its daemon."""
+    mc = worker.vllm_config.model_config
+    worker._weightcache_socket_dir = socket_dir
+    mc.model, mc.revision = directory, None
+    if hasattr(mc, "model_weights"):
+        mc.model_weights = ""
+
+
+def differ(old: Checkpoint, new: Checkpoint) -> str:
+    """What keeps new from replacing old in the model vLLM built from old;
+    "" when nothing does: the same architecture, quantization and
+    config.json (but for the keys that note how it was written), and the
+    same tensor names, dtypes and shapes."""
+    if new.architecture != old.architecture:
+        return f"architecture {new.architecture or '(none)'}, running {old.architecture or '(none)'}"
+    if (new.quant_method, new.quant_hash) != (old.quant_method, old.quant_hash):
+        return f"quantization {new.quant_method or 'none'} ({new.quant_hash[:12]}), running " \
+               f"{old.quant_method or 'none'} ({old.quant_hash[:12]})"
+    keys = _config_differs(_config(old.dir), _config(new.dir))
+    if keys:
+        return "config.json differs in " + ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    a = {t.name: (t.dtype, tuple(t.shape)) for _, t in old.tensors()}
+    b = {t.name: (t.dtype, tuple(t.shape)) for _, t in new.tensors()}
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            return f"tensor {name} is missing"
+        if name not in a:
+            return f"tensor {name} is not in the running checkpoint"
+        if a[name] != b[name]:
+            return f"tensor {name} is {b[name][0]} {list(b[name][1])}, running {a[name][0]} {list(a[name][1])}"
+    return ""
+
+
+def _config(directory: str) -> dict[str, Any]:
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{directory}/config.json: not an object")
+    return cfg
+
+
+def _config_differs(a: dict[str, Any], b: dict[str, Any]) -> Sequence[str]:
+    return sorted(k for k in set(a) | set(b) if k not in _CONFIG_NOTES and a.get(k) != b.get(k))
