@@ -42,10 +42,11 @@ ENGINE = textwrap.dedent("""
         from vllm import LLM, SamplingParams
         fmt = "auto" if what == "auto" else "weightcache"
         extra = {} if what == "auto" else {"socket_dir": sock, "fallback": False}
+        kw = {"worker_extension_cls": "weightcache.vllm.WorkerExtension"} if what == "switch" else {}
         t0 = time.perf_counter()
         llm = LLM(model=model, skip_tokenizer_init=True, max_model_len=256, max_num_seqs=1, enforce_eager=True,
                   kv_cache_memory_bytes=64 << 20, distributed_executor_backend="uni", load_format=fmt,
-                  model_loader_extra_config=extra, seed=0)
+                  model_loader_extra_config=extra, seed=0, **kw)
         out = {"start": time.perf_counter() - t0}
         sp = SamplingParams(max_tokens=4, temperature=0)
         gen = lambda: llm.generate([{"prompt_token_ids": [1, 5, 9, 100]}], sp, use_tqdm=False)[0].outputs[0].token_ids

@@ -4,19 +4,25 @@ reading no weight from disk, generating what a fresh engine of that
 version generates, and back; refusals and a failed load leave the engine
 serving the version it ran."""
 
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
+import textwrap
 
 import pytest
 
 import engines
 import models
 from conftest import die_with_test
+from procs import Logged
 
-from weightcache.vllm import SwitchFailed, SwitchRefused, switch
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+from weightcache.vllm import WORKER_EXTENSION, SwitchFailed, SwitchRefused, switch
 
 # A prompt of full KV blocks (block_size 32): the engine caches its
 # prefix, and a switch that kept that cache would reuse KV the old
@@ -60,6 +66,11 @@ def versions(tmp_path_factory, wc_bin):
         e = engines.llm(v[name], block_size=BLOCK)
         try:
             v["want_" + name] = run(e)
+            if name == "v1":  # an engine without weightcache's worker methods
+                with pytest.raises(SwitchRefused) as refused:
+                    switch(e, v["v2"], socket_dir=v["sock_v2"])
+                v["no_extension"] = str(refused.value)
+                assert run(e) == v["want_v1"]
         finally:
             engines.close(e)
     yield v
@@ -72,7 +83,7 @@ def versions(tmp_path_factory, wc_bin):
 def engine(versions):
     """An engine started on v1 from its daemon; each test leaves it on v1."""
     e = engines.llm(versions["v1"], "weightcache", {"socket_dir": versions["sock_v1"], "fallback": False},
-                    block_size=BLOCK)
+                    block_size=BLOCK, worker_extension_cls=WORKER_EXTENSION)
     assert run(e) == versions["want_v1"]  # and the long prompt's prefix is cached now
     yield e
     engines.close(e)
@@ -152,3 +163,52 @@ def test_a_load_that_fails_part_way_is_undone(versions, engine, monkeypatch):
     monkeypatch.undo()
     assert len(calls) == 2
     assert run(engine) == versions["want_v1"]
+
+
+def test_an_engine_without_the_worker_extension_is_told_how_to_start(versions):
+    assert versions["no_extension"] == (
+        f"this engine's workers cannot switch: start it with worker_extension_cls={WORKER_EXTENSION!r} "
+        f"(vllm serve: --worker-extension-cls {WORKER_EXTENSION})")
+
+
+def test_two_ranks_switch_together(versions, tmp_path):
+    """TP 2 with the mp executor and the engine core in a process of its
+    own (vLLM's defaults): the steps cross both process boundaries by
+    name, both ranks take v2 from its daemon, and the engine generates
+    what a fresh TP 2 engine of v2 does; back on v1, what it did."""
+    script = tmp_path / "tp2.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {HERE!r})
+        import engines
+        from weightcache.vllm import WORKER_EXTENSION, switch
+
+        def main():
+            kw = dict(tensor_parallel_size=2, distributed_executor_backend="mp")
+            out = {{"want_v2": engines.run({versions["v2"]!r}, **kw)}}
+            e = engines.llm({versions["v1"]!r}, "weightcache", {{"socket_dir": {versions["sock_v1"]!r}, "fallback": False}},
+                            worker_extension_cls=WORKER_EXTENSION, **kw)
+            out["v1"] = engines.generate(e)
+            out["to_v2"] = [d.source for d in switch(e, {versions["v2"]!r}, socket_dir={versions["sock_v2"]!r}, fallback=False)]
+            out["v2"] = engines.generate(e)
+            out["to_v1"] = [d.source for d in switch(e, {versions["v1"]!r}, socket_dir={versions["sock_v1"]!r}, fallback=False)]
+            out["v1_again"] = engines.generate(e)
+            engines.close(e)
+            print("RESULT " + json.dumps(out), flush=True)
+
+        if __name__ == "__main__":  # vLLM's CPU workers start with spawn
+            main()
+    """))
+    # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
+    p = Logged([sys.executable, str(script)], env, tmp_path / "tp2.log", "tp2.py (a TP 2 engine switched and back)")
+    try:
+        rc = p.wait("the engines to start, switch, generate and stop")
+    finally:
+        p.kill()
+    lines = [ln for ln in p.output().splitlines() if ln.startswith("RESULT ")]
+    assert rc == 0 and lines, p.output()[-4000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["to_v2"] == ["hit", "hit"] and out["to_v1"] == ["hit", "hit"]
+    assert out["v2"] == out["want_v2"]
+    assert out["v1_again"] == out["v1"]

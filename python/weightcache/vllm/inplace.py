@@ -8,8 +8,10 @@ no weight from disk; switching back is the same call with the old
 version. Then the prefix cache is reset: KV computed by the old weights
 is never reused.
 
-It runs in three steps over vLLM's collective_rpc, so that every rank
-agrees before any weight changes:
+The engine must be started with worker_extension_cls=
+"weightcache.vllm.WorkerExtension": the steps are worker methods, called
+by name over vLLM's collective_rpc, so that every rank agrees before any
+weight changes:
 1. check: each rank compares the new checkpoint with the one it runs
    (architecture, config.json, every tensor's name, dtype and shape) and
    attaches to the daemon serving it, holding the lease. A refusal or,
@@ -73,28 +75,62 @@ class Switched:
 
 def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
            fallback: bool = True, connect_timeout_s: float = 5.0) -> list[Switched]:
-    """Switch the running engine of llm (vllm.LLM) to checkpoint model (a
+    """Switch the running engine of llm (vllm.LLM, started with
+    worker_extension_cls=WORKER_EXTENSION) to checkpoint model (a
     directory or hub id, at revision) in place; returns one Switched per
     rank. socket_dir is where the daemon serving model listens (default:
     the default socket directory). Raises SwitchRefused when any rank
     refuses, or misses with fallback off (nothing changed), or
     SwitchFailed (undone)."""
     args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s)
-    refusals = [why for why in llm.collective_rpc(_check, args=args) if why]
+    try:
+        checks = llm.collective_rpc("weightcache_switch_check", args=args)
+    except Exception as e:
+        if "weightcache_switch_check" not in str(e):
+            raise
+        raise SwitchRefused(f"this engine's workers cannot switch: start it with worker_extension_cls="
+                            f"{WORKER_EXTENSION!r} (vllm serve: --worker-extension-cls {WORKER_EXTENSION})") from e
+    refusals = [why for why in checks if why]
     if refusals:
-        llm.collective_rpc(_let_go)
+        llm.collective_rpc("weightcache_switch_let_go")
         raise SwitchRefused("; ".join(refusals))
     try:
-        done: list[Switched] = llm.collective_rpc(_load)
-        llm.collective_rpc(_let_go)
+        done = [Switched(**d) for d in llm.collective_rpc("weightcache_switch_load")]
+        llm.collective_rpc("weightcache_switch_let_go")
     except Exception as e:
-        undone = llm.collective_rpc(_undo)
+        undone = llm.collective_rpc("weightcache_switch_undo")
         bad = [u for u in undone if u]
         raise SwitchFailed(f"switch to {model} failed and was undone on every rank: {type(e).__name__}: {e}"
                            + (f"; but {'; '.join(bad)}" if bad else "")) from e
     finally:
         llm.reset_prefix_cache()
     return done
+
+
+WORKER_EXTENSION = "weightcache.vllm.WorkerExtension"
+
+
+class WorkerExtension:
+    """The worker methods switch() calls by name through collective_rpc
+    (a name crosses vLLM's process boundaries where a function would need
+    VLLM_ALLOW_INSECURE_SERIALIZATION): LLM(..., worker_extension_cls=
+    "weightcache.vllm.WorkerExtension"), or --worker-extension-cls, where
+    an API server's /collective_rpc (VLLM_SERVER_DEV_MODE) can call them
+    in the order switch() does. vLLM makes this class a base of its
+    worker; an extension of your own can subclass it."""
+
+    def weightcache_switch_check(self, model: str, revision: str, socket_dir: str, fallback: bool,
+                                 connect_timeout_s: float) -> str:
+        return _check(self, model, revision, socket_dir, fallback, connect_timeout_s)
+
+    def weightcache_switch_load(self) -> dict[str, Any]:
+        return dataclasses.asdict(_load(self))
+
+    def weightcache_switch_undo(self) -> str:
+        return _undo(self)
+
+    def weightcache_switch_let_go(self) -> None:
+        _let_go(self)
 
 
 @dataclasses.dataclass
