@@ -4,9 +4,11 @@ loaded machine can exceed on a correct run: a wait fails when the process
 exits first or has printed nothing for QUIET_S seconds, and says what it
 waited for with the process's last output."""
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 # vLLM logs each step of an engine start at INFO (VLLM_LOGGING_LEVEL is
@@ -71,3 +73,17 @@ class Logged:
             pass
         self.proc.wait()
         self._log.close()
+
+
+def run_script(script, env, log, name, what):
+    """Runs the Python script (which prints its findings as one line
+    "RESULT <json>") in a process of its own until it exits, as Logged
+    waits; returns the findings, or fails with its output."""
+    p = Logged([sys.executable, str(script)], env, log, name)
+    try:
+        rc = p.wait(what)
+    finally:
+        p.kill()
+    lines = [ln for ln in p.output().splitlines() if ln.startswith("RESULT ")]
+    assert rc == 0 and lines, p.output()[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])

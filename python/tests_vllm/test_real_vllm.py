@@ -20,7 +20,7 @@ import torch
 import engines
 from conftest import die_with_test, status, wait_for
 from engines import fallback_lines, run
-from procs import Logged
+from procs import Logged, run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _baseline = {}
@@ -101,14 +101,7 @@ def test_tier1_two_ranks_as_vllm_spawns_them(llama, daemon, sock_dir, wc_bin, tm
     """))
     # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
-    p = Logged([sys.executable, str(script)], env, tmp_path / "tp2.log", "tp2.py (two engines at TP 2)")
-    try:
-        rc = p.wait("both engines to start, generate and stop")
-    finally:
-        p.kill()
-    lines = [ln for ln in p.output().splitlines() if ln.startswith("RESULT ")]
-    assert rc == 0 and lines, p.output()[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_script(script, env, tmp_path / "tp2.log", "tp2.py (two engines at TP 2)", "both engines to start, generate and stop")
     assert out["weightcache"] == out["auto"]
     assert status(wc_bin, sock_dir)[0]["handshakes"] == {"hit": 2}  # one per rank
 

@@ -4,12 +4,10 @@ reading no weight from disk, generating what a fresh engine of that
 version generates, and back; refusals and a failed load leave the engine
 serving the version it ran."""
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -18,7 +16,7 @@ import pytest
 import engines
 import models
 from conftest import die_with_test
-from procs import Logged
+from procs import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -201,14 +199,8 @@ def test_two_ranks_switch_together(versions, tmp_path):
     """))
     # One core per rank: vLLM's automatic binding wants a NUMA node per rank.
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
-    p = Logged([sys.executable, str(script)], env, tmp_path / "tp2.log", "tp2.py (a TP 2 engine switched and back)")
-    try:
-        rc = p.wait("the engines to start, switch, generate and stop")
-    finally:
-        p.kill()
-    lines = [ln for ln in p.output().splitlines() if ln.startswith("RESULT ")]
-    assert rc == 0 and lines, p.output()[-4000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = run_script(script, env, tmp_path / "tp2.log", "tp2.py (a TP 2 engine switched and back)",
+                     "the engines to start, switch, generate and stop")
     assert out["to_v2"] == ["hit", "hit"] and out["to_v1"] == ["hit", "hit"]
     assert out["v2"] == out["want_v2"]
     assert out["v1_again"] == out["v1"]
