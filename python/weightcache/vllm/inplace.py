@@ -98,10 +98,11 @@ def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Opt
         done = [Switched(**d) for d in llm.collective_rpc("weightcache_switch_load")]
         llm.collective_rpc("weightcache_switch_let_go")
     except Exception as e:
-        undone = llm.collective_rpc("weightcache_switch_undo")
-        bad = [u for u in undone if u]
-        raise SwitchFailed(f"switch to {model} failed and was undone on every rank: {type(e).__name__}: {e}"
-                           + (f"; but {'; '.join(bad)}" if bad else "")) from e
+        bad = [u for u in llm.collective_rpc("weightcache_switch_undo") if u]
+        if bad:
+            raise SwitchFailed(f"switch to {model} failed: {type(e).__name__}: {e}; and could not be undone: "
+                               f"{'; '.join(bad)}: restart the engine") from e
+        raise SwitchFailed(f"switch to {model} failed and was undone on every rank: {type(e).__name__}: {e}") from e
     finally:
         llm.reset_prefix_cache()
     return done
