@@ -202,25 +202,25 @@ def _load(worker: Any) -> Switched:
     p: Optional[_Pending] = getattr(worker, "_weightcache_switch", None)
     if p is None:
         raise RuntimeError(f"rank {_rank(worker)}: no checked switch to load")
-    started = time.monotonic()
-    runner, mc = worker.model_runner, worker.vllm_config.model_config
+    started, runner, w = time.monotonic(), worker.model_runner, p.weights
     try:
-        if p.weights is not None:
-            w = p.weights
-            nbytes = sum(t.numel() * t.element_size() for t in w.values())
+        if w is not None:
+            tensors, nbytes = len(w), sum(t.numel() * t.element_size() for t in w.values())
             runner.reload_weights(weights_iterator=w.items(), is_checkpoint_format=True)
             w.confirm()
-            _run(worker, p.new.dir, p.socket_dir)
-            log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s", len(w), nbytes / (1 << 20),
-                     time.monotonic() - started, p.new.dir)
-            return Switched(_rank(worker), p.new.dir, "hit", "", time.monotonic() - started, nbytes)
-        log.warning("weightcache: switch: fallback: %s; loading %s from disk", p.reason, p.new.dir)
-        runner.reload_weights(weights_path=p.new.dir, is_checkpoint_format=True)
+        else:
+            log.warning("weightcache: switch: fallback: %s; loading %s from disk", p.reason, p.new.dir)
+            tensors, nbytes = 0, 0
+            runner.reload_weights(weights_path=p.new.dir, is_checkpoint_format=True)
         _run(worker, p.new.dir, p.socket_dir)
-        return Switched(_rank(worker), p.new.dir, "fallback", p.reason, time.monotonic() - started, 0)
     finally:
-        if p.weights is not None:
-            p.weights.close()
+        if w is not None:
+            w.close()
+    seconds = time.monotonic() - started
+    if w is not None:
+        log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s", tensors, nbytes / (1 << 20),
+                 seconds, p.new.dir)
+    return Switched(_rank(worker), p.new.dir, "hit" if w is not None else "fallback", p.reason, seconds, nbytes)
 
 
 def _undo(worker: Any) -> str:
