@@ -45,6 +45,10 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 	if err != nil {
 		return nil, err
 	}
+	managedDir := ""
+	if sub, managed := sockets.ModelDir(o.socketDir, dir); managed {
+		managedDir, o.socketDir = o.socketDir, sub
+	}
 	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)
 	if src.Reason == reasonRehash {
 		full, err := checkpoint.QuickFingerprint(req)
@@ -63,6 +67,9 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 		return w, nil
 	}
 	src.Fix = fix(src, model, o.socketDir, sockets.DefaultDir())
+	if managedDir != "" && src.Reason == ReasonNoDaemon {
+		src.Fix = fmt.Sprintf("weightcache serve manages %s and does not hold this model: run `weightcache load --model %s --socket-dir %s`", managedDir, model, managedDir)
+	}
 	if !o.fallback {
 		return nil, &MissError{Source: src}
 	}

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/models"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/sockets"
 )
@@ -26,6 +28,9 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if _, err := os.Stat(sockets.ServePath(*socketDir)); err == nil {
+		return managedStatus(ctx, e, *socketDir, *asJSON)
 	}
 	daemons, err := client.Status(ctx, *socketDir)
 	if err != nil {
@@ -55,6 +60,61 @@ func runStatus(ctx context.Context, e env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// managedStatus shows a directory weightcache serve manages: its models,
+// then every model's ranks.
+func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
+	rep, err := models.Ask(ctx, dir, models.Request{Op: "list"})
+	if err != nil {
+		return err
+	}
+	var daemons []client.DaemonStatus
+	for _, mo := range rep.Models {
+		ds, err := client.Status(ctx, mo.SocketDir)
+		if err != nil {
+			return err
+		}
+		daemons = append(daemons, ds...)
+	}
+	if asJSON {
+		if daemons == nil {
+			daemons = []client.DaemonStatus{}
+		}
+		return json.NewEncoder(e.stdout).Encode(map[string]any{"budget": rep.Budget, "loads": rep.Loads, "evictions": rep.Evictions,
+			"models": rep.Models, "daemons": daemons})
+	}
+	budget := "none"
+	if rep.Budget > 0 {
+		budget = humanBytes(rep.Budget) + " on each device"
+	}
+	var held int64
+	for _, mo := range rep.Models {
+		held += mo.Bytes
+	}
+	fmt.Fprintf(e.stdout, "weightcache serve in %s: %d models, %s held, budget %s; %d loads, %d evictions\n",
+		dir, len(rep.Models), humanBytes(held), budget, rep.Loads, rep.Evictions)
+	if len(rep.Models) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tREVISION\tDTYPE\tSTATE\tBYTES\tTENSORS\tLEASES\tLAST USED\tKEY")
+	for _, mo := range rep.Models {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, or(mo.Revision, "-"), mo.DType, mo.State,
+			humanBytes(mo.Bytes), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout)
+	return writeStatusTable(e.stdout, daemons)
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // writeStatusTable writes one row per daemon.

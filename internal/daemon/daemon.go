@@ -95,8 +95,11 @@ type Daemon struct {
 	handshakes map[string]int64
 	mismatches map[string]int64
 	releases   int64
-	queuedFDs  int         // sent in each connection's last reply, not known to be read
-	peerFDs    map[int]int // queuedFDs by peer pid
+	// lastUsed is when an engine last took or ended a lease or a copy:
+	// what a serve managing several models evicts by.
+	lastUsed  time.Time
+	queuedFDs int         // sent in each connection's last reply, not known to be read
+	peerFDs   map[int]int // queuedFDs by peer pid
 	// unread are connections ended with their last reply unread: kept
 	// open, serving nothing, so that its descriptors, which stay in
 	// flight in the peer's socket, count until it reads or closes.
@@ -289,6 +292,7 @@ func (d *Daemon) Stats() protocol.Stats {
 		Handshakes:     copyMap(d.handshakes),
 		Mismatches:     copyMap(d.mismatches),
 		Releases:       d.releases,
+		LastUsed:       d.lastUsed,
 		Plan:           d.cfg.PlanReport,
 	}
 	st.LeaseLimit, _ = d.limits.leaseTable()
@@ -356,6 +360,7 @@ func (d *Daemon) takeLease(s *session) *protocol.Error {
 	}
 	s.leased = true
 	d.leases++
+	d.lastUsed = time.Now()
 	d.peerLeases[s.pid]++
 	return nil
 }
@@ -409,6 +414,7 @@ func (d *Daemon) dropLease(s *session) bool {
 	s.leased = false
 	d.mu.Lock()
 	d.leases--
+	d.lastUsed = time.Now()
 	if d.peerLeases[s.pid]--; d.peerLeases[s.pid] <= 0 {
 		delete(d.peerLeases, s.pid)
 	}

@@ -1,6 +1,10 @@
 package protocol
 
-import "github.com/weightcache/weightcache/internal/checkpoint"
+import (
+	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+)
 
 // Message types. Requests come from clients; every request gets exactly one
 // reply, or an "error" frame.
@@ -190,7 +194,10 @@ type Stats struct {
 	Handshakes    map[string]int64 `json:"handshakes"`
 	Mismatches    map[string]int64 `json:"mismatches"`
 	Releases      int64            `json:"releases"`
-	Plan          *PlanReport      `json:"plan,omitempty"` // tensor-parallel ranks only
+	// LastUsed is when an engine last took or ended a lease, or took a
+	// copy; zero if none has yet.
+	LastUsed time.Time   `json:"last_used,omitzero"`
+	Plan     *PlanReport `json:"plan,omitempty"` // tensor-parallel ranks only
 	// Artifacts are the compile artifact sets held in the socket
 	// directory's store (shared by a preload's ranks), most recently used
 	// first; each one's Hits are this daemon's.

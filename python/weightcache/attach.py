@@ -292,6 +292,10 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
     # A hit needs config.json and the files' stat identity; headers are
     # hashed only when the files are not the daemon's.
     fp, directory = identity.light_fingerprint(req)
+    managed_dir = ""
+    sub, managed = protocol.model_dir(socket_dir or protocol.default_socket_dir(), directory)
+    if managed:
+        managed_dir, socket_dir = socket_dir or protocol.default_socket_dir(), sub
     rank_miss = None
     if device is None:
         # An engine that names no device attaches to its ranks' daemon.
@@ -322,6 +326,9 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
     if weights is None or not info.hit:
         info.fix = source.fix_for(info, os.fspath(model), socket_dir or protocol.default_socket_dir(),
                                   protocol.default_socket_dir())
+        if managed_dir and info.reason == source.NO_DAEMON:
+            info.fix = (f"weightcache serve manages {managed_dir} and does not hold this model: "
+                        f"run `weightcache load --model {os.fspath(model)} --socket-dir {managed_dir}`")
         if not fallback:
             raise MissError(info)
         ckpt = resolve(model, revision)

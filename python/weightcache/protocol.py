@@ -99,6 +99,23 @@ def _join(directory: str, name: str) -> str:
     return "/" + p.lstrip("/") if p.startswith("//") else p
 
 
+def serve_path(directory: str) -> str:
+    """The control socket of the weightcache serve managing directory (Go's sockets.ServePath)."""
+    return _join(directory, "serve.ctl")
+
+
+def model_dir(directory: str, checkpoint_dir: str) -> tuple[str, bool]:
+    """The socket directory of the checkpoint in checkpoint_dir when a
+    weightcache serve manages directory (managed True), else directory
+    itself: one stat, however many models are resident (Go's
+    sockets.ModelDir; the key is a hash of the checkpoint's real path)."""
+    models = _join(directory, "models")
+    if not os.path.isdir(models):
+        return directory, False
+    key = hashlib.sha256(os.path.realpath(checkpoint_dir).encode()).hexdigest()[:12]
+    return _join(models, key), True
+
+
 def socket_path(directory: str, group: str, device: str) -> str:
     """The socket of one daemon group on one device, as Go's sockets.Path names it."""
     p = _join(directory, f"{group}-{_sanitize(device)}.sock")

@@ -1,0 +1,37 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/weightcache/weightcache/internal/models"
+)
+
+func init() {
+	register(command{name: "drop", summary: "free a model weightcache serve holds", run: runDrop,
+		usage: "drop --model M [--revision R] [--force]", fallbackGroup: "serving",
+		examples: []string{"weightcache drop --model /models/llama-8b-v1"}})
+}
+
+func runDrop(ctx context.Context, e env, args []string) error {
+	var c controlFlags
+	fs := newFlags("drop", e)
+	c.register(fs)
+	force := fs.Bool("force", false, "drop a model engines hold leases on: they get the drain timeout")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if c.spec.Model == "" {
+		return usageErrorf("--model is required")
+	}
+	rep, err := models.Ask(ctx, c.socketDir, models.Request{Op: "drop", Spec: c.spec, Force: *force})
+	if err != nil {
+		return err
+	}
+	if c.asJSON {
+		return json.NewEncoder(e.stdout).Encode(rep.Dropped)
+	}
+	fmt.Fprintf(e.stdout, "dropped %s: %s freed on each device\n", c.spec.Model, humanBytes(rep.Dropped.Bytes))
+	return nil
+}

@@ -1,0 +1,71 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/weightcache/weightcache/internal/models"
+	"github.com/weightcache/weightcache/internal/sockets"
+)
+
+func init() {
+	register(command{name: "load", summary: "make a model resident in a socket directory weightcache serve manages", run: runLoad,
+		usage: "load --model M [--revision R] [flags]", fallbackGroup: "serving",
+		examples: []string{
+			"weightcache load --model /models/llama-8b-v2",
+			"weightcache load --model Qwen/Qwen3-8B --revision main --dtype bfloat16",
+		}})
+}
+
+// controlFlags are what load and drop share: which model, which serve.
+type controlFlags struct {
+	spec      models.Spec
+	socketDir string
+	asJSON    bool
+}
+
+func (c *controlFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+	BoolVar(*bool, string, bool, string)
+}) {
+	fs.StringVar(&c.spec.Model, "model", "", "checkpoint directory or hub model id (required)")
+	fs.StringVar(&c.spec.Revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
+	fs.StringVar(&c.socketDir, "socket-dir", sockets.DefaultDir(), "the socket directory weightcache serve manages")
+	fs.BoolVar(&c.asJSON, "json", false, "print the reply as one JSON line")
+}
+
+func runLoad(ctx context.Context, e env, args []string) error {
+	var c controlFlags
+	fs := newFlags("load", e)
+	c.register(fs)
+	fs.StringVar(&c.spec.DType, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one, as preload's --dtype")
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if c.spec.Model == "" {
+		return usageErrorf("--model is required")
+	}
+	rep, err := models.Ask(ctx, c.socketDir, models.Request{Op: "load", Spec: c.spec})
+	if err != nil {
+		if errors.Is(err, models.ErrNoRoom) {
+			return &exitError{code: exitFail, err: err}
+		}
+		return err
+	}
+	l := rep.Loaded
+	if c.asJSON {
+		return json.NewEncoder(e.stdout).Encode(l)
+	}
+	for _, v := range l.Evicted {
+		fmt.Fprintf(e.stdout, "evicted %s (least recently used, no lease)\n", v)
+	}
+	what := "loaded"
+	if l.Already {
+		what = "already resident"
+	}
+	fmt.Fprintf(e.stdout, "%s %s: %d tensors, %s on each device, in %.2f s; engines attach with --socket-dir %s\n",
+		what, c.spec.Model, l.Tensors, humanBytes(l.Bytes), l.LoadSeconds, c.socketDir)
+	return nil
+}

@@ -1,0 +1,152 @@
+package commands
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/models"
+)
+
+// startServe runs weightcache serve and waits for its serving line.
+func startServe(t *testing.T, args ...string) *preloadProc {
+	t.Helper()
+	p := startPreloadCmd(t, false, wc(append([]string{"serve"}, args...)...))
+	p.ready = p.event(t, "serving")
+	return p
+}
+
+// engine attaches model through the managed directory dir, as an engine
+// does, with fallback off: a hit or the test fails.
+func engine(t *testing.T, model, dir string) *client.Weights {
+	t.Helper()
+	w, err := client.Attach(context.Background(), model, client.WithSocketDir(dir), client.WithFallback(false),
+		client.WithConnectTimeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("attach %s in %s: %v", model, dir, err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func listModels(t *testing.T, dir string) map[string]models.Status {
+	t.Helper()
+	out, errOut, code := runWC(t, "status", "--socket-dir", dir, "--json")
+	if code != 0 {
+		t.Fatalf("status: exit %d: %s", code, errOut)
+	}
+	var st struct {
+		Models  []models.Status       `json:"models"`
+		Daemons []client.DaemonStatus `json:"daemons"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", out, err)
+	}
+	if len(st.Daemons) != len(st.Models) {
+		t.Fatalf("status: %d models and %d rank daemons, want one each", len(st.Models), len(st.Daemons))
+	}
+	m := map[string]models.Status{}
+	for _, mo := range st.Models {
+		m[mo.Model] = mo
+	}
+	return m
+}
+
+func names(m map[string]models.Status) string {
+	var s []string
+	for _, mo := range m {
+		s = append(s, filepath.Base(filepath.Dir(mo.Model)))
+	}
+	return strings.Join(s, ",")
+}
+
+// Several models under one budget: two engines served two models at once,
+// byte for byte; a load that needs room evicts the least recently used
+// model without a lease and never a leased one; a load that cannot fit,
+// and a drop of a leased model, are refused with the reason, and nothing
+// resident changes.
+func TestServeSeveralModelsUnderABudget(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	ckpt := map[string]string{}
+	for _, n := range []string{"a", "b", "c"} {
+		ckpt[n] = filepath.Join(root, n, "model")
+		if err := checkpoint.Synth(ckpt[n], "tiny", 2, "bf16"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := sockDir(t)
+	// A tiny model holds 1.2 MiB: the budget holds two, not three.
+	startServe(t, "--socket-dir", dir, "--memory-budget", "3MiB", "--devices", "host", "--model", ckpt["a"])
+	if _, errOut, code := runWC(t, "load", "--socket-dir", dir, "--model", ckpt["b"]); code != 0 {
+		t.Fatalf("load b: exit %d: %s", code, errOut)
+	}
+	if got := listModels(t, dir); len(got) != 2 {
+		t.Fatalf("resident: %s, want a and b", names(got))
+	}
+
+	// Two engines, two models, at once.
+	wa, wb := engine(t, ckpt["a"], dir), engine(t, ckpt["b"], dir)
+	sameAsDisk(t, wa, ckpt["a"])
+	sameAsDisk(t, wb, ckpt["b"])
+	if st := listModels(t, dir); st[ckpt["a"]].Leases != 1 || st[ckpt["b"]].Leases != 1 {
+		t.Fatalf("leases a %d, b %d; want 1 each", st[ckpt["a"]].Leases, st[ckpt["b"]].Leases)
+	}
+
+	// b's engine goes: b is the only model without a lease, though a was
+	// loaded first and used before it.
+	wb.Close()
+	waitFor(t, "b's lease to end", func() bool { return listModels(t, dir)[ckpt["b"]].Leases == 0 })
+	out, errOut, code := runWC(t, "load", "--socket-dir", dir, "--model", ckpt["c"], "--json")
+	if code != 0 {
+		t.Fatalf("load c: exit %d: %s", code, errOut)
+	}
+	var l models.Loaded
+	if err := json.Unmarshal([]byte(out), &l); err != nil || len(l.Evicted) != 1 || l.Evicted[0] != ckpt["b"] {
+		t.Fatalf("load c printed %q (%v); want b evicted", out, err)
+	}
+	st := listModels(t, dir)
+	if _, ok := st[ckpt["b"]]; ok || len(st) != 2 {
+		t.Fatalf("resident after loading c: %s, want a and c", names(st))
+	}
+	sameAsDisk(t, wa, ckpt["a"]) // the leased model's memory is untouched
+
+	// The evicted model is a miss that says how to get it back.
+	_, err := client.Attach(context.Background(), ckpt["b"], client.WithSocketDir(dir), client.WithFallback(false))
+	var miss *client.MissError
+	if !errors.As(err, &miss) || miss.Source.Reason != client.ReasonNoDaemon || !strings.Contains(miss.Source.Fix, "weightcache load --model "+ckpt["b"]) {
+		t.Fatalf("attach of the evicted model: %v; want no_daemon naming weightcache load", err)
+	}
+
+	// Both resident models leased: b cannot fit, and the refusal names
+	// what holds the memory.
+	wcc := engine(t, ckpt["c"], dir)
+	_, errOut, code = runWC(t, "load", "--socket-dir", dir, "--model", ckpt["b"])
+	if code != exitFail || !strings.Contains(errOut, "does not fit the memory budget") || !strings.Contains(errOut, ckpt["a"]+" (1.2 MiB, 1 leases)") {
+		t.Fatalf("load b with a and c leased: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code = runWC(t, "drop", "--socket-dir", dir, "--model", ckpt["a"]); code == 0 || !strings.Contains(errOut, "has 1 leases") {
+		t.Fatalf("drop of leased a: exit %d: %s", code, errOut)
+	}
+	if st := listModels(t, dir); len(st) != 2 {
+		t.Fatalf("refusals changed what is resident: %s", names(st))
+	}
+	sameAsDisk(t, wcc, ckpt["c"])
+
+	// a's engine goes; a can be dropped, and b fits again.
+	wa.Close()
+	waitFor(t, "a's lease to end", func() bool { return listModels(t, dir)[ckpt["a"]].Leases == 0 })
+	if _, errOut, code = runWC(t, "drop", "--socket-dir", dir, "--model", ckpt["a"]); code != 0 {
+		t.Fatalf("drop a: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code = runWC(t, "load", "--socket-dir", dir, "--model", ckpt["b"]); code != 0 {
+		t.Fatalf("load b after dropping a: exit %d: %s", code, errOut)
+	}
+	sameAsDisk(t, engine(t, ckpt["b"], dir), ckpt["b"])
+}

@@ -1,0 +1,81 @@
+// Package models is `weightcache serve`: several models resident on the
+// same devices under one memory budget per device, each served by a
+// preload of its own in its own socket directory below the managed one
+// (sockets.ModelDir), loaded and dropped at run time, the least recently
+// used model without a lease evicted when a load needs its room.
+package models
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrNoRoom is wrapped by a load the budget cannot hold even with every
+// model without a lease evicted.
+var ErrNoRoom = errors.New("does not fit the memory budget")
+
+// Resident is what eviction needs of a resident model.
+type Resident struct {
+	Key      string
+	Name     string
+	Bytes    int64 // on each device
+	Leases   int
+	LastUsed time.Time // its last lease or copy, else when it was loaded
+}
+
+// Evict chooses the models to drop so that need more bytes fit budget on
+// each device: those without a lease, least recently used first, and no
+// more than needed. A budget of 0 is none. When even all of them would not
+// make room the error names what holds the memory.
+func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
+	if budget <= 0 {
+		return nil, nil
+	}
+	var held int64
+	for _, r := range resident {
+		held += r.Bytes
+	}
+	if held+need <= budget {
+		return nil, nil
+	}
+	idle := slices.DeleteFunc(slices.Clone(resident), func(r Resident) bool { return r.Leases > 0 })
+	slices.SortStableFunc(idle, func(a, b Resident) int { return a.LastUsed.Compare(b.LastUsed) })
+	var out []Resident
+	for _, r := range idle {
+		if held+need <= budget {
+			break
+		}
+		out = append(out, r)
+		held -= r.Bytes
+	}
+	if held+need <= budget {
+		return out, nil
+	}
+	if need > budget {
+		return nil, fmt.Errorf("%w: it needs %s on each device, the budget is %s", ErrNoRoom, size(need), size(budget))
+	}
+	var holders []string
+	for _, r := range resident {
+		if r.Leases > 0 {
+			holders = append(holders, fmt.Sprintf("%s (%s, %d leases)", r.Name, size(r.Bytes), r.Leases))
+		}
+	}
+	return nil, fmt.Errorf("%w: it needs %s on each device, and with every model without a lease evicted %s of the %s budget would be free; leased models are never evicted: %s",
+		ErrNoRoom, size(need), size(max(budget-held, 0)), size(budget), strings.Join(holders, ", "))
+}
+
+// size is n in the binary unit that keeps it readable.
+func size(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,55 @@
+package models
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEvictLeastRecentlyUsedWithoutLease(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	res := []Resident{
+		{Key: "a", Name: "a", Bytes: 40, Leases: 2, LastUsed: at(0)}, // oldest, but leased
+		{Key: "b", Name: "b", Bytes: 30, LastUsed: at(5)},
+		{Key: "c", Name: "c", Bytes: 20, LastUsed: at(1)},
+		{Key: "d", Name: "d", Bytes: 10, LastUsed: at(9)},
+	}
+	for _, tc := range []struct {
+		name   string
+		budget int64
+		need   int64
+		want   string // keys evicted, in order
+		err    string // what the refusal names
+	}{
+		{"no budget", 0, 1000, "", ""},
+		{"fits", 110, 10, "", ""},
+		{"fits exactly", 100, 0, "", ""},
+		{"one, the least recently used", 100, 15, "c", ""},
+		{"no more than needed", 100, 30, "cb", ""},
+		{"every one without a lease", 100, 60, "cbd", ""},
+		{"the leased one stays", 100, 61, "", "a (40 B, 2 leases)"},
+		{"over the whole budget", 100, 101, "", "the budget is 100 B"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Evict(tc.budget, res, tc.need)
+			if tc.err != "" {
+				if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), tc.err) || got != nil {
+					t.Fatalf("got %v, %v; want a refusal naming %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := ""
+			for _, r := range got {
+				keys += r.Key
+			}
+			if keys != tc.want {
+				t.Fatalf("evicted %q, want %q", keys, tc.want)
+			}
+		})
+	}
+}

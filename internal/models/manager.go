@@ -1,0 +1,449 @@
+package models
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/launcher"
+	"github.com/weightcache/weightcache/internal/plan"
+	"github.com/weightcache/weightcache/internal/sockets"
+	"github.com/weightcache/weightcache/internal/status"
+)
+
+// Config describes one serve.
+type Config struct {
+	SocketDir string
+	Budget    int64  // bytes on each device; 0: none
+	Devices   string // as preload's --devices; "" is preload's default
+	TPSize    int
+	// Exe is the weightcache binary each model's preload runs.
+	Exe string
+	// PreloadArgs go to every preload after the model's own flags.
+	PreloadArgs []string
+	// StopTimeout bounds a preload's exit after SIGTERM (its drain
+	// timeout and a margin), after which it is killed.
+	StopTimeout time.Duration
+	Stderr      io.Writer
+	Logger      *slog.Logger
+}
+
+// Spec names a model to load or drop.
+type Spec struct {
+	Model    string `json:"model"`
+	Revision string `json:"revision,omitempty"`
+	DType    string `json:"dtype,omitempty"` // as preload's --dtype; "" is auto
+}
+
+// Status is a resident model as List reports it.
+type Status struct {
+	Spec
+	Key        string `json:"key"`
+	Checkpoint string `json:"checkpoint"`
+	SocketDir  string `json:"socket_dir"`
+	// Bytes is what it holds on each device: its largest rank's.
+	Bytes       int64     `json:"bytes"`
+	Tensors     int       `json:"tensors"`
+	Leases      int       `json:"leases"`
+	LastUsed    time.Time `json:"last_used"`
+	LoadedAt    time.Time `json:"loaded_at"`
+	LoadSeconds float64   `json:"load_seconds"`
+	PID         int       `json:"pid"`
+	State       string    `json:"state"` // ready; or a rank's state when one is not
+	Error       string    `json:"error,omitempty"`
+}
+
+// Loaded is the reply to a load.
+type Loaded struct {
+	Status
+	Already bool     `json:"already,omitempty"` // it was resident: nothing was read
+	Evicted []string `json:"evicted,omitempty"`
+}
+
+// Manager runs the preloads of a managed socket directory.
+type Manager struct {
+	cfg Config
+	// decide makes one load or drop at a time: a budget decision holds
+	// until its preload is ready or gone.
+	decide sync.Mutex
+	mu     sync.Mutex
+	models map[string]*entry // by key
+	loads  int64
+	evicts int64
+}
+
+type entry struct {
+	Status
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the preload has exited and been reaped
+}
+
+// New prepares the managed directory: the socket directory itself, and
+// its models directory, emptied of what a serve before this one left.
+func New(cfg Config) (*Manager, error) {
+	if err := sockets.EnsureDir(cfg.SocketDir); err != nil {
+		return nil, err
+	}
+	md := sockets.ModelsDir(cfg.SocketDir)
+	if err := os.RemoveAll(md); err != nil {
+		return nil, fmt.Errorf("models directory %s: %w", md, err)
+	}
+	if err := os.Mkdir(md, 0o700); err != nil {
+		return nil, fmt.Errorf("models directory %s: %w", md, err)
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	return &Manager{cfg: cfg, models: map[string]*entry{}}, nil
+}
+
+// Load makes spec resident: at once if it is, else by a preload of its
+// own, after evicting what the budget needs.
+func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
+	spec.DType = or(spec.DType, "auto")
+	ckpt, err := checkpoint.Resolve(spec.Model, spec.Revision)
+	if err != nil {
+		return nil, err
+	}
+	served, err := ckpt.ServedDType(spec.DType)
+	if err != nil {
+		return nil, fmt.Errorf("--dtype %q for %s: %w", spec.DType, spec.Model, err)
+	}
+	need, err := perDevice(ckpt, served, max(m.cfg.TPSize, 1))
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", spec.Model, err)
+	}
+	key := sockets.ModelKey(ckpt.Dir)
+	m.decide.Lock()
+	defer m.decide.Unlock()
+	if e := m.get(key); e != nil {
+		if e.DType != spec.DType {
+			return nil, fmt.Errorf("model %s is resident with --dtype %q: drop it before loading it with %q", spec.Model, e.DType, spec.DType)
+		}
+		cur := m.describe(ctx, e)
+		return &Loaded{Status: cur, Already: true}, nil
+	}
+	all := m.List(ctx)
+	rs := make([]Resident, len(all))
+	for i, mo := range all {
+		rs[i] = Resident{Key: mo.Key, Name: mo.name(), Bytes: mo.Bytes, Leases: mo.Leases, LastUsed: mo.LastUsed}
+		if mo.State == "unreachable" {
+			rs[i].Leases = max(rs[i].Leases, 1) // unknown: never evicted
+		}
+	}
+	victims, err := Evict(m.cfg.Budget, rs, need)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", spec.Model, err)
+	}
+	out := &Loaded{}
+	for _, v := range victims {
+		e := m.get(v.Key)
+		if e == nil {
+			continue
+		}
+		m.cfg.Logger.Info("evicting the least recently used model without a lease", "model", v.Name, "bytes", v.Bytes, "last_used", v.LastUsed, "for", spec.Model)
+		if err := m.stop(e); err != nil {
+			return nil, fmt.Errorf("load %s: evicting %s: %w", spec.Model, v.Name, err)
+		}
+		m.mu.Lock()
+		m.evicts++
+		m.mu.Unlock()
+		out.Evicted = append(out.Evicted, v.Name)
+	}
+	e, err := m.start(ctx, spec, ckpt.Dir, key)
+	if err != nil {
+		return nil, err
+	}
+	out.Status = m.describe(ctx, e)
+	return out, nil
+}
+
+// perDevice is what the model holds on the device of its largest rank,
+// each tensor at its 256-byte-aligned size as the segments place it.
+func perDevice(c *checkpoint.Checkpoint, served string, tp int) (int64, error) {
+	ts, err := c.ServedTensors(served)
+	if err != nil {
+		return 0, err
+	}
+	var p *plan.Plan
+	var pm plan.Model
+	if tp > 1 {
+		if p, err = plan.ForArchitecture(c.Architecture); err != nil {
+			return 0, err
+		}
+		if pm, err = plan.ReadModel(c.Dir); err != nil {
+			return 0, err
+		}
+	}
+	var most int64
+	for rank := range tp {
+		var n int64
+		for _, t := range ts {
+			b := t.NBytes
+			if p != nil {
+				sl, err := p.SliceFor(t.Tensor.Name, t.Tensor.Shape, pm, tp, rank)
+				if err != nil {
+					return 0, err
+				}
+				if !sl.Whole() && t.Tensor.Shape[sl.Dim] > 0 {
+					b = b / t.Tensor.Shape[sl.Dim] * sl.Len
+				}
+			}
+			n += (b + 255) &^ 255
+		}
+		most = max(most, n)
+	}
+	return most, nil
+}
+
+func (m *Manager) get(key string) *entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.models[key]
+}
+
+// name is the model as the operator named it, with its revision.
+func (s *Status) name() string {
+	if s.Revision != "" {
+		return s.Model + "@" + s.Revision
+	}
+	return s.Model
+}
+
+// start runs the model's preload in its own socket directory and waits for
+// its ready line.
+func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string) (*entry, error) {
+	dir := filepath.Join(sockets.ModelsDir(m.cfg.SocketDir), key)
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("socket directory of %s: %w", spec.Model, err)
+	}
+	args := []string{"preload", "--model", spec.Model, "--socket-dir", dir, "--dtype", spec.DType,
+		"--tensor-parallel-size", strconv.Itoa(max(m.cfg.TPSize, 1))}
+	if spec.Revision != "" {
+		args = append(args, "--revision", spec.Revision)
+	}
+	if m.cfg.Devices != "" {
+		args = append(args, "--devices", m.cfg.Devices)
+	}
+	args = append(args, m.cfg.PreloadArgs...)
+	cmd := exec.Command(m.cfg.Exe, args...)
+	cmd.SysProcAttr = childAttr()
+	var tail tailBuffer
+	cmd.Stderr = io.MultiWriter(m.cfg.Stderr, &tail)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the preload of %s: %w", spec.Model, err)
+	}
+	e := &entry{cmd: cmd, exited: make(chan struct{})}
+	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID = spec, key, ckptDir, dir, cmd.Process.Pid
+	readyCh := make(chan launcher.ReadyLine, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		ready := false
+		for sc.Scan() {
+			var rl launcher.ReadyLine
+			if !ready && json.Unmarshal(sc.Bytes(), &rl) == nil && rl.Event == "ready" {
+				ready = true
+				readyCh <- rl
+				continue
+			}
+			m.cfg.Logger.Info("preload", "model", spec.Model, "line", sc.Text())
+		}
+		err := cmd.Wait()
+		m.mu.Lock()
+		if m.models[key] == e {
+			delete(m.models, key)
+			m.cfg.Logger.Warn("a model's preload exited; the model is no longer resident", "model", spec.Model, "err", err)
+		}
+		m.mu.Unlock()
+		close(e.exited)
+	}()
+	select {
+	case rl := <-readyCh:
+		e.LoadedAt, e.LoadSeconds, e.Tensors = time.Now(), time.Since(began).Seconds(), rl.Tensors
+	case <-e.exited:
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("the preload of %s exited before it served (%s): %s", spec.Model, cmd.ProcessState, tail.String())
+	case <-ctx.Done():
+		m.kill(e)
+		return nil, fmt.Errorf("load %s: %w", spec.Model, ctx.Err())
+	}
+	m.mu.Lock()
+	m.models[key] = e
+	m.loads++
+	m.mu.Unlock()
+	return e, nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Drop stops the model's preload. A model with leases is kept unless
+// force: then its engines get the preload's drain timeout.
+func (m *Manager) Drop(ctx context.Context, spec Spec, force bool) (*Status, error) {
+	ckpt, err := checkpoint.ResolveLazily(spec.Model, spec.Revision)
+	if err != nil {
+		return nil, err
+	}
+	m.decide.Lock()
+	defer m.decide.Unlock()
+	e := m.get(sockets.ModelKey(ckpt.Dir))
+	if e == nil {
+		return nil, fmt.Errorf("model %s is not resident in %s", spec.Model, m.cfg.SocketDir)
+	}
+	cur := m.describe(ctx, e)
+	if cur.Leases > 0 && !force {
+		return nil, fmt.Errorf("model %s has %d leases: engines map its memory; stop them first, or drop with --force to give them the drain timeout", spec.Model, cur.Leases)
+	}
+	if err := m.stop(e); err != nil {
+		return nil, err
+	}
+	return &cur, nil
+}
+
+// stop ends a preload: SIGTERM, then SIGKILL after the stop timeout. Its
+// socket directory goes with it.
+func (m *Manager) stop(e *entry) error {
+	m.mu.Lock()
+	delete(m.models, e.Key)
+	m.mu.Unlock()
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.exited:
+	case <-time.After(m.cfg.StopTimeout):
+		m.kill(e)
+	}
+	if err := os.RemoveAll(e.SocketDir); err != nil {
+		return fmt.Errorf("remove %s: %w", e.SocketDir, err)
+	}
+	return nil
+}
+
+func (m *Manager) kill(e *entry) {
+	_ = e.cmd.Process.Kill()
+	<-e.exited
+	_ = os.RemoveAll(e.SocketDir)
+}
+
+// Shutdown stops every preload, all at once.
+func (m *Manager) Shutdown() {
+	m.decide.Lock()
+	defer m.decide.Unlock()
+	m.mu.Lock()
+	es := make([]*entry, 0, len(m.models))
+	for _, e := range m.models {
+		es = append(es, e)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range es {
+		wg.Go(func() { _ = m.stop(e) })
+	}
+	wg.Wait()
+}
+
+// List describes every resident model, oldest load first, from its ranks'
+// own stats.
+func (m *Manager) List(ctx context.Context) []Status {
+	m.mu.Lock()
+	es := make([]*entry, 0, len(m.models))
+	for _, e := range m.models {
+		es = append(es, e)
+	}
+	m.mu.Unlock()
+	out := make([]Status, len(es))
+	var wg sync.WaitGroup
+	for i, e := range es {
+		wg.Go(func() { out[i] = m.describe(ctx, e) })
+	}
+	wg.Wait()
+	slices.SortFunc(out, func(a, b Status) int { return a.LoadedAt.Compare(b.LoadedAt) })
+	return out
+}
+
+// Counts are the loads and evictions since the serve started.
+func (m *Manager) Counts() (loads, evictions int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.loads, m.evicts
+}
+
+// Budget is the configured budget per device.
+func (m *Manager) Budget() int64 { return m.cfg.Budget }
+
+// describe asks the model's ranks for their leases, bytes and last use.
+func (m *Manager) describe(ctx context.Context, e *entry) Status {
+	mo := e.Status
+	mo.State, mo.LastUsed = "ready", mo.LoadedAt
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ranks, err := status.All(ctx, e.SocketDir)
+	if err != nil {
+		mo.State, mo.Error = "unreachable", err.Error()
+		return mo
+	}
+	for _, r := range ranks {
+		if r.State != "ready" && mo.State == "ready" {
+			mo.State, mo.Error = r.State, r.Error
+		}
+		mo.Leases += r.Leases
+		mo.Bytes = max(mo.Bytes, r.Bytes)
+		if r.LastUsed.After(mo.LastUsed) {
+			mo.LastUsed = r.LastUsed
+		}
+	}
+	return mo
+}
+
+// tailBuffer keeps the last 2 KiB written: a failed preload's reason.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > 2048 {
+		t.b = t.b[len(t.b)-2048:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(bytes.TrimSpace(t.b))
+}
