@@ -7,7 +7,7 @@ TEST_VENV := $(CURDIR)/.venv/test
 PYTHON ?= $(TEST_VENV)/bin/python
 export CGO_ENABLED ?= 0
 
-.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-restart test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-restart bench-switch bench-scale bench-outlive bench-fleet fuzz deps release clean
+.PHONY: help build test lint test-go test-python typecheck-python python-deps test-vllm vllm-env vllm-env-0.31 test-upgrade test-restart test-deploy deploy-deps manifests image demo demo-vllm bench bench-python bench-vllm bench-restart bench-switch bench-scale bench-models bench-outlive bench-fleet fuzz deps release clean
 
 # One version: internal/version/VERSION. A build of the release's tag
 # (v$(RELEASE)) is that number; any other build adds its commit after a "+"
@@ -207,6 +207,11 @@ bench-outlive: ## attach, preload, rank restart and takeover at scale
 # WEIGHTCACHE_BENCH_FLEET_MODEL=DIR (its swarm runs where memory allows).
 bench-fleet: ## seeding from peers in network namespaces (root)
 	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 30m ./internal/commands/
+
+# weightcache serve: attach with 1, 4 and 16 models resident, and the load
+# of an evicted model against a cold preload of it.
+bench-models: ## serve: attach with 1, 4, 16 models resident; an evicted model's load against a cold preload
+	$(GO) test -run '^$$' -bench ServeModels -benchtime 1x -timeout 20m ./internal/commands/
 
 bench-scale: build python-deps ## attach at 1k to 100k tensors from Go and Python
 	$(GO) test -run '^$$' -bench AttachScale -benchtime 20x ./internal/commands/
