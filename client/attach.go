@@ -46,7 +46,7 @@ func Attach(ctx context.Context, model string, opts ...Opt) (*Weights, error) {
 		return nil, err
 	}
 	managedDir := ""
-	if sub, managed := sockets.ModelDir(o.socketDir, dir); managed {
+	if sub, managed := sockets.ModelDir(o.socketDir, dir, o.req.Engine, o.req.EngineVersion); managed {
 		managedDir, o.socketDir = o.socketDir, sub
 	}
 	w, src := attachDaemon(ctx, attempt{fp: fp, dir: dir}, model, o)

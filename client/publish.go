@@ -82,6 +82,9 @@ func Publish(ctx context.Context, model string, specs []TensorSpec, opts ...Opt)
 	if err != nil {
 		return nil, err
 	}
+	if _, dir, err := checkpoint.LightFingerprint(o.req); err == nil {
+		o.socketDir, _ = sockets.ModelDir(o.socketDir, dir, o.req.Engine, o.req.EngineVersion)
+	}
 	key, rankSock, err := rankDevice(ctx, o)
 	if err != nil {
 		return nil, &MissError{Source: miss(ReasonNoDaemon, rankSock, err)}

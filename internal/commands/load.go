@@ -16,6 +16,7 @@ func init() {
 		examples: []string{
 			"weightcache load --model /models/llama-8b-v2",
 			"weightcache load --model Qwen/Qwen3-8B --revision main --dtype bfloat16",
+			"weightcache load --model /models/llama-8b --publish-only --engine trainer --engine-version step-200",
 		}})
 }
 
@@ -34,6 +35,8 @@ func (c *controlFlags) register(fs interface {
 	fs.StringVar(&c.spec.Revision, "revision", "", "checkpoint revision (hub cache: branch, tag or commit)")
 	fs.StringVar(&c.socketDir, "socket-dir", sockets.DefaultDir(), "the socket directory weightcache serve manages")
 	fs.BoolVar(&c.asJSON, "json", false, "print the reply as one JSON line")
+	fs.StringVar(&c.spec.Engine, "engine", "", "with --publish-only: the engine (or trainer) whose published layout the model is")
+	fs.StringVar(&c.spec.EngineVersion, "engine-version", "", "with --publish-only: that engine's version, or the version of the weights a trainer pushes")
 }
 
 func runLoad(ctx context.Context, e env, args []string) error {
@@ -41,6 +44,7 @@ func runLoad(ctx context.Context, e env, args []string) error {
 	fs := newFlags("load", e)
 	c.register(fs)
 	fs.StringVar(&c.spec.DType, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one, as preload's --dtype")
+	fs.BoolVar(&c.spec.PublishOnly, "publish-only", false, "stage an empty model that the engine named by --engine and --engine-version publishes into (a trainer's pushed version: weightcache.push); it is never evicted, only dropped")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -62,8 +66,13 @@ func runLoad(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "evicted %s (least recently used, no lease)\n", v)
 	}
 	what := "loaded"
-	if l.Already {
+	switch {
+	case l.Already:
 		what = "already resident"
+	case l.PublishOnly:
+		fmt.Fprintf(e.stdout, "staged %s for %s %s to publish into; engines attach it with --socket-dir %s and that engine and version\n",
+			c.spec.Model, c.spec.Engine, c.spec.EngineVersion, c.socketDir)
+		return nil
 	}
 	fmt.Fprintf(e.stdout, "%s %s: %d tensors, %s on each device, in %.2f s; engines attach with --socket-dir %s\n",
 		what, c.spec.Model, l.Tensors, humanBytes(l.Bytes), l.LoadSeconds, c.socketDir)

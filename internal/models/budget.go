@@ -24,7 +24,11 @@ type Resident struct {
 	Bytes    int64 // on each device
 	Leases   int
 	LastUsed time.Time // its last lease or copy, else when it was loaded
+	// Kept, when set, is why it is never evicted, leases or not.
+	Kept string
 }
+
+func (r Resident) evictable() bool { return r.Leases == 0 && r.Kept == "" }
 
 // Evict chooses the models to drop so that need more bytes fit budget on
 // each device: those without a lease, least recently used first, and no
@@ -41,7 +45,7 @@ func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
 	if held+need <= budget {
 		return nil, nil
 	}
-	idle := slices.DeleteFunc(slices.Clone(resident), func(r Resident) bool { return r.Leases > 0 })
+	idle := slices.DeleteFunc(slices.Clone(resident), func(r Resident) bool { return !r.evictable() })
 	slices.SortStableFunc(idle, func(a, b Resident) int { return a.LastUsed.Compare(b.LastUsed) })
 	var out []Resident
 	for _, r := range idle {
@@ -59,11 +63,14 @@ func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
 	}
 	var holders []string
 	for _, r := range resident {
-		if r.Leases > 0 {
+		switch {
+		case r.Kept != "":
+			holders = append(holders, fmt.Sprintf("%s (%s, %s)", r.Name, size(r.Bytes), r.Kept))
+		case r.Leases > 0:
 			holders = append(holders, fmt.Sprintf("%s (%s, %d leases)", r.Name, size(r.Bytes), r.Leases))
 		}
 	}
-	return nil, fmt.Errorf("%w: it needs %s on each device, and with every model without a lease evicted %s of the %s budget would be free; leased models are never evicted: %s",
+	return nil, fmt.Errorf("%w: it needs %s on each device, and with every model without a lease evicted %s of the %s budget would be free; these are never evicted: %s",
 		ErrNoRoom, size(need), size(max(budget-held, 0)), size(budget), strings.Join(holders, ", "))
 }
 

@@ -15,6 +15,7 @@ func TestEvictLeastRecentlyUsedWithoutLease(t *testing.T) {
 		{Key: "b", Name: "b", Bytes: 30, LastUsed: at(5)},
 		{Key: "c", Name: "c", Bytes: 20, LastUsed: at(1)},
 		{Key: "d", Name: "d", Bytes: 10, LastUsed: at(9)},
+		{Key: "e", Name: "e", Bytes: 5, LastUsed: at(0), Kept: "published, in no file"},
 	}
 	for _, tc := range []struct {
 		name   string
@@ -24,13 +25,14 @@ func TestEvictLeastRecentlyUsedWithoutLease(t *testing.T) {
 		err    string // what the refusal names
 	}{
 		{"no budget", 0, 1000, "", ""},
-		{"fits", 110, 10, "", ""},
-		{"fits exactly", 100, 0, "", ""},
-		{"one, the least recently used", 100, 15, "c", ""},
-		{"no more than needed", 100, 30, "cb", ""},
-		{"every one without a lease", 100, 60, "cbd", ""},
-		{"the leased one stays", 100, 61, "", "a (40 B, 2 leases)"},
-		{"over the whole budget", 100, 101, "", "the budget is 100 B"},
+		{"fits", 115, 10, "", ""},
+		{"fits exactly", 105, 0, "", ""},
+		{"one, the least recently used", 105, 15, "c", ""},
+		{"no more than needed", 105, 30, "cb", ""},
+		{"every one without a lease or a reason to stay", 105, 60, "cbd", ""},
+		{"the leased one stays", 105, 61, "", "a (40 B, 2 leases)"},
+		{"the kept one stays", 105, 61, "", "e (5 B, published, in no file)"},
+		{"over the whole budget", 105, 106, "", "the budget is 105 B"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Evict(tc.budget, res, tc.need)

@@ -46,6 +46,13 @@ type Spec struct {
 	Model    string `json:"model"`
 	Revision string `json:"revision,omitempty"`
 	DType    string `json:"dtype,omitempty"` // as preload's --dtype; "" is auto
+	// PublishOnly stages an empty model that an engine, or a trainer,
+	// publishes a layout into (preload --publish-only): a version that
+	// exists nowhere else, so it is never evicted, only dropped. Engine and
+	// EngineVersion name that layout: engines attach it by them.
+	PublishOnly   bool   `json:"publish_only,omitempty"`
+	Engine        string `json:"engine,omitempty"`
+	EngineVersion string `json:"engine_version,omitempty"`
 }
 
 // Status is a resident model as List reports it.
@@ -54,8 +61,12 @@ type Status struct {
 	Key        string `json:"key"`
 	Checkpoint string `json:"checkpoint"`
 	SocketDir  string `json:"socket_dir"`
-	// Bytes is what it holds on each device: its largest rank's.
+	// Bytes is what it holds on each device: its largest rank's. Need is
+	// what the load reckoned it would, before it read anything (for a
+	// staged model, what its checkpoint holds); the budget counts the
+	// larger.
 	Bytes       int64     `json:"bytes"`
+	Need        int64     `json:"need"`
 	Tensors     int       `json:"tensors"`
 	Leases      int       `json:"leases"`
 	LastUsed    time.Time `json:"last_used"`
@@ -120,6 +131,12 @@ func New(cfg Config) (*Manager, error) {
 // own, after evicting what the budget needs.
 func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	spec.DType = or(spec.DType, "auto")
+	switch {
+	case spec.PublishOnly && spec.Engine == "":
+		return nil, fmt.Errorf("stage %s: a staged model needs the engine (and version) that will publish it", spec.Model)
+	case !spec.PublishOnly && spec.Engine != "":
+		return nil, fmt.Errorf("load %s: --engine names a published layout: stage it with --publish-only", spec.Model)
+	}
 	ckpt, err := checkpoint.Resolve(spec.Model, spec.Revision)
 	if err != nil {
 		return nil, err
@@ -132,7 +149,7 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", spec.Model, err)
 	}
-	key := sockets.ModelKey(ckpt.Dir)
+	key := sockets.ModelKey(ckpt.Dir, spec.Engine, spec.EngineVersion)
 	m.decide.Lock()
 	defer m.decide.Unlock()
 	if e := m.get(key); e != nil {
@@ -145,9 +162,12 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	all := m.List(ctx)
 	rs := make([]Resident, len(all))
 	for i, mo := range all {
-		rs[i] = Resident{Key: mo.Key, Name: mo.name(), Bytes: mo.Bytes, Leases: mo.Leases, LastUsed: mo.LastUsed}
-		if mo.State == "unreachable" {
-			rs[i].Leases = max(rs[i].Leases, 1) // unknown: never evicted
+		rs[i] = Resident{Key: mo.Key, Name: mo.name(), Bytes: max(mo.Bytes, mo.Need), Leases: mo.Leases, LastUsed: mo.LastUsed}
+		switch {
+		case mo.PublishOnly:
+			rs[i].Kept = "published, in no file: drop it"
+		case mo.State == "unreachable":
+			rs[i].Kept = "unreachable, its leases unknown"
 		}
 	}
 	victims, err := Evict(m.cfg.Budget, rs, need)
@@ -169,7 +189,7 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		m.mu.Unlock()
 		out.Evicted = append(out.Evicted, v.Name)
 	}
-	e, err := m.start(ctx, spec, ckpt.Dir, key)
+	e, err := m.start(ctx, spec, ckpt.Dir, key, need)
 	if err != nil {
 		return nil, err
 	}
@@ -221,17 +241,22 @@ func (m *Manager) get(key string) *entry {
 	return m.models[key]
 }
 
-// name is the model as the operator named it, with its revision.
+// name is the model as the operator named it, with its revision, and the
+// engine and version of a staged layout.
 func (s *Status) name() string {
+	n := s.Model
 	if s.Revision != "" {
-		return s.Model + "@" + s.Revision
+		n += "@" + s.Revision
 	}
-	return s.Model
+	if s.Engine != "" {
+		n += " (" + s.Engine + " " + s.EngineVersion + ")"
+	}
+	return n
 }
 
 // start runs the model's preload in its own socket directory and waits for
 // its ready line.
-func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string) (*entry, error) {
+func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, need int64) (*entry, error) {
 	dir := filepath.Join(sockets.ModelsDir(m.cfg.SocketDir), key)
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
@@ -243,6 +268,9 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string) (*e
 		"--tensor-parallel-size", strconv.Itoa(max(m.cfg.TPSize, 1))}
 	if spec.Revision != "" {
 		args = append(args, "--revision", spec.Revision)
+	}
+	if spec.PublishOnly {
+		args = append(args, "--publish-only")
 	}
 	if m.cfg.Devices != "" {
 		args = append(args, "--devices", m.cfg.Devices)
@@ -261,7 +289,7 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string) (*e
 		return nil, fmt.Errorf("start the preload of %s: %w", spec.Model, err)
 	}
 	e := &entry{cmd: cmd, exited: make(chan struct{})}
-	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID = spec, key, ckptDir, dir, cmd.Process.Pid
+	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID, e.Need = spec, key, ckptDir, dir, cmd.Process.Pid, need
 	readyCh := make(chan launcher.ReadyLine, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -318,7 +346,7 @@ func (m *Manager) Drop(ctx context.Context, spec Spec, force bool) (*Status, err
 	}
 	m.decide.Lock()
 	defer m.decide.Unlock()
-	e := m.get(sockets.ModelKey(ckpt.Dir))
+	e := m.get(sockets.ModelKey(ckpt.Dir, spec.Engine, spec.EngineVersion))
 	if e == nil {
 		return nil, fmt.Errorf("model %s is not resident in %s", spec.Model, m.cfg.SocketDir)
 	}

@@ -68,7 +68,7 @@ func (m *Manager) ServeHTTP(ctx context.Context, addr string, log *slog.Logger) 
 		ms := m.List(r.Context())
 		ready := true
 		for _, mo := range ms {
-			ready = ready && mo.State == "ready"
+			ready = ready && (mo.State == "ready" || mo.State == "empty" && mo.PublishOnly)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		if !ready {

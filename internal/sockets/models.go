@@ -22,24 +22,31 @@ func ModelsDir(dir string) string { return filepath.Join(dir, "models") }
 
 // ModelKey names the checkpoint in directory ckpt (a resolved checkpoint's
 // Dir) in a managed socket directory: a hash of its real path, short enough
-// that the sockets below it keep their plain names.
-func ModelKey(ckpt string) string {
+// that the sockets below it keep their plain names. A layout an engine (or
+// a trainer) publishes over that checkpoint is a model of its own, named
+// by the engine and its version as well.
+func ModelKey(ckpt, engine, engineVersion string) string {
 	if real, err := filepath.EvalSymlinks(ckpt); err == nil {
 		ckpt = real
 	} else if abs, err := filepath.Abs(ckpt); err == nil {
 		ckpt = abs
 	}
-	sum := sha256.Sum256([]byte(filepath.Clean(ckpt)))
+	id := filepath.Clean(ckpt)
+	if engine != "" {
+		id += "\x00" + engine + "\x00" + engineVersion
+	}
+	sum := sha256.Sum256([]byte(id))
 	return hex.EncodeToString(sum[:6])
 }
 
-// ModelDir is the socket directory of the checkpoint in directory ckpt when
-// serve manages dir (managed true; the model may not be resident), else dir
+// ModelDir is the socket directory of the checkpoint in directory ckpt (as
+// published by engine at engineVersion, when engine is set) when serve
+// manages dir (managed true; the model may not be resident), else dir
 // itself.
-func ModelDir(dir, ckpt string) (sub string, managed bool) {
+func ModelDir(dir, ckpt, engine, engineVersion string) (sub string, managed bool) {
 	st, err := os.Stat(ModelsDir(dir))
 	if err != nil || !st.IsDir() {
 		return dir, false
 	}
-	return filepath.Join(ModelsDir(dir), ModelKey(ckpt)), true
+	return filepath.Join(ModelsDir(dir), ModelKey(ckpt, engine, engineVersion)), true
 }

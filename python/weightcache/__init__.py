@@ -9,11 +9,11 @@ from .attach import Weights, attach, device_key
 from .checkpoint import CheckpointError, resolve
 from .fingerprint import Fingerprint, Request
 from .materialize import MaterializeError, materialize
-from .publish import AlreadyPublished, BusyError, PublishError, Publisher, publish
+from .publish import AlreadyPublished, BusyError, PublishError, Publisher, publish, push
 from .source import AttachInfo, MissError
 
 __all__ = [
-    "attach", "materialize", "publish", "Publisher", "Weights", "AttachInfo", "MissError",
+    "attach", "materialize", "publish", "push", "Publisher", "Weights", "AttachInfo", "MissError",
     "MaterializeError", "PublishError", "BusyError", "AlreadyPublished", "CheckpointError",
     "Fingerprint", "Request", "resolve", "device_key",
 ]

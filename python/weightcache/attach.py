@@ -293,7 +293,7 @@ def attach(model: Union[str, os.PathLike[str]], device: Union[str, torch.device,
     # hashed only when the files are not the daemon's.
     fp, directory = identity.light_fingerprint(req)
     managed_dir = ""
-    sub, managed = protocol.model_dir(socket_dir or protocol.default_socket_dir(), directory)
+    sub, managed = protocol.model_dir(socket_dir or protocol.default_socket_dir(), directory, engine, engine_version)
     if managed:
         managed_dir, socket_dir = socket_dir or protocol.default_socket_dir(), sub
     rank_miss = None

@@ -104,16 +104,46 @@ def serve_path(directory: str) -> str:
     return _join(directory, "serve.ctl")
 
 
-def model_dir(directory: str, checkpoint_dir: str) -> tuple[str, bool]:
-    """The socket directory of the checkpoint in checkpoint_dir when a
-    weightcache serve manages directory (managed True), else directory
-    itself: one stat, however many models are resident (Go's
-    sockets.ModelDir; the key is a hash of the checkpoint's real path)."""
+def model_dir(directory: str, checkpoint_dir: str, engine: str = "", engine_version: str = "") -> tuple[str, bool]:
+    """The socket directory of the checkpoint in checkpoint_dir (as published
+    by engine at engine_version, when engine is set) when a weightcache
+    serve manages directory (managed True), else directory itself: one
+    stat, however many models are resident (Go's sockets.ModelDir; the key
+    is a hash of the checkpoint's real path and the engine's names)."""
     models = _join(directory, "models")
     if not os.path.isdir(models):
         return directory, False
-    key = hashlib.sha256(os.path.realpath(checkpoint_dir).encode()).hexdigest()[:12]
-    return _join(models, key), True
+    ident = os.path.realpath(checkpoint_dir)
+    if engine:
+        ident += "\x00" + engine + "\x00" + engine_version
+    return _join(models, hashlib.sha256(ident.encode()).hexdigest()[:12]), True
+
+
+def serve_request(directory: str, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One request to the weightcache serve managing directory, over its
+    control socket (one JSON line each way, Go's models.Ask); a reply that
+    carries an error raises ProtocolError with it."""
+    path = serve_path(directory)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout_s)
+        try:
+            s.connect(path)
+        except OSError as e:
+            raise ProtocolError(f"no weightcache serve manages {directory} ({path}: {e})") from None
+        s.sendall(json.dumps(request).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ProtocolError(f"control socket {path}: closed without a reply")
+            buf += chunk
+    finally:
+        s.close()
+    reply: dict[str, Any] = json.loads(buf)
+    if reply.get("error"):
+        raise ProtocolError(reply["error"])
+    return reply
 
 
 def socket_path(directory: str, group: str, device: str) -> str:

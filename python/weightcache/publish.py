@@ -88,7 +88,7 @@ class Publisher:
         self.identity = identity.stat_identity(ckpt.dir, weight_files(ckpt.dir).identity_names())
         # A torch device ("cuda:1") names the daemon of that physical GPU.
         self.device = device_key(device)
-        self.dir = socket_dir or protocol.default_socket_dir()
+        self.dir, _ = protocol.model_dir(socket_dir or protocol.default_socket_dir(), ckpt.dir, engine, engine_version)
         self.group = group
         self.wait_s = wait_s
         self.timeout = connect_timeout_s
@@ -238,3 +238,27 @@ def publish(model: Union[str, os.PathLike[str]], tensors: Mapping[str, torch.Ten
         return p.commit()
     finally:
         p.close()
+
+
+def push(model: Union[str, os.PathLike[str]], tensors: Mapping[str, torch.Tensor], version: str,
+         engine: str = "trainer", socket_dir: Optional[str] = None, revision: Optional[str] = None,
+         stage_timeout_s: float = 60.0, **kwargs: Any) -> dict[str, Any]:
+    """A trainer's new version of model (its checkpoint gives the
+    config, and the names and shapes the tensors keep), pushed from memory:
+    where a weightcache serve manages socket_dir, it stages an empty model
+    for (engine, version) first (weightcache load --publish-only); then the
+    tensors are published into it and committed, every byte checksummed by
+    the daemon. Engines attach it with engine and engine_version=version;
+    a running vLLM switches to it with weightcache.vllm.switch(...,
+    engine=engine, engine_version=version). Returns the committed reply."""
+    directory = socket_dir or protocol.default_socket_dir()
+    if not version:
+        raise ValueError("push: version is required: it names the weights among the model's others")
+    if os.path.exists(protocol.serve_path(directory)):
+        try:
+            protocol.serve_request(directory, {"op": "load", "model": os.fspath(model), "revision": revision or "",
+                                               "publish_only": True, "engine": engine, "engine_version": version},
+                                   stage_timeout_s)
+        except protocol.ProtocolError as e:
+            raise PublishError(f"push {model} {engine} {version}: staging it in {directory}: {e}") from None
+    return publish(model, tensors, engine, version, socket_dir=directory, revision=revision, **kwargs)

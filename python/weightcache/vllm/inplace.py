@@ -40,6 +40,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from .. import dtypes
 from ..attach import Weights, attach
 from ..checkpoint import Checkpoint, CheckpointError, resolve
 from ..source import MissError
@@ -71,18 +72,24 @@ class Switched:
     reason: str  # why not from the daemon; "" on a hit
     seconds: float
     nbytes: int  # bytes from the daemon (0 from disk)
+    version: str = ""  # a pushed version's engine_version; "" for the checkpoint's own tensors
 
 
 def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
-           fallback: bool = True, connect_timeout_s: float = 5.0) -> list[Switched]:
+           fallback: bool = True, connect_timeout_s: float = 5.0, engine: str = "",
+           engine_version: str = "") -> list[Switched]:
     """Switch the running engine of llm (vllm.LLM, started with
     worker_extension_cls=WORKER_EXTENSION) to checkpoint model (a
     directory or hub id, at revision) in place; returns one Switched per
     rank. socket_dir is where the daemon serving model listens (default:
-    the default socket directory). Raises SwitchRefused when any rank
-    refuses, or misses with fallback off (nothing changed), or
+    the default socket directory). engine and engine_version name a
+    version of model that a trainer pushed (weightcache.push: engine
+    "trainer", engine_version its version): its tensors must have the
+    running model's names, dtypes and shapes, and since no file holds
+    them, a miss refuses whatever fallback says. Raises SwitchRefused when
+    any rank refuses, or misses with fallback off (nothing changed), or
     SwitchFailed (undone)."""
-    args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s)
+    args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s, engine, engine_version)
     try:
         checks = llm.collective_rpc("weightcache_switch_check", args=args)
     except Exception as e:
@@ -121,8 +128,8 @@ class WorkerExtension:
     worker; an extension of your own can subclass it."""
 
     def weightcache_switch_check(self, model: str, revision: str, socket_dir: str, fallback: bool,
-                                 connect_timeout_s: float) -> str:
-        return _check(self, model, revision, socket_dir, fallback, connect_timeout_s)
+                                 connect_timeout_s: float, engine: str = "", engine_version: str = "") -> str:
+        return _check(self, model, revision, socket_dir, fallback, connect_timeout_s, engine, engine_version)
 
     def weightcache_switch_load(self) -> dict[str, Any]:
         return dataclasses.asdict(_load(self))
@@ -139,8 +146,10 @@ class _Pending:
     old_model: str
     old_revision: Optional[str]
     old_socket_dir: str
+    old_version: tuple[str, str]  # the (engine, engine_version) of a pushed version it ran
     new: Checkpoint
     socket_dir: str
+    version: tuple[str, str]
     weights: Optional[Weights]
     reason: str  # the miss's, when weights is None
 
@@ -160,8 +169,14 @@ def _socket_dir(worker: Any) -> str:
     return str(d or "")
 
 
+def _version(worker: Any) -> tuple[str, str]:
+    """The pushed version this rank runs: ("", "") for a checkpoint's own."""
+    v = getattr(worker, "_weightcache_version", None)
+    return v if isinstance(v, tuple) else ("", "")
+
+
 def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bool,
-           connect_timeout_s: float) -> str:
+           connect_timeout_s: float, engine: str = "", engine_version: str = "") -> str:
     """Step 1 on one rank: "" when the rank can switch (holding its lease
     or its reason to read from disk), else why it cannot."""
     _let_go(worker)
@@ -179,14 +194,24 @@ def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bo
     if why:
         return f"rank {rank}: {new.dir} cannot replace {old.dir} in place: {why}; the engine still serves {old.dir}"
     weights, reason = None, ""
+    pushed = f"{new.dir} ({engine} {engine_version})" if engine else new.dir
     try:
         weights, _ = attach(new.dir, device="host", fallback=False, revision=new.revision or None,
-                            socket_dir=socket_dir or None, connect_timeout_s=connect_timeout_s, confirm=False)
+                            socket_dir=socket_dir or None, connect_timeout_s=connect_timeout_s, confirm=False,
+                            engine=engine, engine_version=engine_version)
     except MissError as e:
+        if engine:
+            return f"rank {rank}: {e.info}; a pushed version is in no file to load instead: the engine still serves {old.dir}"
         if not fallback:
             return f"rank {rank}: {e.info}; fallback is off: the engine still serves {old.dir}"
         reason = str(e.info)
-    worker._weightcache_switch = _Pending(mc.model, mc.revision, _socket_dir(worker), new, socket_dir, weights, reason)
+    if weights is not None:
+        why = differ_tensors(old, weights)
+        if why:
+            weights.close()
+            return f"rank {rank}: {pushed} cannot replace {old.dir} in place: {why}; the engine still serves {old.dir}"
+    worker._weightcache_switch = _Pending(mc.model, mc.revision, _socket_dir(worker), _version(worker), new, socket_dir,
+                                          (engine, engine_version), weights, reason)
     return ""
 
 
@@ -212,15 +237,17 @@ def _load(worker: Any) -> Switched:
             log.warning("weightcache: switch: fallback: %s; loading %s from disk", p.reason, p.new.dir)
             tensors, nbytes = 0, 0
             runner.reload_weights(weights_path=p.new.dir, is_checkpoint_format=True)
-        _run(worker, p.new.dir, p.socket_dir)
+        _run(worker, p.new.dir, p.socket_dir, p.version)
     finally:
         if w is not None:
             w.close()
     seconds = time.monotonic() - started
+    version = " ".join(p.version) if p.version[0] else ""
     if w is not None:
-        log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s", tensors, nbytes / (1 << 20),
-                 seconds, p.new.dir)
-    return Switched(_rank(worker), p.new.dir, "hit" if w is not None else "fallback", p.reason, seconds, nbytes)
+        log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s%s", tensors, nbytes / (1 << 20),
+                 seconds, p.new.dir, f" ({version})" if version else "")
+    return Switched(_rank(worker), p.new.dir, "hit" if w is not None else "fallback", p.reason, seconds, nbytes,
+                    p.version[1])
 
 
 def _undo(worker: Any) -> str:
@@ -233,27 +260,33 @@ def _undo(worker: Any) -> str:
     mc = worker.vllm_config.model_config
     try:
         old = resolve(p.old_model, p.old_revision)
+        engine, engine_version = p.old_version
         try:
             w, _ = attach(old.dir, device="host", fallback=False, revision=old.revision or None,
-                          socket_dir=p.old_socket_dir or None)
+                          socket_dir=p.old_socket_dir or None, engine=engine, engine_version=engine_version)
             try:
                 worker.model_runner.reload_weights(weights_iterator=w.items(), is_checkpoint_format=True)
             finally:
                 w.close()
         except MissError:
+            if engine:
+                raise  # a pushed version is in no file
             worker.model_runner.reload_weights(weights_path=old.dir, is_checkpoint_format=True)
         mc.model, mc.revision = p.old_model, p.old_revision
         worker._weightcache_socket_dir = p.old_socket_dir
+        worker._weightcache_version = p.old_version
         return ""
     except Exception as e:
         return f"rank {_rank(worker)} could not reload {p.old_model}: {type(e).__name__}: {e}"
 
 
-def _run(worker: Any, directory: str, socket_dir: str) -> None:
+def _run(worker: Any, directory: str, socket_dir: str, version: tuple[str, str]) -> None:
     """The engine's model config names the version it runs, as vLLM's own
-    reload from a path leaves it, and the rank remembers its daemon."""
+    reload from a path leaves it, and the rank remembers its daemon and
+    the pushed version, if any."""
     mc = worker.vllm_config.model_config
     worker._weightcache_socket_dir = socket_dir
+    worker._weightcache_version = version
     mc.model, mc.revision = directory, None
     if hasattr(mc, "model_weights"):
         mc.model_weights = ""
@@ -281,6 +314,25 @@ def differ(old: Checkpoint, new: Checkpoint) -> str:
             return f"tensor {name} is not in the running checkpoint"
         if a[name] != b[name]:
             return f"tensor {name} is {b[name][0]} {list(b[name][1])}, running {a[name][0]} {list(a[name][1])}"
+    return ""
+
+
+def differ_tensors(old: Checkpoint, weights: Weights) -> str:
+    """What keeps the tensors a daemon serves (a pushed version's, which no
+    file describes) from replacing old's: "" when they have old's names,
+    dtypes and shapes."""
+    a = {t.name: (t.dtype, list(t.shape)) for _, t in old.tensors()}
+    b = {}
+    for name, t in weights.items():
+        st = dtypes.from_torch(t.dtype)
+        b[name] = (st, dtypes.file_shape(st, [int(d) for d in t.shape]))
+    for name in sorted(set(a) | set(b)):
+        if name not in b:
+            return f"tensor {name} is missing"
+        if name not in a:
+            return f"tensor {name} is not in the running checkpoint"
+        if a[name] != b[name]:
+            return f"tensor {name} is {b[name][0]} {b[name][1]}, running {a[name][0]} {a[name][1]}"
     return ""
 
 
