@@ -63,6 +63,15 @@ runAsGroup: 1000
 peers: {enabled: true, tls: {secretName: weightcache-peer-tls}, tokenSecret: {name: weightcache-peer-token}, trustPeers: true, rateLimit: 1GiB, timeout: 30s}
 metrics: {serviceMonitor: {enabled: true}}
 `,
+	"serve": `
+serve: {enabled: true, memoryBudgetMiB: 60000, devices: "cuda:0", residentMiB: 0}
+models:
+  - {name: llama-8b, model: /models/Llama-3.1-8B-Instruct}
+  - {name: qwen-7b, model: Qwen/Qwen2.5-7B-Instruct, revision: main}
+runAsUser: 1000
+runAsGroup: 1000
+examples: {vllm: {enabled: true}}
+`,
 	"host tier, no GPU runtime": `
 gpu: {enabled: false}
 models: [{name: small, model: /models/small, devices: host, residentMiB: 2048}]

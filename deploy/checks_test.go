@@ -70,10 +70,10 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet) {
 				t.Errorf("container %s: hostPort %d: the new pod of a rollout could not schedule beside the old one", c.Name, p.HostPort)
 			}
 		}
-		if c.Args[0] != "preload" {
-			t.Errorf("container %s runs %q, want preload", c.Name, c.Args[0])
+		if c.Args[0] != "preload" && c.Args[0] != "serve" {
+			t.Errorf("container %s runs %q, want preload or serve", c.Name, c.Args[0])
 		}
-		checkFlags(t, c.Name, c.Args[1:])
+		checkFlags(t, c.Name, c.Args[0], c.Args[1:])
 		checkPeerFlags(t, pod, c, args)
 		dir := mountOf(t, c, "sockets").MountPath
 		if sd := args["--socket-dir"]; filepath.Dir(sd) != dir {
@@ -147,7 +147,7 @@ func checkLWS(t *testing.T, lws *lwsv1.LeaderWorkerSet) {
 		if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 			t.Errorf("%s: weightcache must be a native sidecar (restartPolicy Always)", role)
 		}
-		checkFlags(t, role, sidecar.Args[1:])
+		checkFlags(t, role, sidecar.Args[0], sidecar.Args[1:])
 		wc := flags(t, sidecar)
 		wantRank := "$(LWS_WORKER_INDEX)"
 		if role == "leader" {
@@ -199,38 +199,41 @@ func flags(t *testing.T, c corev1.Container) map[string]string {
 	return m
 }
 
-var (
-	preloadOnce  sync.Once
-	preloadNames map[string]bool
-	preloadErr   error
-)
-
-// checkFlags runs every flag name through the preload of this checkout, so
-// a flag renamed in the code fails here instead of in a cluster.
-func checkFlags(t *testing.T, who string, args []string) {
+// checkFlags runs every flag name through the command (preload, serve) of
+// this checkout, so a flag renamed in the code fails here instead of in a
+// cluster.
+func checkFlags(t *testing.T, who, command string, args []string) {
 	t.Helper()
-	preloadOnce.Do(func() {
-		var out []byte
-		if out, preloadErr = exec.Command(weightcacheBin(t), "help", "preload").Output(); preloadErr != nil {
-			return
+	flagsMu.Lock()
+	names, ok := flagNames[command]
+	if !ok {
+		out, err := exec.Command(weightcacheBin(t), "help", command).Output()
+		if err != nil {
+			flagsMu.Unlock()
+			t.Fatalf("weightcache help %s: %v", command, err)
 		}
-		preloadNames = map[string]bool{}
+		names = map[string]bool{}
 		for _, m := range regexp.MustCompile(`(?m)^\s+(--[a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
-			preloadNames[m[1]] = true
+			names[m[1]] = true
 		}
-	})
-	if preloadErr != nil {
-		t.Fatalf("weightcache help preload: %v", preloadErr)
+		flagNames[command] = names
 	}
+	flagsMu.Unlock()
 	for _, a := range args {
 		name, _, _ := strings.Cut(a, "=")
 		switch {
-		case !strings.HasPrefix(name, "--") || preloadNames[name]:
+		case !strings.HasPrefix(name, "--") || names[name]:
 		default:
-			t.Errorf("%s: preload has no flag %s", who, name)
+			t.Errorf("%s: %s has no flag %s", who, command, name)
 		}
 	}
 }
+
+// flagNames are each command's flags, from its help, read once.
+var (
+	flagsMu   sync.Mutex
+	flagNames = map[string]map[string]bool{}
+)
 
 var (
 	binOnce sync.Once

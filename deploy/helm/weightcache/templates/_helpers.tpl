@@ -32,9 +32,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .model.healthPort -}}{{ .model.healthPort }}{{- else -}}{{ add 9400 .index }}{{- end -}}
 {{- end -}}
 
-{{/* Where a model's sockets are on the node. */}}
+{{/* Where a model's sockets are on the node: under serve, every model's. */}}
 {{- define "weightcache.socketHostPath" -}}
-{{ trimSuffix "/" .root.Values.socketDir.hostPath }}/{{ .model.name }}
+{{ trimSuffix "/" .root.Values.socketDir.hostPath }}/{{ if .root.Values.serve.enabled }}serve{{ else }}{{ .model.name }}{{ end }}
 {{- end -}}
 
 {{/* The headless Service peers find each other through. */}}
