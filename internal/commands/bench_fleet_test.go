@@ -144,6 +144,132 @@ func BenchmarkFleet(b *testing.B) {
 	say("SHA-256: %.3fs of CPU per GB (%.2f GB/s on one core)", cpu.Seconds()/1.073741824, 1.073741824/cpu.Seconds())
 }
 
+// BenchmarkFleetRefit is make bench-fleet's refit row (issue 45): four
+// nodes serve a checkpoint (v1), and a new version of it (v2, the same
+// files with one byte changed in each) reaches all four at once, each
+// preload of v2 beside v1's with --peers of every node, on links shaped to
+// WEIGHTCACHE_BENCH_FLEET_RATE. The time until the last node serves v2,
+// against one copy of v2 over one link (node 1 seeding from node 0 alone,
+// which holds it); and the bytes the fleet read from storage for it (one
+// checkpoint's worth is the target: a refit reads storage once).
+func BenchmarkFleetRefit(b *testing.B) {
+	model, rate := fleetBenchEnv(b)
+	shards := shardPaths(b, model)
+	var size int64
+	for _, p := range shards {
+		st, err := os.Stat(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		size += st.Size()
+	}
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: refit: "+format+"\n", args...) }
+	// Four nodes hold v1 and v2 each (their ranks' segments), and the page
+	// cache both files.
+	if need, avail := 10*size, memAvailable(b); avail < need+1<<30 {
+		b.Skipf("four nodes with two versions each hold %.1f GB, %.1f GB available", float64(need)/1e9, float64(avail)/1e9)
+	}
+	v2 := refitVersion(b, model)
+	tok := peerToken(b, "bench-token")
+	args := func(m string, peers ...string) []string {
+		return append(peerArgs(m, sockDir(b), tok, "", 1, peers...), "--peer-timeout", "10s")
+	}
+	for range b.N {
+		timeCmd(b, "cat", append(shards, shardPaths(b, v2)...)...)
+		f := newNetnsFleet(b, 4, rate)
+		v1 := []*preloadProc{f.preload(0, true, args(model)...)}
+		for i := 1; i < 4; i++ {
+			v1 = append(v1, f.preload(i, true, args(model, f.peer(0))...))
+		}
+		// One copy over one link: v2 read from storage on node 0, then
+		// node 1 seeded from node 0 alone.
+		src := f.preloadAt(0, 7071, true, args(v2)...)
+		time.Sleep(5 * time.Second) // see BenchmarkFleet: memory of the same kind for each
+		start := time.Now()
+		one := f.preloadAt(1, 7071, true, args(v2, f.peerAt(0, 7071))...)
+		link := time.Since(start)
+		if one.ready["source"] != "peers" || readyInt(b, one, "storage_bytes") != 0 {
+			b.Fatalf("node 1 did not seed v2 from node 0 alone: %v\n%s", one.ready, one.stderr)
+		}
+		for _, p := range []*preloadProc{one, src} {
+			if code := p.stop(b, syscall.SIGTERM); code != 0 {
+				b.Fatalf("v2 preload exit %d", code)
+			}
+		}
+		time.Sleep(5 * time.Second)
+		// The refit: every node at once, v1 still serving beside it, each
+		// given every node's address, its own included, as a headless
+		// Service resolves: the lowest address reads storage for them.
+		var all []string
+		for i := range 4 {
+			all = append(all, f.peerAt(i, 7071))
+		}
+		start = time.Now()
+		var ps []*preloadProc
+		for i := range 4 {
+			ps = append(ps, f.preloadAt(i, 7071, false, args(v2, all...)...))
+		}
+		var storage, peers int64
+		for i, p := range ps {
+			p.ready = p.event(b, "ready")
+			storage += readyInt(b, p, "storage_bytes")
+			peers += readyInt(b, p, "peer_bytes")
+			if p.ready["source"] != "peers" && p.ready["source"] != "checkpoint" {
+				b.Fatalf("node %d: v2 from %v", i, p.ready["source"])
+			}
+		}
+		refit := time.Since(start)
+		for i, p := range v1 {
+			w, err := client.Attach(context.Background(), model, client.WithSocketDir(filepath.Dir(p.ready["socket"].(string))), client.WithDevice("host:0"), client.WithFallback(false))
+			if err != nil {
+				b.Fatalf("node %d stopped serving v1 during the refit: %v\n%s", i, err, p.stderr)
+			}
+			w.Close()
+		}
+		for _, p := range append(ps, v1...) {
+			p.stop(b, syscall.SIGTERM)
+		}
+		b.ReportMetric(refit.Seconds(), "refit_s")
+		b.ReportMetric(link.Seconds(), "one_copy_s")
+		b.ReportMetric(refit.Seconds()/link.Seconds(), "refit/one_copy")
+		b.ReportMetric(float64(storage)/float64(size), "storage_reads")
+		say("%.2f GB to 4 nodes serving v1, on %s links: every node serves v2 in %.2fs; one copy over one link %.2fs (%.2fx); storage read %.2f checkpoints' worth for the fleet (%.2f GB), peers served %.2f GB",
+			float64(size)/1e9, rate, refit.Seconds(), link.Seconds(), refit.Seconds()/link.Seconds(), float64(storage)/float64(size), float64(storage)/1e9, float64(peers)/1e9)
+	}
+}
+
+// refitVersion is model with one byte changed in each shard's last tensor
+// byte: another checkpoint, as a fine-tune's step is, made once under
+// TMPDIR.
+func refitVersion(b *testing.B, model string) string {
+	b.Helper()
+	dir := filepath.Join(os.TempDir(), "weightcache-bench-refit-v2")
+	if _, err := checkpoint.Resolve(dir, ""); err == nil {
+		return dir
+	}
+	os.RemoveAll(dir)
+	if out, err := exec.Command("cp", "-r", model, dir).CombinedOutput(); err != nil {
+		b.Fatalf("cp: %v: %s", err, out)
+	}
+	for _, p := range shardPaths(b, dir) {
+		fd, err := os.OpenFile(p, os.O_RDWR, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st, _ := fd.Stat()
+		one := make([]byte, 1)
+		if _, err := fd.ReadAt(one, st.Size()-1); err != nil {
+			b.Fatal(err)
+		}
+		one[0] ^= 0x5a
+		if _, err := fd.WriteAt(one, st.Size()-1); err != nil {
+			b.Fatal(err)
+		}
+		fd.Close()
+	}
+	return dir
+}
+
 // timedSeed seeds node i with a preload of args, and returns its time from
 // spawn to ready and the CPU seconds its launcher spent.
 func timedSeed(b *testing.B, f *netnsFleet, i int, args ...string) (time.Duration, float64) {

@@ -100,7 +100,11 @@ func (f *netnsFleet) stall(i int) {
 }
 
 // peer is node i's peer address.
-func (f *netnsFleet) peer(i int) string { return f.addrs[i] + ":7070" }
+func (f *netnsFleet) peer(i int) string { return f.peerAt(i, 7070) }
+
+// peerAt is node i's address on port: a second preload on a node serves
+// peers on a port of its own.
+func (f *netnsFleet) peerAt(i, port int) string { return f.addrs[i] + ":" + strconv.Itoa(port) }
 
 // peers is every node's peer address but those left out, as a headless
 // Service would resolve.
@@ -121,7 +125,13 @@ next:
 // preload starts a preload on node i, serving peers on its address.
 func (f *netnsFleet) preload(i int, wait bool, args ...string) *preloadProc {
 	f.t.Helper()
-	bin := wc(append([]string{"preload", "--peer-listen", f.peer(i)}, args...)...)
+	return f.preloadAt(i, 7070, wait, args...)
+}
+
+// preloadAt is preload serving peers on port.
+func (f *netnsFleet) preloadAt(i, port int, wait bool, args ...string) *preloadProc {
+	f.t.Helper()
+	bin := wc(append([]string{"preload", "--peer-listen", f.peerAt(i, port)}, args...)...)
 	cmd := exec.Command("ip", append([]string{"netns", "exec", f.nodes[i]}, bin.Args...)...)
 	cmd.Env = bin.Env
 	return startPreloadCmd(f.t, wait, cmd)

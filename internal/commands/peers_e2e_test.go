@@ -94,7 +94,7 @@ func sameDigests(t *testing.T, what string, got, want map[string]string) {
 	}
 }
 
-func readyInt(t *testing.T, p *preloadProc, key string) int64 {
+func readyInt(t testing.TB, p *preloadProc, key string) int64 {
 	t.Helper()
 	v, ok := p.ready[key].(float64)
 	if !ok {
