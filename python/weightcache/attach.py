@@ -113,6 +113,18 @@ class Weights(Mapping[str, torch.Tensor]):
         except RuntimeError as e:  # an offset not aligned for the dtype, say
             raise protocol.ProtocolError(f"tensor {name}: {e}") from None
 
+    def specs(self) -> Iterator[tuple[str, str, list[int]]]:
+        """(name, safetensors dtype, shape as a file holds it) of every
+        tensor, in order, from the manifest index: no tensor is made."""
+        if self._index is None:
+            for name, t in self._dict.items():
+                st = dtypes.from_torch(t.dtype)
+                yield name, st, dtypes.file_shape(st, [int(d) for d in t.shape])
+            return
+        for i in range(len(self._index)):
+            name, dt, shape, *_ = self._index.entry(i)
+            yield name, dt, list(shape)
+
     def crc32c(self, name: str) -> int:
         """The daemon's CRC-32C of a tensor's bytes as served (0 from disk)."""
         if self._index is None:

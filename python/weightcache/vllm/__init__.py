@@ -40,12 +40,12 @@ from .api import VllmAPI
 from .engine import ENGINE, Rank, engine_config, processed_key
 from .options import LOAD_FORMAT, TIERS, Options, parse_options, unknown_keys_error
 from .safety import unsafe_for_processed
-from .inplace import WORKER_EXTENSION, SwitchFailed, SwitchRefused, Switched, WorkerExtension, switch
+from .inplace import WORKER_EXTENSION, SwitchFailed, SwitchRefused, Switched, WorkerExtension, switch, switch_server
 from .tier2 import BareOnMeta
 
 __all__ = ["register", "LOAD_FORMAT", "ENGINE", "TIERS", "Options", "parse_options", "unknown_keys_error",
            "unsafe_for_processed", "Rank", "processed_key", "engine_config", "VllmAPI", "BareOnMeta",
-           "switch", "Switched", "SwitchRefused", "SwitchFailed", "WorkerExtension", "WORKER_EXTENSION"]
+           "switch", "switch_server", "Switched", "SwitchRefused", "SwitchFailed", "WorkerExtension", "WORKER_EXTENSION"]
 
 log = logging.getLogger("vllm.weightcache")
 

@@ -38,9 +38,8 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from .. import dtypes
 from ..attach import Weights, attach
 from ..checkpoint import Checkpoint, CheckpointError, resolve
 from ..source import MissError
@@ -89,9 +88,18 @@ def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Opt
     them, a miss refuses whatever fallback says. Raises SwitchRefused when
     any rank refuses, or misses with fallback off (nothing changed), or
     SwitchFailed (undone)."""
+    return _switch_steps(lambda method, *args: llm.collective_rpc(method, args=args), llm.reset_prefix_cache, model,
+                         revision, socket_dir, fallback, connect_timeout_s, engine, engine_version)
+
+
+def _switch_steps(rpc: Any, reset: Any, model: str, revision: Optional[str], socket_dir: Optional[str],
+                  fallback: bool, connect_timeout_s: float, engine: str, engine_version: str) -> list[Switched]:
+    """The steps of a switch over rpc(method, *args) (the engine's
+    collective_rpc, in process or over HTTP), then reset() of the prefix
+    cache."""
     args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s, engine, engine_version)
     try:
-        checks = llm.collective_rpc("weightcache_switch_check", args=args)
+        checks = rpc("weightcache_switch_check", *args)
     except Exception as e:
         if "weightcache_switch_check" not in str(e):
             raise
@@ -99,20 +107,83 @@ def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Opt
                             f"{WORKER_EXTENSION!r} (vllm serve: --worker-extension-cls {WORKER_EXTENSION})") from e
     refusals = [why for why in checks if why]
     if refusals:
-        llm.collective_rpc("weightcache_switch_let_go")
+        rpc("weightcache_switch_let_go")
         raise SwitchRefused("; ".join(refusals))
     try:
-        done = [Switched(**d) for d in llm.collective_rpc("weightcache_switch_load")]
-        llm.collective_rpc("weightcache_switch_let_go")
+        done = [Switched(**d) for d in rpc("weightcache_switch_load")]
+        rpc("weightcache_switch_let_go")
     except Exception as e:
-        bad = [u for u in llm.collective_rpc("weightcache_switch_undo") if u]
+        bad = [u for u in rpc("weightcache_switch_undo") if u]
         if bad:
             raise SwitchFailed(f"switch to {model} failed: {type(e).__name__}: {e}; and could not be undone: "
                                f"{'; '.join(bad)}: restart the engine") from e
         raise SwitchFailed(f"switch to {model} failed and was undone on every rank: {type(e).__name__}: {e}") from e
     finally:
-        llm.reset_prefix_cache()
+        reset()
     return done
+
+
+def switch_server(url: str, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
+                  fallback: bool = True, connect_timeout_s: float = 5.0, engine: str = "", engine_version: str = "",
+                  timeout_s: float = 600.0) -> list[Switched]:
+    """switch() for a running `vllm serve` at url (http://HOST:PORT, or
+    unix:PATH for one started with --uds PATH), started with
+    --worker-extension-cls weightcache.vllm.WorkerExtension and
+    VLLM_SERVER_DEV_MODE=1 (vLLM's /collective_rpc, /pause, /resume and
+    /reset_prefix_cache are development endpoints: keep that port off any
+    network clients reach). The server is paused first (mode wait: the
+    requests in flight finish on the version they began with, new ones wait),
+    every rank switches as switch() does, the prefix cache is reset, and the
+    server resumes, whatever happened. Same errors as switch()."""
+
+    def rpc(method: str, *args: Any) -> list[Any]:
+        out = _post(url, "/collective_rpc", {"method": method, "args": [str(a) for a in args], "timeout": timeout_s},
+                    timeout_s)
+        return list((out or {}).get("results") or [])
+
+    _post(url, "/pause?mode=wait", {}, timeout_s)
+    try:
+        return _switch_steps(rpc, lambda: _post(url, "/reset_prefix_cache", {}, timeout_s), model, revision,
+                             socket_dir, fallback, connect_timeout_s, engine, engine_version)
+    finally:
+        _post(url, "/resume", {}, timeout_s)
+
+
+def _post(url: str, path: str, body: dict[str, Any], timeout_s: float) -> Any:
+    """POST body as JSON to an API server (http://HOST:PORT or unix:PATH);
+    its JSON reply, or None."""
+    import http.client
+    import socket
+    import urllib.parse
+
+    conn: http.client.HTTPConnection
+    if url.startswith("unix:"):
+        path_ = url[len("unix:"):]
+
+        class UnixConnection(http.client.HTTPConnection):
+            def connect(self) -> None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(timeout_s)
+                self.sock.connect(path_)
+
+        conn = UnixConnection("localhost", timeout=timeout_s)
+    else:
+        u = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(u.hostname or "localhost", u.port or 80, timeout=timeout_s)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        raw = r.read()
+    except OSError as e:
+        raise RuntimeError(f"{url}{path}: {e}") from None
+    finally:
+        conn.close()
+    if r.status == 404:
+        raise SwitchRefused(f"{url}{path}: 404: start the server with VLLM_SERVER_DEV_MODE=1 (and "
+                            f"--worker-extension-cls {WORKER_EXTENSION})")
+    if r.status >= 300:
+        raise RuntimeError(f"{url}{path}: HTTP {r.status}: {raw.decode(errors='replace')[:2000]}")
+    return json.loads(raw) if raw else None
 
 
 WORKER_EXTENSION = "weightcache.vllm.WorkerExtension"
@@ -127,9 +198,12 @@ class WorkerExtension:
     in the order switch() does. vLLM makes this class a base of its
     worker; an extension of your own can subclass it."""
 
-    def weightcache_switch_check(self, model: str, revision: str, socket_dir: str, fallback: bool,
-                                 connect_timeout_s: float, engine: str = "", engine_version: str = "") -> str:
-        return _check(self, model, revision, socket_dir, fallback, connect_timeout_s, engine, engine_version)
+    def weightcache_switch_check(self, model: str, revision: str, socket_dir: str, fallback: Union[bool, str],
+                                 connect_timeout_s: Union[float, str], engine: str = "", engine_version: str = "") -> str:
+        # An API server's /collective_rpc passes strings only.
+        if isinstance(fallback, str):
+            fallback = fallback.lower() not in ("false", "0", "")
+        return _check(self, model, revision, socket_dir, fallback, float(connect_timeout_s), engine, engine_version)
 
     def weightcache_switch_load(self) -> dict[str, Any]:
         return dataclasses.asdict(_load(self))
@@ -322,10 +396,7 @@ def differ_tensors(old: Checkpoint, weights: Weights) -> str:
     file describes) from replacing old's: "" when they have old's names,
     dtypes and shapes."""
     a = {t.name: (t.dtype, list(t.shape)) for _, t in old.tensors()}
-    b = {}
-    for name, t in weights.items():
-        st = dtypes.from_torch(t.dtype)
-        b[name] = (st, dtypes.file_shape(st, [int(d) for d in t.shape]))
+    b = {name: (dt, shape) for name, dt, shape in weights.specs()}
     for name in sorted(set(a) | set(b)):
         if name not in b:
             return f"tensor {name} is missing"
