@@ -71,6 +71,16 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
+	// The control socket first: a second serve in the directory stops
+	// here, before it clears the first one's models.
+	if err := sockets.EnsureDir(*socketDir); err != nil {
+		return err
+	}
+	ln, err := models.Listen(*socketDir)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
 	m, err := models.New(models.Config{
 		SocketDir: *socketDir, Budget: budget, Devices: *devices, TPSize: *tp, Exe: exe,
 		PreloadArgs: []string{"--drain-timeout", drain.String(), "--load-workers", strconv.Itoa(*workers)},
@@ -79,11 +89,6 @@ func runServe(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := models.Listen(*socketDir)
-	if err != nil {
-		return err
-	}
-	defer ln.Close()
 	defer m.Shutdown()
 	go m.Serve(ctx, ln)
 	var addr net.Addr

@@ -90,6 +90,14 @@ func TestServeSeveralModelsUnderABudget(t *testing.T) {
 	if got := listModels(t, dir); len(got) != 2 {
 		t.Fatalf("resident: %s, want a and b", names(got))
 	}
+	// A second serve in the directory is refused, and takes nothing of the
+	// first one's.
+	if _, errOut, code := runWC(t, "serve", "--socket-dir", dir, "--devices", "host"); code == 0 || !strings.Contains(errOut, "another weightcache serve manages") {
+		t.Fatalf("second serve: exit %d: %s", code, errOut)
+	}
+	if got := listModels(t, dir); len(got) != 2 {
+		t.Fatalf("resident after a second serve was refused: %s, want a and b", names(got))
+	}
 
 	// Two engines, two models, at once.
 	wa, wb := engine(t, ckpt["a"], dir), engine(t, ckpt["b"], dir)

@@ -103,7 +103,9 @@ type entry struct {
 }
 
 // New prepares the managed directory: the socket directory itself, and
-// its models directory, emptied of what a serve before this one left.
+// its models directory, emptied of what a serve before this one left. The
+// caller holds the directory's control socket (Listen) already, so that
+// no live serve's models are in it.
 func New(cfg Config) (*Manager, error) {
 	if err := sockets.EnsureDir(cfg.SocketDir); err != nil {
 		return nil, err
