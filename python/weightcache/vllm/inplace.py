@@ -26,8 +26,12 @@ weight changes:
 
 A switch needs a vLLM whose worker has reload_weights (0.32's GPU and CPU
 workers do), and the engine idle: LLM's generate and collective_rpc take
-turns, so the synchronous LLM API is; an API server must stop sending
-requests for the switch (this module does not pause one).
+turns, so the synchronous LLM API is; switch_server() pauses an API
+server through its own endpoints for the switch.
+
+A version a trainer pushed (weightcache.push) is named by engine and
+engine_version; its tensors are checked against the running model's from
+the daemon's manifest index, since no file describes them.
 """
 
 from __future__ import annotations
