@@ -90,7 +90,7 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 	}
 	var held int64
 	for _, mo := range rep.Models {
-		held += mo.Bytes
+		held += max(mo.Bytes, mo.Need)
 	}
 	fmt.Fprintf(e.stdout, "weightcache serve in %s: %d models, %s held, budget %s; %d loads, %d evictions\n",
 		dir, len(rep.Models), humanBytes(held), budget, rep.Loads, rep.Evictions)
@@ -98,10 +98,14 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tREVISION\tDTYPE\tSTATE\tBYTES\tTENSORS\tLEASES\tLAST USED\tKEY")
+	fmt.Fprintln(tw, "MODEL\tREVISION\tPUBLISHED BY\tDTYPE\tSTATE\tBYTES\tTENSORS\tLEASES\tLAST USED\tKEY")
 	for _, mo := range rep.Models {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, or(mo.Revision, "-"), mo.DType, mo.State,
-			humanBytes(mo.Bytes), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
+		by := "-"
+		if mo.Engine != "" {
+			by = strings.TrimSpace(mo.Engine + " " + mo.EngineVersion)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, or(mo.Revision, "-"), by, mo.DType, mo.State,
+			humanBytes(max(mo.Bytes, mo.Need)), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -449,6 +449,7 @@ func (m *Manager) describe(ctx context.Context, e *entry) Status {
 		}
 		mo.Leases += r.Leases
 		mo.Bytes = max(mo.Bytes, r.Bytes)
+		mo.Tensors = max(mo.Tensors, r.Tensors) // a staged model's, once published
 		if r.LastUsed.After(mo.LastUsed) {
 			mo.LastUsed = r.LastUsed
 		}
