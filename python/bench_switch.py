@@ -22,16 +22,14 @@ pass/fail test.
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from demo_vllm import bench_model, median_spread, warm  # noqa: E402
+from demo_vllm import bench_model, host_preload, median_spread, result_of, warm  # noqa: E402
 
 ENGINE = textwrap.dedent("""
     import json, os, sys, time
@@ -70,21 +68,7 @@ ENGINE = textwrap.dedent("""
 
 
 def engine(script, what, model, sock, other="", other_sock=""):
-    p = subprocess.run([sys.executable, script, what, model, sock, other, other_sock], capture_output=True, text=True)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode or not lines:
-        raise SystemExit(f"engine {what} {model} failed:\n{p.stderr[-3000:]}{p.stdout[-3000:]}")
-    return json.loads(lines[-1][7:])
-
-
-def preload(wc_bin, model):
-    sock = tempfile.mkdtemp(prefix="wcsw")
-    os.chmod(sock, 0o700)
-    p = subprocess.Popen([wc_bin, "preload", "--model", model, "--devices", "host", "--socket-dir", sock],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    ready = json.loads(p.stdout.readline())
-    assert ready.get("event") == "ready", ready
-    return p, sock
+    return result_of([sys.executable, script, what, model, sock, other, other_sock], f"engine {what} {model}")[0]
 
 
 def _ms(t):
@@ -109,7 +93,7 @@ def main() -> int:
         f.write(ENGINE)
     daemons = []
     try:
-        (p1, s1), (p2, s2) = preload(a.bin, v1), preload(a.bin, v2)
+        (p1, s1, _), (p2, s2, _) = host_preload(a.bin, v1, "wcsw"), host_preload(a.bin, v2, "wcsw")
         daemons = [p1, p2]
         engine(script, "wc", v1, s1)  # warms vLLM's own files, uncounted
         rows: dict = {"switch": [], "wc": [], "auto": []}

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -35,7 +34,7 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # make demo-vllm's model, page-cache handling, and median and spread: one of each.
-from demo_vllm import bench_model, evict, median_spread, warm as warm_cache  # noqa: E402
+from demo_vllm import bench_model, evict, host_preload, median_spread, result_of, warm as warm_cache  # noqa: E402
 
 ENGINE = textwrap.dedent("""
     import json, os, re, sys, time
@@ -113,11 +112,7 @@ FLOOR = textwrap.dedent("""
 
 
 def floor(script: str, *args: str) -> dict:
-    p = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode or not lines:
-        raise SystemExit(f"floor failed:\n{p.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
+    return result_of([sys.executable, script, *args], "floor")[0]
 
 
 def cached_bytes(model):
@@ -146,13 +141,8 @@ def cached_bytes(model):
 
 
 def engine(script, model, fmt, extra):
-    p = subprocess.run([sys.executable, script, fmt, json.dumps(extra), model], capture_output=True, text=True,
+    r, log = result_of([sys.executable, script, fmt, json.dumps(extra), model], f"engine {fmt} {extra}",
                        env=dict(os.environ, VLLM_LOGGING_LEVEL="INFO"))
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode or not lines:
-        raise SystemExit(f"engine {fmt} {extra} failed:\n{p.stderr[-3000:]}{p.stdout[-3000:]}")
-    r = json.loads(lines[-1][7:])
-    log = p.stdout + p.stderr
     m = re.search(r"Loading weights took ([0-9.]+) seconds", log)
     r["load_weights"] = float(m.group(1)) if m else float("nan")
     m = re.search(r"tier checkpoint: processed weights are not safe here: ([^\n]*)", log)
@@ -190,13 +180,9 @@ def main() -> int:
         f.write(ENGINE)
     with open(floor_script, "w") as f:
         f.write(FLOOR)
-    sock = tempfile.mkdtemp(prefix="wcv")
-    os.chmod(sock, 0o700)
-    daemon = subprocess.Popen([a.bin, "preload", "--model", a.model, "--devices", "host", "--socket-dir", sock],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    daemon, sock, ready = host_preload(a.bin, a.model)
     rows = {}
     try:
-        ready = json.loads(daemon.stdout.readline())
         wc = {"socket_dir": sock, "fallback": False}
         engine(script, a.model, "auto", {})  # warms the page cache and vLLM's own files
         plan = [("auto, page cache warm", "auto", {}, False), ("auto, evicted", "auto", {}, True),

@@ -205,6 +205,32 @@ def warm(model: str) -> None:
                     pass
 
 
+def host_preload(wc_bin: str, model: str, prefix: str = "wcv") -> Tuple["subprocess.Popen[str]", str, Dict[str, object]]:
+    """A host preload of model in a private socket directory of its own,
+    once it serves: (the process, the directory, its ready line)."""
+    sock = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(sock, 0o700)
+    p = subprocess.Popen([wc_bin, "preload", "--model", model, "--devices", "host", "--socket-dir", sock],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    ready = json.loads(line) if line.startswith("{") else {}
+    if ready.get("event") != "ready":
+        p.kill()
+        raise SystemExit(f"preload {model} did not serve: {line!r}")
+    return p, sock, ready
+
+
+def result_of(cmd: Sequence[str], what: str, env: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, object], str]:
+    """Runs cmd, a script that prints its findings as a line "RESULT <json>",
+    to its end: (the last such line's object, the script's whole output)."""
+    p = subprocess.run(list(cmd), capture_output=True, text=True, env=env)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        raise SystemExit(f"{what} failed:\n{p.stderr[-3000:]}{p.stdout[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):]), p.stdout + p.stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -349,14 +375,9 @@ def main() -> int:
     a = ap.parse_args()
     size = bench_model(a.model)
     work = tempfile.mkdtemp(prefix="wcdemo-vllm-")
-    sock = tempfile.mkdtemp(prefix="wcv")
-    os.chmod(sock, 0o700)
-    daemon = subprocess.Popen([a.bin, "preload", "--model", a.model, "--devices", "host", "--socket-dir", sock],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    daemon, sock, ready = host_preload(a.bin, a.model)
     runs: List[Dict[str, object]] = []
     try:
-        assert daemon.stdout is not None
-        ready = json.loads(daemon.stdout.readline())
         print(f"preloaded {a.model}: {ready['tensors']} tensors, {size / 1e9:.2f} GB; logs in {work}", flush=True)
         prepare = evict if a.page_cache == "evict" else warm
         prepare(a.model)
