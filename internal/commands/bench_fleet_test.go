@@ -243,7 +243,8 @@ func BenchmarkFleetRefit(b *testing.B) {
 // TMPDIR.
 func refitVersion(b *testing.B, model string) string {
 	b.Helper()
-	dir := filepath.Join(os.TempDir(), "weightcache-bench-refit-v2")
+	sum := sha256.Sum256([]byte(model))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("weightcache-bench-refit-%x", sum[:6]))
 	if _, err := checkpoint.Resolve(dir, ""); err == nil {
 		return dir
 	}
