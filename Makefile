@@ -200,13 +200,15 @@ bench-outlive: ## attach, preload, rank restart and takeover at scale
 # Seeding from peers in network namespaces (root): one peer to one node
 # against a plain TCP copy and cp, 1 -> 3 nodes on shaped links against one
 # copy and the star, SHA-256's CPU per GB, then a row per peer fault (killed,
-# link stalled, 1 Mbit/s, 404) against the same seed without it.
+# link stalled, 1 Mbit/s, 404) against the same seed without it, and the
+# refit: a new version reaching four nodes that serve the old one, at once,
+# against one copy over one link, with the storage the fleet read for it.
 # WEIGHTCACHE_BENCH_FLEET_MODEL, WEIGHTCACHE_BENCH_FLEET_RATE (1gbit) change
 # the model and the links; the
 # 4 GiB run: weightcache synth --preset large --shards 4 --out DIR, then
 # WEIGHTCACHE_BENCH_FLEET_MODEL=DIR (its swarm runs where memory allows).
 bench-fleet: ## seeding from peers in network namespaces (root)
-	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 30m ./internal/commands/
+	$(GO) test -run '^$$' -bench Fleet -benchtime 1x -timeout 45m ./internal/commands/
 
 # weightcache serve: attach with 1, 4 and 16 models resident, and the load
 # of an evicted model against a cold preload of it.
