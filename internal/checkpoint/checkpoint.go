@@ -270,3 +270,17 @@ func (c *Checkpoint) Tensors() []TensorRef {
 	}
 	return out
 }
+
+// HumanBytes is n in the binary unit that keeps it readable ("1.31 GiB"),
+// as the CLI and the errors about sizes print it.
+func HumanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

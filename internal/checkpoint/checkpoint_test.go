@@ -388,3 +388,11 @@ func TestResolveLazilyRefusesDisagreements(t *testing.T) {
 		})
 	}
 }
+
+func TestHumanBytes(t *testing.T) {
+	for n, want := range map[int64]string{12: "12 B", 2048: "2.0 KiB", 5 << 20: "5.0 MiB", 3 << 30: "3.00 GiB"} {
+		if got := HumanBytes(n); got != want {
+			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

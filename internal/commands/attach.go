@@ -151,14 +151,14 @@ func resultOf(src client.Source, w *client.Weights, el time.Duration) attachResu
 
 func printAttach(e env, r attachResult) {
 	if r.Source == "hit" {
-		fmt.Fprintf(e.stdout, "hit: %d tensors, %s in %.2f ms from %s\n", r.Tensors, humanBytes(r.Bytes), r.AttachSeconds*1e3, r.Socket)
+		fmt.Fprintf(e.stdout, "hit: %d tensors, %s in %.2f ms from %s\n", r.Tensors, checkpoint.HumanBytes(r.Bytes), r.AttachSeconds*1e3, r.Socket)
 	} else {
 		src := client.Source{Reason: client.Reason(r.Reason), Detail: r.Detail, Fields: r.Fields}
 		fix := ""
 		if r.Fix != "" {
 			fix = "; " + r.Fix
 		}
-		fmt.Fprintf(e.stdout, "fallback (%s): loaded %d tensors, %s from disk in %.3f s%s\n", src, r.Tensors, humanBytes(r.Bytes), r.AttachSeconds, fix)
+		fmt.Fprintf(e.stdout, "fallback (%s): loaded %d tensors, %s from disk in %.3f s%s\n", src, r.Tensors, checkpoint.HumanBytes(r.Bytes), r.AttachSeconds, fix)
 	}
 	if r.TouchSeconds > 0 {
 		fmt.Fprintf(e.stdout, "touched every byte in %.3f s\n", r.TouchSeconds)

@@ -50,14 +50,7 @@ func fleetBenchEnv(b *testing.B) (model, rate string) {
 func BenchmarkFleet(b *testing.B) {
 	model, rate := fleetBenchEnv(b)
 	shards := shardPaths(b, model)
-	var size int64
-	for _, p := range shards {
-		st, err := os.Stat(p)
-		if err != nil {
-			b.Fatal(err)
-		}
-		size += st.Size()
-	}
+	size := filesSize(b, shards)
 	tok := peerToken(b, "bench-token")
 	gb := float64(size) / 1e9
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: "+format+"\n", args...) }
@@ -155,14 +148,7 @@ func BenchmarkFleet(b *testing.B) {
 func BenchmarkFleetRefit(b *testing.B) {
 	model, rate := fleetBenchEnv(b)
 	shards := shardPaths(b, model)
-	var size int64
-	for _, p := range shards {
-		st, err := os.Stat(p)
-		if err != nil {
-			b.Fatal(err)
-		}
-		size += st.Size()
-	}
+	size := filesSize(b, shards)
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-fleet: refit: "+format+"\n", args...) }
 	// Four nodes hold v1 and v2 each (their ranks' segments), and the page
 	// cache both files.
@@ -269,6 +255,19 @@ func refitVersion(b *testing.B, model string) string {
 		fd.Close()
 	}
 	return dir
+}
+
+// filesSize is the bytes of files together.
+func filesSize(b *testing.B, files []string) int64 {
+	var n int64
+	for _, p := range files {
+		st, err := os.Stat(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n += st.Size()
+	}
+	return n
 }
 
 // timedSeed seeds node i with a preload of args, and returns its time from

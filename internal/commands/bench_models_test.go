@@ -163,6 +163,6 @@ func BenchmarkServeModels(b *testing.B) {
 		b.ReportMetric(preloads[1].Seconds(), "cold_preload_s")
 		b.ReportMetric(ratio, "evicted_load/cold_preload")
 		fmt.Fprintf(os.Stderr, "load of an evicted model (medium, %s) through serve %.3fs against a cold preload %.3fs, medians of 3 interleaved: %.2fx\n",
-			humanBytes(first.Bytes), loads[1].Seconds(), preloads[1].Seconds(), ratio)
+			checkpoint.HumanBytes(first.Bytes), loads[1].Seconds(), preloads[1].Seconds(), ratio)
 	})
 }

@@ -102,7 +102,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer stop()
-	fmt.Fprintf(e.stdout, "   ready in %.3f s: %v tensors, %s on %v\n", ready.LoadSeconds, ready.Tensors, humanBytes(ready.Bytes), ready.Socket)
+	fmt.Fprintf(e.stdout, "   ready in %.3f s: %v tensors, %s on %v\n", ready.LoadSeconds, ready.Tensors, checkpoint.HumanBytes(ready.Bytes), ready.Socket)
 
 	fmt.Fprintf(e.stdout, "3. %d runs of each, alternating (one warm-up first, not counted):\n", *repeat)
 	runs := []demoRun{{label: "cold start (load from disk)"}, {label: "attach through the daemon (hit)"}, {label: "attach, then read every byte"},
@@ -151,7 +151,7 @@ func runDemo(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "\n%s, %d tensors, %s; median (min-max) of %d runs each, page cache warm (the best case for disk)\n",
-		*model, ready.Tensors, humanBytes(ready.Bytes), *repeat)
+		*model, ready.Tensors, checkpoint.HumanBytes(ready.Bytes), *repeat)
 	bars := make([]bar, len(runs))
 	for i, r := range runs {
 		med, lo, hi := spread(r.times)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/models"
 )
 
@@ -32,6 +33,6 @@ func runDrop(ctx context.Context, e env, args []string) error {
 	if c.asJSON {
 		return json.NewEncoder(e.stdout).Encode(rep.Dropped)
 	}
-	fmt.Fprintf(e.stdout, "dropped %s: %s freed on each device\n", c.spec.Model, humanBytes(rep.Dropped.Bytes))
+	fmt.Fprintf(e.stdout, "dropped %s: %s freed on each device\n", c.spec.Model, checkpoint.HumanBytes(rep.Dropped.Bytes))
 	return nil
 }

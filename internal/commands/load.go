@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/models"
 	"github.com/weightcache/weightcache/internal/sockets"
 )
@@ -75,6 +76,6 @@ func runLoad(ctx context.Context, e env, args []string) error {
 		return nil
 	}
 	fmt.Fprintf(e.stdout, "%s %s: %d tensors, %s on each device, in %.2f s; engines attach with --socket-dir %s\n",
-		what, c.spec.Model, l.Tensors, humanBytes(l.Bytes), l.LoadSeconds, c.socketDir)
+		what, c.spec.Model, l.Tensors, checkpoint.HumanBytes(l.Bytes), l.LoadSeconds, c.socketDir)
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/daemon"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/sockets"
@@ -191,17 +192,5 @@ func progressLine(progress func() (int64, int64), el time.Duration) string {
 		eta = (time.Duration(float64(total-n)/rate*1e9) + time.Second/2).Truncate(time.Second).String()
 	}
 	// One unit family: the rate in the bytes' binary units.
-	return fmt.Sprintf("loading %s / %s  %s/s  ETA %s", humanBytes(n), humanBytes(total), humanBytes(int64(rate)), eta)
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+	return fmt.Sprintf("loading %s / %s  %s/s  ETA %s", checkpoint.HumanBytes(n), checkpoint.HumanBytes(total), checkpoint.HumanBytes(int64(rate)), eta)
 }

@@ -51,14 +51,6 @@ func TestConsoleLinesWhole(t *testing.T) {
 	}
 }
 
-func TestHumanBytes(t *testing.T) {
-	for n, want := range map[int64]string{12: "12 B", 2048: "2.0 KiB", 5 << 20: "5.0 MiB", 3 << 30: "3.00 GiB"} {
-		if got := humanBytes(n); got != want {
-			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 // On a terminal the ready line is summed up for people in one line with
 // one time, and stdout still gets the JSON line unchanged.
 func TestReadySummary(t *testing.T) {

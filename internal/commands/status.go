@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/client"
+	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/models"
 	"github.com/weightcache/weightcache/internal/protocol"
 	"github.com/weightcache/weightcache/internal/sockets"
@@ -56,7 +57,7 @@ func runStatus(ctx context.Context, e env, args []string) error {
 	for _, d := range daemons {
 		if p := d.Plan; p != nil && p.Unmatched > 0 {
 			fmt.Fprintf(e.stdout, "%s: plan %s replicates %s on every rank; %d tensors (%s) match no rule, first: %s\n",
-				d.Device, p.Plan, humanBytes(p.ReplicatedBytes), p.Unmatched, humanBytes(p.UnmatchedBytes), strings.Join(p.FirstUnmatched, ", "))
+				d.Device, p.Plan, checkpoint.HumanBytes(p.ReplicatedBytes), p.Unmatched, checkpoint.HumanBytes(p.UnmatchedBytes), strings.Join(p.FirstUnmatched, ", "))
 		}
 	}
 	return nil
@@ -86,14 +87,14 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 	}
 	budget := "none"
 	if rep.Budget > 0 {
-		budget = humanBytes(rep.Budget) + " on each device"
+		budget = checkpoint.HumanBytes(rep.Budget) + " on each device"
 	}
 	var held int64
 	for _, mo := range rep.Models {
 		held += max(mo.Bytes, mo.Need)
 	}
 	fmt.Fprintf(e.stdout, "weightcache serve in %s: %d models, %s held, budget %s; %d loads, %d evictions\n",
-		dir, len(rep.Models), humanBytes(held), budget, rep.Loads, rep.Evictions)
+		dir, len(rep.Models), checkpoint.HumanBytes(held), budget, rep.Loads, rep.Evictions)
 	if len(rep.Models) == 0 {
 		return nil
 	}
@@ -105,7 +106,7 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 			by = strings.TrimSpace(mo.Engine + " " + mo.EngineVersion)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, or(mo.Revision, "-"), by, mo.DType, mo.State,
-			humanBytes(max(mo.Bytes, mo.Need)), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
+			checkpoint.HumanBytes(max(mo.Bytes, mo.Need)), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -131,9 +132,9 @@ func writeStatusTable(w io.Writer, daemons []client.DaemonStatus) error {
 			continue
 		}
 		fp := d.Fingerprint
-		size := humanBytes(d.Bytes)
+		size := checkpoint.HumanBytes(d.Bytes)
 		if d.State == protocol.StateLoading {
-			size = humanBytes(d.LoadedBytes) + " of " + humanBytes(d.TotalBytes)
+			size = checkpoint.HumanBytes(d.LoadedBytes) + " of " + checkpoint.HumanBytes(d.TotalBytes)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\n",
 			d.Device, d.Group, d.State, d.PID, d.Model, fp.DType, rankOf(fp.TPRank, fp.TPSize), rankOf(fp.DPRank, fp.DPSize),
@@ -173,7 +174,7 @@ func writeArtifacts(w io.Writer, daemons []client.DaemonStatus) error {
 	if budget == 0 {
 		return nil
 	}
-	fmt.Fprintf(w, "\nartifacts: %d sets, %s of %s (--artifact-budget)\n", len(rows), humanBytes(held), humanBytes(budget))
+	fmt.Fprintf(w, "\nartifacts: %d sets, %s of %s (--artifact-budget)\n", len(rows), checkpoint.HumanBytes(held), checkpoint.HumanBytes(budget))
 	if len(rows) == 0 {
 		return nil
 	}
@@ -181,7 +182,7 @@ func writeArtifacts(w io.Writer, daemons []client.DaemonStatus) error {
 	fmt.Fprintln(tw, "KEY\tRANK\tDIR\tFILES\tBYTES\tHITS\tLAST USED")
 	for _, r := range rows {
 		a := r.set
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", a.Key, a.Rank, a.Dir, a.Files, humanBytes(a.Bytes), r.hits, a.LastUsed.Local().Format(time.DateTime))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", a.Key, a.Rank, a.Dir, a.Files, checkpoint.HumanBytes(a.Bytes), r.hits, a.LastUsed.Local().Format(time.DateTime))
 	}
 	return tw.Flush()
 }

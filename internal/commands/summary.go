@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
 // readyTee passes preload's stdout through unchanged (scripts read the JSON
@@ -47,7 +49,7 @@ func readySummary(r readyLine) string {
 	if len(r.Ranks) > 1 {
 		where = fmt.Sprintf("%s (%d ranks)", where, len(r.Ranks))
 	}
-	from := fmt.Sprintf("read %s of the checkpoint", humanBytes(r.ReadBytes))
+	from := fmt.Sprintf("read %s of the checkpoint", checkpoint.HumanBytes(r.ReadBytes))
 	switch r.Source {
 	case "takeover":
 		from = fmt.Sprintf("taken over from pid %d, nothing read", r.SourcePID)
@@ -58,7 +60,7 @@ func readySummary(r readyLine) string {
 		from += " (" + r.Reason + ")"
 	}
 	s := fmt.Sprintf("ready: %s, %d tensors, %s on %s in %.2f s, %s; engines attach at %s",
-		r.Model, r.Tensors, humanBytes(r.Bytes), where, r.LoadSeconds, from, r.Socket)
+		r.Model, r.Tensors, checkpoint.HumanBytes(r.Bytes), where, r.LoadSeconds, from, r.Socket)
 	if r.Health != "" {
 		s += "; /health and /metrics on " + r.Health
 	}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
 // ErrNoRoom is wrapped by a load the budget cannot hold even with every
@@ -59,30 +61,17 @@ func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
 		return out, nil
 	}
 	if need > budget {
-		return nil, fmt.Errorf("%w: it needs %s on each device, the budget is %s", ErrNoRoom, size(need), size(budget))
+		return nil, fmt.Errorf("%w: it needs %s on each device, the budget is %s", ErrNoRoom, checkpoint.HumanBytes(need), checkpoint.HumanBytes(budget))
 	}
 	var holders []string
 	for _, r := range resident {
 		switch {
 		case r.Kept != "":
-			holders = append(holders, fmt.Sprintf("%s (%s, %s)", r.Name, size(r.Bytes), r.Kept))
+			holders = append(holders, fmt.Sprintf("%s (%s, %s)", r.Name, checkpoint.HumanBytes(r.Bytes), r.Kept))
 		case r.Leases > 0:
-			holders = append(holders, fmt.Sprintf("%s (%s, %d leases)", r.Name, size(r.Bytes), r.Leases))
+			holders = append(holders, fmt.Sprintf("%s (%s, %d leases)", r.Name, checkpoint.HumanBytes(r.Bytes), r.Leases))
 		}
 	}
 	return nil, fmt.Errorf("%w: it needs %s on each device, and with every model without a lease evicted %s of the %s budget would be free; these are never evicted: %s",
-		ErrNoRoom, size(need), size(max(budget-held, 0)), size(budget), strings.Join(holders, ", "))
-}
-
-// size is n in the binary unit that keeps it readable.
-func size(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+		ErrNoRoom, checkpoint.HumanBytes(need), checkpoint.HumanBytes(max(budget-held, 0)), checkpoint.HumanBytes(budget), strings.Join(holders, ", "))
 }

@@ -41,7 +41,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
 from ..attach import Weights, attach
@@ -383,24 +383,20 @@ def differ(old: Checkpoint, new: Checkpoint) -> str:
     keys = _config_differs(_config(old.dir), _config(new.dir))
     if keys:
         return "config.json differs in " + ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-    a = {t.name: (t.dtype, tuple(t.shape)) for _, t in old.tensors()}
-    b = {t.name: (t.dtype, tuple(t.shape)) for _, t in new.tensors()}
-    for name in sorted(set(a) | set(b)):
-        if name not in b:
-            return f"tensor {name} is missing"
-        if name not in a:
-            return f"tensor {name} is not in the running checkpoint"
-        if a[name] != b[name]:
-            return f"tensor {name} is {b[name][0]} {list(b[name][1])}, running {a[name][0]} {list(a[name][1])}"
-    return ""
+    return _differ_specs(old, ((t.name, t.dtype, list(t.shape)) for _, t in new.tensors()))
 
 
 def differ_tensors(old: Checkpoint, weights: Weights) -> str:
     """What keeps the tensors a daemon serves (a pushed version's, which no
     file describes) from replacing old's: "" when they have old's names,
     dtypes and shapes."""
+    return _differ_specs(old, weights.specs())
+
+
+def _differ_specs(old: Checkpoint, new: Iterable[tuple[str, str, list[int]]]) -> str:
+    """The first tensor whose name, dtype or shape in new is not old's."""
     a = {t.name: (t.dtype, list(t.shape)) for _, t in old.tensors()}
-    b = {name: (dt, shape) for name, dt, shape in weights.specs()}
+    b = {name: (dt, list(shape)) for name, dt, shape in new}
     for name in sorted(set(a) | set(b)):
         if name not in b:
             return f"tensor {name} is missing"
