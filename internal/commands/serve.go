@@ -55,6 +55,16 @@ func runServe(ctx context.Context, e env, args []string) error {
 	workers := fs.Int("load-workers", 4, "parallel checkpoint readers of each load")
 	healthHost := fs.String("weight-cache-health-host", "127.0.0.1", "address of /health and /metrics")
 	healthPort := fs.Int("weight-cache-health-port", 0, "port of /health and /metrics (0: off)")
+	peerHosts := fs.String("peers", "", "every node's serve, this one's included: host names or addresses, comma-separated (a headless Service name is every pod); each model seeds from them and serves them on its own port")
+	portBase := fs.Int("peer-port-base", 7100, "with --peers: a model's peer port is this plus a hash of its checkpoint path, the same on every node that keeps it at the same path")
+	portSpan := fs.Int("peer-port-span", 1000, "with --peers: the ports models' peer ports are chosen among")
+	var peerAuth [4]string
+	fs.StringVar(&peerAuth[0], "peer-token-file", "", "with --peers: a file holding the token peers share (preload's --peer-token-file)")
+	fs.StringVar(&peerAuth[1], "peer-tls-cert", "", "with --peers: this node's certificate (PEM)")
+	fs.StringVar(&peerAuth[2], "peer-tls-key", "", "with --peers: the key of --peer-tls-cert (PEM)")
+	fs.StringVar(&peerAuth[3], "peer-tls-ca", "", "with --peers: the cluster CA (PEM)")
+	trustPeers := fs.Bool("peer-trust-peers", false, "with --peers: take the manifest from the authenticated peers (a checkpoint outside the hub cache has no other root here)")
+	peerTimeout := fs.Duration("peer-timeout", 10*time.Second, "with --peers: preload's --peer-timeout for every model")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -65,6 +75,32 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return usageErrorf("--tensor-parallel-size must be at least 1, got %d", *tp)
 	case *workers < 1:
 		return usageErrorf("--load-workers must be at least 1, got %d", *workers)
+	case *portBase < 1 || *portSpan < 1 || *portBase+*portSpan > 65536:
+		return usageErrorf("--peer-port-base %d and --peer-port-span %d: want ports within 1 to 65535", *portBase, *portSpan)
+	}
+	var peers, peerArgs []string
+	for _, h := range strings.Split(*peerHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			if strings.Contains(h, ":") && net.ParseIP(h) == nil {
+				return usageErrorf("--peers %q: hosts only; each model's port comes from --peer-port-base", h)
+			}
+			peers = append(peers, h)
+		}
+	}
+	if len(peers) > 0 {
+		tls := peerAuth[1] != "" && peerAuth[2] != "" && peerAuth[3] != ""
+		if peerAuth[0] == "" && !tls {
+			return usageErrorf("--peers needs peers that prove themselves: give --peer-token-file, or --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
+		}
+		for i, name := range []string{"peer-token-file", "peer-tls-cert", "peer-tls-key", "peer-tls-ca"} {
+			if peerAuth[i] != "" {
+				peerArgs = append(peerArgs, "--"+name, peerAuth[i])
+			}
+		}
+		if *trustPeers {
+			peerArgs = append(peerArgs, "--peer-trust-peers")
+		}
+		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String())
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -85,6 +121,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		SocketDir: *socketDir, Budget: budget, Devices: *devices, TPSize: *tp, Exe: exe,
 		PreloadArgs: []string{"--drain-timeout", drain.String(), "--load-workers", strconv.Itoa(*workers)},
 		StopTimeout: *drain + 30*time.Second, Stderr: e.stderr, Logger: log,
+		Peers: peers, PeerPortBase: *portBase, PeerPortSpan: *portSpan, PeerArgs: peerArgs,
 	})
 	if err != nil {
 		return err

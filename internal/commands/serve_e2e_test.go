@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -157,4 +158,51 @@ func TestServeSeveralModelsUnderABudget(t *testing.T) {
 		t.Fatalf("load b after dropping a: exit %d: %s", code, errOut)
 	}
 	sameAsDisk(t, engine(t, ckpt["b"], dir), ckpt["b"])
+}
+
+// serveIn runs weightcache serve on fleet node i and waits for its line.
+func serveIn(t *testing.T, f *netnsFleet, i int, args ...string) *preloadProc {
+	t.Helper()
+	bin := wc(append([]string{"serve"}, args...)...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", f.nodes[i]}, bin.Args...)...)
+	cmd.Env = bin.Env
+	p := startPreloadCmd(t, false, cmd)
+	p.ready = p.event(t, "serving")
+	return p
+}
+
+// A model loaded into serve on a second node seeds from the first node's
+// serve: every model's preload trades with the other nodes on the model's
+// own port, which every node derives alike.
+func TestServeSeedsModelsFromPeers(t *testing.T) {
+	t.Parallel()
+	f := newNetnsFleet(t, 2, "")
+	model := synthModel(t, "tiny")
+	tok := peerToken(t, "serve-token")
+	dirs := []string{sockDir(t), sockDir(t)}
+	for i := range 2 {
+		serveIn(t, f, i, "--socket-dir", dirs[i], "--devices", "host", "--peers", f.addrs[0]+","+f.addrs[1],
+			"--peer-token-file", tok, "--peer-trust-peers", "--peer-timeout", "2s")
+	}
+	load := func(i int) models.Loaded {
+		out, errOut, code := runWC(t, "load", "--socket-dir", dirs[i], "--model", model, "--json")
+		var l models.Loaded
+		if code != 0 || json.Unmarshal([]byte(out), &l) != nil {
+			t.Fatalf("load on node %d: exit %d: %s%s", i, code, out, errOut)
+		}
+		return l
+	}
+	first := load(0)
+	if first.Source != "checkpoint" || first.PeerBytes != 0 || first.StorageBytes == 0 {
+		t.Fatalf("node 0 (no peer holds the model): source %q, %d bytes from peers, %d from storage", first.Source, first.PeerBytes, first.StorageBytes)
+	}
+	second := load(1)
+	if second.Source != "peers" || second.StorageBytes != 0 || second.PeerBytes != first.StorageBytes {
+		t.Fatalf("node 1: source %q, %d bytes from peers, %d from storage; want every byte (%d) from node 0", second.Source, second.PeerBytes, second.StorageBytes, first.StorageBytes)
+	}
+	if first.PeerPort == 0 || second.PeerPort != first.PeerPort {
+		t.Fatalf("peer ports %d and %d: want one port, derived alike", first.PeerPort, second.PeerPort)
+	}
+	w := engine(t, model, dirs[1])
+	sameAsDisk(t, w, model)
 }

@@ -6,13 +6,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,8 +40,17 @@ type Config struct {
 	// StopTimeout bounds a preload's exit after SIGTERM (its drain
 	// timeout and a margin), after which it is killed.
 	StopTimeout time.Duration
-	Stderr      io.Writer
-	Logger      *slog.Logger
+	// Peers, when set, are every node's serve (hosts, this one's
+	// included, as a headless Service resolves): each model's preload
+	// seeds from them and serves them on the model's own port (PeerPort).
+	Peers []string
+	// PeerPortBase and PeerPortSpan give each model its peer port.
+	PeerPortBase, PeerPortSpan int
+	// PeerArgs go to every preload that trades with peers (its
+	// authentication and trust flags).
+	PeerArgs []string
+	Stderr   io.Writer
+	Logger   *slog.Logger
 }
 
 // Spec names a model to load or drop.
@@ -65,16 +77,22 @@ type Status struct {
 	// what the load reckoned it would, before it read anything (for a
 	// staged model, what its checkpoint holds); the budget counts the
 	// larger.
-	Bytes       int64     `json:"bytes"`
-	Need        int64     `json:"need"`
-	Tensors     int       `json:"tensors"`
-	Leases      int       `json:"leases"`
-	LastUsed    time.Time `json:"last_used"`
-	LoadedAt    time.Time `json:"loaded_at"`
-	LoadSeconds float64   `json:"load_seconds"`
-	PID         int       `json:"pid"`
-	State       string    `json:"state"` // ready; or a rank's state when one is not
-	Error       string    `json:"error,omitempty"`
+	Bytes   int64 `json:"bytes"`
+	Need    int64 `json:"need"`
+	Tensors int   `json:"tensors"`
+	// PeerPort is where the model's preload serves peers (0: it does
+	// not); PeerBytes and StorageBytes where its load got its bytes.
+	PeerPort     int       `json:"peer_port,omitempty"`
+	PeerBytes    int64     `json:"peer_bytes,omitempty"`
+	StorageBytes int64     `json:"storage_bytes,omitempty"`
+	Source       string    `json:"source,omitempty"`
+	Leases       int       `json:"leases"`
+	LastUsed     time.Time `json:"last_used"`
+	LoadedAt     time.Time `json:"loaded_at"`
+	LoadSeconds  float64   `json:"load_seconds"`
+	PID          int       `json:"pid"`
+	State        string    `json:"state"` // ready; or a rank's state when one is not
+	Error        string    `json:"error,omitempty"`
 }
 
 // Loaded is the reply to a load.
@@ -277,6 +295,24 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	if m.cfg.Devices != "" {
 		args = append(args, "--devices", m.cfg.Devices)
 	}
+	port := 0
+	if len(m.cfg.Peers) > 0 && !spec.PublishOnly {
+		var peers []string
+		p := PeerPort(key, m.cfg.PeerPortBase, m.cfg.PeerPortSpan)
+		for _, h := range m.cfg.Peers {
+			peers = append(peers, net.JoinHostPort(h, strconv.Itoa(p)))
+		}
+		args = append(args, "--peers", strings.Join(peers, ","))
+		if other := m.onPort(p); other != "" {
+			// Seeding still works; serving would not bind.
+			m.cfg.Logger.Warn("a resident model has this model's peer port: it seeds from peers but serves them nothing",
+				"model", spec.Model, "port", p, "holder", other)
+		} else {
+			port = p
+			args = append(args, "--peer-listen", ":"+strconv.Itoa(p))
+		}
+		args = append(args, m.cfg.PeerArgs...)
+	}
 	args = append(args, m.cfg.PreloadArgs...)
 	cmd := exec.Command(m.cfg.Exe, args...)
 	cmd.SysProcAttr = childAttr()
@@ -291,7 +327,7 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 		return nil, fmt.Errorf("start the preload of %s: %w", spec.Model, err)
 	}
 	e := &entry{cmd: cmd, exited: make(chan struct{})}
-	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID, e.Need = spec, key, ckptDir, dir, cmd.Process.Pid, need
+	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID, e.Need, e.PeerPort = spec, key, ckptDir, dir, cmd.Process.Pid, need, port
 	readyCh := make(chan launcher.ReadyLine, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -317,7 +353,10 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	}()
 	select {
 	case rl := <-readyCh:
-		e.LoadedAt, e.LoadSeconds, e.Tensors = time.Now(), time.Since(began).Seconds(), rl.Tensors
+		e.LoadedAt, e.LoadSeconds, e.Tensors, e.Source = time.Now(), time.Since(began).Seconds(), rl.Tensors, rl.Source
+		if rl.PeerBytes != nil && rl.StorageBytes != nil {
+			e.PeerBytes, e.StorageBytes = *rl.PeerBytes, *rl.StorageBytes
+		}
 	case <-e.exited:
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("the preload of %s exited before it served (%s): %s", spec.Model, cmd.ProcessState, tail.String())
@@ -330,6 +369,27 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	m.loads++
 	m.mu.Unlock()
 	return e, nil
+}
+
+// PeerPort is the port a model serves peers on: base plus a hash of its
+// key (the checkpoint's real path, so the same model on every node that
+// keeps it at the same path), within span ports.
+func PeerPort(key string, base, span int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return base + int(h.Sum32()%uint32(max(span, 1)))
+}
+
+// onPort names the resident model that serves peers on port, if any.
+func (m *Manager) onPort(port int) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.models {
+		if e.PeerPort == port {
+			return e.name()
+		}
+	}
+	return ""
 }
 
 func or(s, def string) string {
