@@ -72,6 +72,13 @@ runAsUser: 1000
 runAsGroup: 1000
 examples: {vllm: {enabled: true}}
 `,
+	"serve with peers": `
+serve: {enabled: true, memoryBudgetMiB: 60000, residentMiB: 0}
+models: [{name: llama-8b, model: /models/Llama-3.1-8B-Instruct}]
+runAsUser: 1000
+runAsGroup: 1000
+peers: {enabled: true, tls: {secretName: weightcache-peer-tls}, tokenSecret: {name: weightcache-peer-token}, trustPeers: true, rateLimit: 1GiB}
+`,
 	"host tier, no GPU runtime": `
 gpu: {enabled: false}
 models: [{name: small, model: /models/small, devices: host, residentMiB: 2048}]

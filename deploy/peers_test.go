@@ -49,15 +49,23 @@ func checkPeerFlags(t *testing.T, pod corev1.PodSpec, c corev1.Container, args m
 		}
 		return
 	}
-	_, port, err := net.SplitHostPort(listen)
-	if err != nil {
-		t.Fatalf("container %s: --peer-listen %q: %v", c.Name, listen, err)
-	}
-	if got := containerPort(t, c, port); fmt.Sprint(got) != port {
-		t.Errorf("container %s: peers served on %s, no container port says it", c.Name, port)
-	}
-	if _, p, err := net.SplitHostPort(seeds); err != nil || p != port {
-		t.Errorf("container %s: --peers %q: want the port it serves peers on, %s (%v)", c.Name, seeds, port, err)
+	if c.Args[0] == "serve" {
+		// serve names hosts; each model's port is derived from
+		// --peer-port-base, the same on every node.
+		if listen != "" || strings.Contains(seeds, ":") || !strings.HasPrefix(seeds, peersHost) || args["--peer-port-base"] == "" {
+			t.Errorf("container %s: serve --peers %q --peer-port-base %q (--peer-listen %q): want the peers Service's host and a port base", c.Name, seeds, args["--peer-port-base"], listen)
+		}
+	} else {
+		_, port, err := net.SplitHostPort(listen)
+		if err != nil {
+			t.Fatalf("container %s: --peer-listen %q: %v", c.Name, listen, err)
+		}
+		if got := containerPort(t, c, port); fmt.Sprint(got) != port {
+			t.Errorf("container %s: peers served on %s, no container port says it", c.Name, port)
+		}
+		if _, p, err := net.SplitHostPort(seeds); err != nil || p != port {
+			t.Errorf("container %s: --peers %q: want the port it serves peers on, %s (%v)", c.Name, seeds, port, err)
+		}
 	}
 	if args["--peer-token-file"] == "" && args["--peer-tls-cert"] == "" {
 		t.Errorf("container %s: peers without --peer-token-file or --peer-tls-cert: the preload refuses to start", c.Name)
@@ -364,6 +372,12 @@ peers: {enabled: true, tokenSecret: {name: peer-token}, manifestDigest: ` + test
 models: [{name: a, model: /models/a, checkpointMiB: 1, peerManifestDigest: ` + testDigest + `}, {name: b, model: /models/b, checkpointMiB: 1}]
 peers: {enabled: true, tokenSecret: {name: peer-token}}`,
 			"model b has no trusted root"},
+		{"serve with a digest", `serve: {enabled: true}
+peers: {enabled: true, tokenSecret: {name: peer-token}, manifestDigest: ` + testDigest + `}`,
+			"peers.manifestDigest with serve.enabled: serve's models take no manifest digest"},
+		{"serve without a root", `serve: {enabled: true}
+peers: {enabled: true, tokenSecret: {name: peer-token}}`,
+			"peers with serve.enabled: its models' pieces need a trusted root"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := renderErr(t, c, tt.values)

@@ -65,6 +65,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 	fs.StringVar(&peerAuth[3], "peer-tls-ca", "", "with --peers: the cluster CA (PEM)")
 	trustPeers := fs.Bool("peer-trust-peers", false, "with --peers: take the manifest from the authenticated peers (a checkpoint outside the hub cache has no other root here)")
 	peerTimeout := fs.Duration("peer-timeout", 10*time.Second, "with --peers: preload's --peer-timeout for every model")
+	var peerRate int64
+	bytesVar(fs, &peerRate, "peer-rate-limit", 0, "with --peers: preload's --peer-rate-limit for every model, a `size` per second (0: none)")
+	peerConns := fs.Int("peer-max-conns", 64, "with --peers: preload's --peer-max-conns for every model")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -100,7 +103,10 @@ func runServe(ctx context.Context, e env, args []string) error {
 		if *trustPeers {
 			peerArgs = append(peerArgs, "--peer-trust-peers")
 		}
-		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String())
+		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String(), "--peer-max-conns", strconv.Itoa(*peerConns))
+		if peerRate > 0 {
+			peerArgs = append(peerArgs, "--peer-rate-limit", strconv.FormatInt(peerRate, 10))
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -61,6 +61,19 @@ the hub cache's blob names, or the authenticated peers themselves).
 {{- if and $p.tokenSecret.name (not $p.tokenSecret.key) -}}
 {{- fail (printf "peers.tokenSecret.key: name the key of Secret %s that holds the token" $p.tokenSecret.name) -}}
 {{- end -}}
+{{- if .Values.serve.enabled -}}
+{{- if $p.manifestDigest -}}
+{{- fail "peers.manifestDigest with serve.enabled: serve's models take no manifest digest; set peers.trustPeers: true, or peers.hubCache: true for hub ids" -}}
+{{- end -}}
+{{- range .Values.models -}}
+{{- if .peerManifestDigest -}}
+{{- fail (printf "models[%s].peerManifestDigest with serve.enabled: serve's models take no manifest digest; set peers.trustPeers: true, or peers.hubCache: true for hub ids" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (or $p.trustPeers $p.hubCache) -}}
+{{- fail "peers with serve.enabled: its models' pieces need a trusted root: peers.trustPeers: true, or peers.hubCache: true (hub ids)" -}}
+{{- end -}}
+{{- else -}}
 {{- if and $p.manifestDigest (gt (len .Values.models) 1) -}}
 {{- fail (printf "peers.manifestDigest is one checkpoint's manifest: with %d models give each its models[].peerManifestDigest" (len .Values.models)) -}}
 {{- end -}}
@@ -74,6 +87,7 @@ the hub cache's blob names, or the authenticated peers themselves).
 {{- end -}}
 {{- if not (or $d $p.hubCache $p.trustPeers) -}}
 {{- fail (printf "peers.enabled: model %s has no trusted root for its piece manifest: set peers.manifestDigest or models[].peerManifestDigest (sha256:HEX, a first node's ready line \"peer_manifest\"), peers.hubCache: true (a hub id in the hub cache: its blob names are the root), or peers.trustPeers: true (every authenticated peer is trusted)" .name) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
