@@ -38,9 +38,9 @@ var flagGroups = map[string]string{
 
 	"peers": "peers", "peer-listen": "peers", "peer-tls-cert": "peers", "peer-tls-key": "peers", "peer-tls-ca": "peers",
 	"peer-token-file": "peers", "peer-manifest-digest": "peers", "peer-trust-peers": "peers", "peer-rate-limit": "peers",
-	"peer-max-conns": "peers", "peer-timeout": "peers",
+	"peer-max-conns": "peers", "peer-timeout": "peers", "peer-port-base": "peers", "peer-port-span": "peers",
 
-	"load-workers": "limits", "read-limit": "limits",
+	"load-workers": "limits", "read-limit": "limits", "memory-budget": "limits",
 
 	"json": "output", "digest": "output", "touch": "output", "verify": "output", "hold": "output",
 	"reread": "output", "format": "output", "fail-on": "output", "rules": "output", "target-version": "output",

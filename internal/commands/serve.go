@@ -17,7 +17,7 @@ import (
 
 func init() {
 	register(command{name: "serve", summary: "keep several models resident under one memory budget, loaded and dropped at run time", run: runServe,
-		usage: "serve [--model M]... --memory-budget SIZE [flags]", fallbackGroup: "serving",
+		usage: "serve [--model M]... [--memory-budget SIZE] [flags]", fallbackGroup: "serving",
 		examples: []string{
 			"weightcache serve --memory-budget 60GiB --model /models/llama-8b --model /models/qwen-7b",
 			"weightcache load --model /models/llama-8b-rl-step-200   # beside it: evicts the least recently used model without a lease if it must",
