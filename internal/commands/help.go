@@ -22,7 +22,7 @@ var flagGroups = map[string]string{
 	"preset": "model", "shards": "model", "out": "model",
 	"engine": "model", "engine-version": "model",
 
-	"devices": "devices", "device": "devices",
+	"devices": "devices", "device": "devices", "host-tier": "devices",
 
 	"tensor-parallel-size": "ranks", "data-parallel-size": "ranks", "data-parallel-start-rank": "ranks",
 	"data-parallel-size-local": "ranks", "tp-rank": "ranks", "dp-rank": "ranks", "group": "ranks",

@@ -45,6 +45,7 @@ func runLoad(ctx context.Context, e env, args []string) error {
 	fs := newFlags("load", e)
 	c.register(fs)
 	fs.StringVar(&c.spec.DType, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one, as preload's --dtype")
+	fs.StringVar(&c.spec.Devices, "devices", "", "devices to serve it on, as preload's --devices (default: serve's --devices); the budget is each device's")
 	fs.BoolVar(&c.spec.PublishOnly, "publish-only", false, "stage an empty model that the engine named by --engine and --engine-version publishes into (a trainer's pushed version: weightcache.push); it is never evicted, only dropped")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -66,6 +67,9 @@ func runLoad(ctx context.Context, e env, args []string) error {
 	for _, v := range l.Evicted {
 		fmt.Fprintf(e.stdout, "evicted %s (least recently used, no lease)\n", v)
 	}
+	for _, v := range l.Moved {
+		fmt.Fprintf(e.stdout, "moved %s to the host tier\n", v)
+	}
 	what := "loaded"
 	switch {
 	case l.Already:
@@ -75,7 +79,7 @@ func runLoad(ctx context.Context, e env, args []string) error {
 			c.spec.Model, c.spec.Engine, c.spec.EngineVersion, c.socketDir)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "%s %s: %d tensors, %s on each device, in %.2f s; engines attach with --socket-dir %s\n",
-		what, c.spec.Model, l.Tensors, checkpoint.HumanBytes(l.Bytes), l.LoadSeconds, c.socketDir)
+	fmt.Fprintf(e.stdout, "%s %s on %s: %d tensors, %s on each device, in %.2f s; engines attach with --socket-dir %s\n",
+		what, c.spec.Model, l.Devices, l.Tensors, checkpoint.HumanBytes(l.Bytes), l.LoadSeconds, c.socketDir)
 	return nil
 }

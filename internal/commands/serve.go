@@ -48,7 +48,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 	socketDir := fs.String("socket-dir", sockets.DefaultDir(), "the managed socket directory: engines attach here as to a preload's")
 	var budget int64
 	bytesVar(fs, &budget, "memory-budget", 0, "memory the models may hold on each device, a `size` (0: no budget, nothing is evicted)")
-	devices := fs.String("devices", "", "devices every model is served on, as preload's --devices (default: preload's)")
+	devices := fs.String("devices", "", "devices a model is served on when its load names none, as preload's --devices (default: preload's)")
+	hostTier := fs.Bool("host-tier", false, "a model evicted from GPUs is loaded on host devices instead, where the budget there has room (engines that load through the host tier, as the vLLM loader's tier 1, still find it)")
 	tp := fs.Int("tensor-parallel-size", 1, "tensor-parallel size of every model")
 	dtype := fs.String("dtype", "auto", "dtype of the models given with --model, as preload's --dtype")
 	drain := fs.Duration("drain-timeout", 30*time.Second, "how long a dropped or stopped model's leases are waited for")
@@ -108,6 +109,13 @@ func runServe(ctx context.Context, e env, args []string) error {
 			peerArgs = append(peerArgs, "--peer-rate-limit", strconv.FormatInt(peerRate, 10))
 		}
 	}
+	if *devices == "" {
+		d, err := defaultDevices(*tp)
+		if err != nil {
+			return usageErrorf("%v", err)
+		}
+		*devices = d
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -124,7 +132,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	defer ln.Close()
 	m, err := models.New(models.Config{
-		SocketDir: *socketDir, Budget: budget, Devices: *devices, TPSize: *tp, Exe: exe,
+		SocketDir: *socketDir, Budget: budget, Devices: *devices, Resolve: resolveDevices, HostTier: *hostTier, TPSize: *tp, Exe: exe,
 		PreloadArgs: []string{"--drain-timeout", drain.String(), "--load-workers", strconv.Itoa(*workers)},
 		StopTimeout: *drain + 30*time.Second, Stderr: e.stderr, Logger: log,
 		Peers: peers, PeerPortBase: *portBase, PeerPortSpan: *portSpan, PeerArgs: peerArgs,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -205,4 +206,57 @@ func TestServeSeedsModelsFromPeers(t *testing.T) {
 	}
 	w := engine(t, model, dirs[1])
 	sameAsDisk(t, w, model)
+}
+
+// On a (fake) GPU: a model evicted from the GPU for another is loaded on
+// the host tier instead (--host-tier), where the budget there has room,
+// and engines that load through the host find it; the budget is each
+// device's: a load on the host evicts only what is on the host.
+func TestServeMovesAnEvictedGPUModelToTheHostTier(t *testing.T) {
+	fakeGPU(t, "1", "0")
+	root := t.TempDir()
+	ckpt := map[string]string{}
+	for _, n := range []string{"a", "b", "c", "d"} {
+		ckpt[n] = filepath.Join(root, n, "model")
+		if err := checkpoint.Synth(ckpt[n], "tiny", 1, "bf16"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := sockDir(t)
+	// A tiny model takes one 2 MiB granule of the fake GPU, 1.2 MiB of
+	// the host: the budget holds one on the GPU, two on the host.
+	startServe(t, "--socket-dir", dir, "--memory-budget", "3MiB", "--devices", "cuda:0", "--host-tier", "--model", ckpt["a"])
+	load := func(args ...string) models.Loaded {
+		t.Helper()
+		out, errOut, code := runWC(t, append([]string{"load", "--socket-dir", dir, "--json"}, args...)...)
+		var l models.Loaded
+		if code != 0 || json.Unmarshal([]byte(out), &l) != nil {
+			t.Fatalf("load %v: exit %d: %s%s", args, code, out, errOut)
+		}
+		return l
+	}
+	on := func() map[string]string {
+		m := map[string]string{}
+		for _, mo := range listModels(t, dir) {
+			m[filepath.Base(filepath.Dir(mo.Model))] = mo.Devices
+		}
+		return m
+	}
+	if l := load("--model", ckpt["b"]); !slices.Equal(l.Evicted, []string{ckpt["a"]}) || !slices.Equal(l.Moved, []string{ckpt["a"]}) {
+		t.Fatalf("load b on the GPU: evicted %v, moved %v; want a, moved to the host", l.Evicted, l.Moved)
+	}
+	if got := on(); got["a"] != "host" || !strings.HasPrefix(got["b"], "GPU-") || len(got) != 2 {
+		t.Fatalf("after loading b: %v; want a on host, b on the GPU", got)
+	}
+	sameAsDisk(t, engine(t, ckpt["a"], dir), ckpt["a"])
+	// The host holds a and c; d evicts one of them, never b on the GPU.
+	if l := load("--model", ckpt["c"], "--devices", "host"); len(l.Evicted) != 0 {
+		t.Fatalf("load c on the host evicted %v: there was room", l.Evicted)
+	}
+	if l := load("--model", ckpt["d"], "--devices", "host"); len(l.Evicted) != 1 || l.Evicted[0] == ckpt["b"] {
+		t.Fatalf("load d on the host evicted %v: want one model of the host", l.Evicted)
+	}
+	if got := on(); !strings.HasPrefix(got["b"], "GPU-") || got["d"] != "host" || len(got) != 3 {
+		t.Fatalf("after loading d: %v; want b on the GPU, d and one of a, c on the host", got)
+	}
 }

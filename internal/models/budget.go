@@ -23,7 +23,8 @@ var ErrNoRoom = errors.New("does not fit the memory budget")
 type Resident struct {
 	Key      string
 	Name     string
-	Bytes    int64 // on each device
+	Devices  []string // the device keys it holds memory on
+	Bytes    int64    // on each of them
 	Leases   int
 	LastUsed time.Time // its last lease or copy, else when it was loaded
 	// Kept, when set, is why it is never evicted, leases or not.
@@ -33,38 +34,71 @@ type Resident struct {
 func (r Resident) evictable() bool { return r.Leases == 0 && r.Kept == "" }
 
 // Evict chooses the models to drop so that need more bytes fit budget on
-// each device: those without a lease, least recently used first, and no
-// more than needed. A budget of 0 is none. When even all of them would not
-// make room the error names what holds the memory.
-func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
+// each of devices: among the models on those devices, those without a
+// lease, least recently used first, and no more than needed. A budget of 0
+// is none. When even all of them would not make room the error names what
+// holds the memory.
+func Evict(budget int64, resident []Resident, need int64, devices []string) ([]Resident, error) {
 	if budget <= 0 {
 		return nil, nil
 	}
-	var held int64
+	held := map[string]int64{}
+	var mine []Resident // the models on any of devices
 	for _, r := range resident {
-		held += r.Bytes
+		shares := false
+		for _, d := range r.Devices {
+			if slices.Contains(devices, d) {
+				held[d] += r.Bytes
+				shares = true
+			}
+		}
+		if shares {
+			mine = append(mine, r)
+		}
 	}
-	if held+need <= budget {
+	fits := func() bool {
+		for _, d := range devices {
+			if held[d]+need > budget {
+				return false
+			}
+		}
+		return true
+	}
+	if fits() {
 		return nil, nil
 	}
-	idle := slices.DeleteFunc(slices.Clone(resident), func(r Resident) bool { return !r.evictable() })
+	idle := slices.DeleteFunc(slices.Clone(mine), func(r Resident) bool { return !r.evictable() })
 	slices.SortStableFunc(idle, func(a, b Resident) int { return a.LastUsed.Compare(b.LastUsed) })
 	var out []Resident
 	for _, r := range idle {
-		if held+need <= budget {
+		if fits() {
 			break
 		}
+		// Only a model on a device still short of room frees any.
+		short := false
+		for _, d := range r.Devices {
+			short = short || slices.Contains(devices, d) && held[d]+need > budget
+		}
+		if !short {
+			continue
+		}
 		out = append(out, r)
-		held -= r.Bytes
+		for _, d := range r.Devices {
+			held[d] -= r.Bytes
+		}
 	}
-	if held+need <= budget {
+	if fits() {
 		return out, nil
 	}
 	if need > budget {
 		return nil, fmt.Errorf("%w: it needs %s on each device, the budget is %s", ErrNoRoom, checkpoint.HumanBytes(need), checkpoint.HumanBytes(budget))
 	}
+	var worst int64
+	for _, d := range devices {
+		worst = max(worst, held[d])
+	}
 	var holders []string
-	for _, r := range resident {
+	for _, r := range mine {
 		switch {
 		case r.Kept != "":
 			holders = append(holders, fmt.Sprintf("%s (%s, %s)", r.Name, checkpoint.HumanBytes(r.Bytes), r.Kept))
@@ -73,5 +107,5 @@ func Evict(budget int64, resident []Resident, need int64) ([]Resident, error) {
 		}
 	}
 	return nil, fmt.Errorf("%w: it needs %s on each device, and with every model without a lease evicted %s of the %s budget would be free; these are never evicted: %s",
-		ErrNoRoom, checkpoint.HumanBytes(need), checkpoint.HumanBytes(max(budget-held, 0)), checkpoint.HumanBytes(budget), strings.Join(holders, ", "))
+		ErrNoRoom, checkpoint.HumanBytes(need), checkpoint.HumanBytes(max(budget-worst, 0)), checkpoint.HumanBytes(budget), strings.Join(holders, ", "))
 }

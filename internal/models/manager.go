@@ -31,8 +31,14 @@ import (
 type Config struct {
 	SocketDir string
 	Budget    int64  // bytes on each device; 0: none
-	Devices   string // as preload's --devices; "" is preload's default
-	TPSize    int
+	Devices   string // the devices a load names none: as preload's --devices
+	// Resolve turns a --devices value into device keys (GPU-<uuid>,
+	// host, host:N), what the budget counts by; nil splits at commas.
+	Resolve func(devices string) ([]string, error)
+	// HostTier moves a model evicted from GPUs to host devices where the
+	// budget there has room, instead of dropping it.
+	HostTier bool
+	TPSize   int
 	// Exe is the weightcache binary each model's preload runs.
 	Exe string
 	// PreloadArgs go to every preload after the model's own flags.
@@ -58,6 +64,9 @@ type Spec struct {
 	Model    string `json:"model"`
 	Revision string `json:"revision,omitempty"`
 	DType    string `json:"dtype,omitempty"` // as preload's --dtype; "" is auto
+	// Devices are where it is served, as preload's --devices; "" is
+	// serve's. Resident, the device keys.
+	Devices string `json:"devices,omitempty"`
 	// PublishOnly stages an empty model that an engine, or a trainer,
 	// publishes a layout into (preload --publish-only): a version that
 	// exists nowhere else, so it is never evicted, only dropped. Engine and
@@ -100,6 +109,9 @@ type Loaded struct {
 	Status
 	Already bool     `json:"already,omitempty"` // it was resident: nothing was read
 	Evicted []string `json:"evicted,omitempty"`
+	// Moved are the evicted models loaded on host devices instead
+	// (HostTier).
+	Moved []string `json:"moved,omitempty"`
 }
 
 // Manager runs the preloads of a managed socket directory.
@@ -169,6 +181,11 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", spec.Model, err)
 	}
+	devices, err := m.resolve(or(spec.Devices, m.cfg.Devices))
+	if err != nil {
+		return nil, fmt.Errorf("load %s: --devices %q: %w", spec.Model, or(spec.Devices, m.cfg.Devices), err)
+	}
+	spec.Devices = strings.Join(devices, ",")
 	key := sockets.ModelKey(ckpt.Dir, spec.Engine, spec.EngineVersion)
 	m.decide.Lock()
 	defer m.decide.Unlock()
@@ -176,21 +193,13 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		if e.DType != spec.DType {
 			return nil, fmt.Errorf("model %s is resident with --dtype %q: drop it before loading it with %q", spec.Model, e.DType, spec.DType)
 		}
+		if e.Devices != spec.Devices {
+			return nil, fmt.Errorf("model %s is resident on %s: drop it before loading it on %s", spec.Model, e.Devices, spec.Devices)
+		}
 		cur := m.describe(ctx, e)
 		return &Loaded{Status: cur, Already: true}, nil
 	}
-	all := m.List(ctx)
-	rs := make([]Resident, len(all))
-	for i, mo := range all {
-		rs[i] = Resident{Key: mo.Key, Name: mo.name(), Bytes: max(mo.Bytes, mo.Need), Leases: mo.Leases, LastUsed: mo.LastUsed}
-		switch {
-		case mo.PublishOnly:
-			rs[i].Kept = "published, in no file: drop it"
-		case mo.State == "unreachable":
-			rs[i].Kept = "unreachable, its leases unknown"
-		}
-	}
-	victims, err := Evict(m.cfg.Budget, rs, need)
+	victims, err := Evict(m.cfg.Budget, m.residents(ctx), need, devices)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", spec.Model, err)
 	}
@@ -208,6 +217,13 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		m.evicts++
 		m.mu.Unlock()
 		out.Evicted = append(out.Evicted, v.Name)
+		if m.cfg.HostTier && onGPU(v.Devices) && !e.PublishOnly {
+			if err := m.toHost(ctx, e); err != nil {
+				m.cfg.Logger.Info("an evicted model stays off the host tier", "model", v.Name, "why", err)
+			} else {
+				out.Moved = append(out.Moved, v.Name)
+			}
+		}
 	}
 	e, err := m.start(ctx, spec, ckpt.Dir, key, need)
 	if err != nil {
@@ -215,6 +231,64 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	}
 	out.Status = m.describe(ctx, e)
 	return out, nil
+}
+
+// residents describes every resident model for Evict.
+func (m *Manager) residents(ctx context.Context) []Resident {
+	all := m.List(ctx)
+	rs := make([]Resident, len(all))
+	for i, mo := range all {
+		rs[i] = Resident{Key: mo.Key, Name: mo.name(), Devices: strings.Split(mo.Devices, ","), Bytes: max(mo.Bytes, mo.Need),
+			Leases: mo.Leases, LastUsed: mo.LastUsed}
+		switch {
+		case mo.PublishOnly:
+			rs[i].Kept = "published, in no file: drop it"
+		case mo.State == "unreachable":
+			rs[i].Kept = "unreachable, its leases unknown"
+		}
+	}
+	return rs
+}
+
+// toHost loads e's model, just evicted from its GPUs, on host devices, as
+// many as its ranks, when the budget there has room without evicting
+// anything: engines that load through the host tier (the vLLM loader's
+// tier 1) still find it.
+func (m *Manager) toHost(ctx context.Context, e *entry) error {
+	keys := []string{"host"}
+	if tp := max(m.cfg.TPSize, 1); tp > 1 {
+		keys = make([]string, tp)
+		for i := range keys {
+			keys[i] = "host:" + strconv.Itoa(i)
+		}
+	}
+	victims, err := Evict(m.cfg.Budget, m.residents(ctx), e.Need, keys)
+	switch {
+	case err != nil:
+		return err
+	case len(victims) > 0:
+		return fmt.Errorf("the host tier has no room without evicting %s", victims[0].Name)
+	}
+	spec := e.Spec
+	spec.Devices = strings.Join(keys, ",")
+	_, err = m.start(ctx, spec, e.Checkpoint, e.Key, e.Need)
+	return err
+}
+
+func onGPU(devices []string) bool {
+	for _, d := range devices {
+		if strings.HasPrefix(d, "GPU-") {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) resolve(devices string) ([]string, error) {
+	if m.cfg.Resolve != nil {
+		return m.cfg.Resolve(devices)
+	}
+	return strings.Split(devices, ","), nil
 }
 
 // perDevice is what the model holds on the device of its largest rank,
@@ -292,8 +366,8 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	if spec.PublishOnly {
 		args = append(args, "--publish-only")
 	}
-	if m.cfg.Devices != "" {
-		args = append(args, "--devices", m.cfg.Devices)
+	if spec.Devices != "" {
+		args = append(args, "--devices", spec.Devices)
 	}
 	port := 0
 	if len(m.cfg.Peers) > 0 && !spec.PublishOnly {
