@@ -64,7 +64,7 @@ peers: {enabled: true, tls: {secretName: weightcache-peer-tls}, tokenSecret: {na
 metrics: {serviceMonitor: {enabled: true}}
 `,
 	"serve": `
-serve: {enabled: true, memoryBudgetMiB: 60000, devices: "cuda:0", residentMiB: 0}
+serve: {enabled: true, memoryBudgetMiB: 60000, devices: "cuda:0", residentMiB: 0, hostTier: true}
 models:
   - {name: llama-8b, model: /models/Llama-3.1-8B-Instruct}
   - {name: qwen-7b, model: Qwen/Qwen2.5-7B-Instruct, revision: main}
