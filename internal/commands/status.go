@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -105,7 +106,7 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 		if mo.Engine != "" {
 			by = strings.TrimSpace(mo.Engine + " " + mo.EngineVersion)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, or(mo.Revision, "-"), by, mo.DType, mo.Devices, mo.State,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, cmp.Or(mo.Revision, "-"), by, mo.DType, mo.Devices, mo.State,
 			checkpoint.HumanBytes(max(mo.Bytes, mo.Need)), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
 	}
 	if err := tw.Flush(); err != nil {
@@ -113,13 +114,6 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 	}
 	fmt.Fprintln(e.stdout)
 	return writeStatusTable(e.stdout, daemons)
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // writeStatusTable writes one row per daemon.

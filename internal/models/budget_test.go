@@ -47,11 +47,7 @@ func TestEvictLeastRecentlyUsedWithoutLease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			keys := ""
-			for _, r := range got {
-				keys += r.Key
-			}
-			if keys != tc.want {
+			if keys := keysOf(got); keys != tc.want {
 				t.Fatalf("evicted %q, want %q", keys, tc.want)
 			}
 		})
@@ -84,13 +80,18 @@ func TestEvictPerDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			keys := ""
-			for _, r := range got {
-				keys += r.Key
-			}
-			if keys != tc.want {
+			if keys := keysOf(got); keys != tc.want {
 				t.Fatalf("evicted %q, want %q", keys, tc.want)
 			}
 		})
 	}
+}
+
+// keysOf is the evicted models' keys, in order, run together.
+func keysOf(rs []Resident) string {
+	keys := ""
+	for _, r := range rs {
+		keys += r.Key
+	}
+	return keys
 }

@@ -3,6 +3,7 @@ package models
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -162,7 +163,7 @@ func New(cfg Config) (*Manager, error) {
 // Load makes spec resident: at once if it is, else by a preload of its
 // own, after evicting what the budget needs.
 func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
-	spec.DType = or(spec.DType, "auto")
+	spec.DType = cmp.Or(spec.DType, "auto")
 	switch {
 	case spec.PublishOnly && spec.Engine == "":
 		return nil, fmt.Errorf("stage %s: a staged model needs the engine (and version) that will publish it", spec.Model)
@@ -181,9 +182,10 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", spec.Model, err)
 	}
-	devices, err := m.resolve(or(spec.Devices, m.cfg.Devices))
+	asked := cmp.Or(spec.Devices, m.cfg.Devices)
+	devices, err := m.resolve(asked)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: --devices %q: %w", spec.Model, or(spec.Devices, m.cfg.Devices), err)
+		return nil, fmt.Errorf("load %s: --devices %q: %w", spec.Model, asked, err)
 	}
 	spec.Devices = strings.Join(devices, ",")
 	key := sockets.ModelKey(ckpt.Dir, spec.Engine, spec.EngineVersion)
@@ -464,13 +466,6 @@ func (m *Manager) onPort(port int) string {
 		}
 	}
 	return ""
-}
-
-func or(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // Drop stops the model's preload. A model with leases is kept unless
