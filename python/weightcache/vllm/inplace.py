@@ -283,7 +283,10 @@ def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bo
         if not fallback:
             return f"rank {rank}: {e.info}; fallback is off: the engine still serves {old.dir}"
         reason = str(e.info)
-    if weights is not None:
+    if weights is not None and engine:
+        # A checkpoint's tensors were compared above, from its files, and
+        # the daemon matched its fingerprint; a pushed version's are known
+        # only from the daemon's index.
         why = differ_tensors(old, weights)
         if why:
             weights.close()
