@@ -50,10 +50,13 @@ func checkPeerFlags(t *testing.T, pod corev1.PodSpec, c corev1.Container, args m
 		return
 	}
 	if c.Args[0] == "serve" {
-		// serve names hosts; each model's port is derived from
-		// --peer-port-base, the same on every node.
-		if listen != "" || strings.Contains(seeds, ":") || !strings.HasPrefix(seeds, peersHost) || args["--peer-port-base"] == "" {
-			t.Errorf("container %s: serve --peers %q --peer-port-base %q (--peer-listen %q): want the peers Service's host and a port base", c.Name, seeds, args["--peer-port-base"], listen)
+		// serve names hosts, and serves every model's peers on
+		// --peer-port, a port of the container.
+		port := args["--peer-port"]
+		if listen != "" || strings.Contains(seeds, ":") || !strings.HasPrefix(seeds, peersHost) || port == "" {
+			t.Errorf("container %s: serve --peers %q --peer-port %q (--peer-listen %q): want the peers Service's host and a port", c.Name, seeds, port, listen)
+		} else if got := containerPort(t, c, port); fmt.Sprint(got) != port {
+			t.Errorf("container %s: peers served on %s, no container port says it", c.Name, port)
 		}
 	} else {
 		_, port, err := net.SplitHostPort(listen)

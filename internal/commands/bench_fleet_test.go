@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/weightcache/weightcache/client"
 	"github.com/weightcache/weightcache/internal/checkpoint"
+	"github.com/weightcache/weightcache/internal/models"
 )
 
 // fleetBenchEnv is the model (the medium preset, or
@@ -138,10 +140,11 @@ func BenchmarkFleet(b *testing.B) {
 }
 
 // BenchmarkFleetRefit is make bench-fleet's refit row (issue 45): four
-// nodes serve a checkpoint (v1), and a new version of it (v2, the same
-// files with one byte changed in each) reaches all four at once, each
-// preload of v2 beside v1's with --peers of every node, on links shaped to
-// WEIGHTCACHE_BENCH_FLEET_RATE. The time until the last node serves v2,
+// nodes' weightcache serve hold a checkpoint (v1), and a new version of it
+// (v2, the same files with one byte changed in each) is loaded into all
+// four at once (weightcache load), beside v1, each serve given every node
+// as --peers, on links shaped to WEIGHTCACHE_BENCH_FLEET_RATE. The time
+// until the last node's load returns,
 // against one copy of v2 over one link (node 1 seeding from node 0 alone,
 // which holds it); and the bytes the fleet read from storage for it (one
 // checkpoint's worth is the target: a refit reads storage once).
@@ -163,12 +166,8 @@ func BenchmarkFleetRefit(b *testing.B) {
 	for range b.N {
 		timeCmd(b, "cat", append(shards, shardPaths(b, v2)...)...)
 		f := newNetnsFleet(b, 4, rate)
-		v1 := []*preloadProc{f.preload(0, true, args(model)...)}
-		for i := 1; i < 4; i++ {
-			v1 = append(v1, f.preload(i, true, args(model, f.peer(0))...))
-		}
 		// One copy over one link: v2 read from storage on node 0, then
-		// node 1 seeded from node 0 alone.
+		// node 1 seeded from node 0 alone, preload to preload.
 		src := f.preloadAt(0, 7071, true, args(v2)...)
 		time.Sleep(5 * time.Second) // see BenchmarkFleet: memory of the same kind for each
 		start := time.Now()
@@ -182,44 +181,61 @@ func BenchmarkFleetRefit(b *testing.B) {
 				b.Fatalf("v2 preload exit %d", code)
 			}
 		}
-		time.Sleep(5 * time.Second)
-		// The refit: every node at once, v1 still serving beside it, each
-		// given every node's address, its own included, as a headless
-		// Service resolves: the lowest address reads storage for them.
-		var all []string
+		// Every node's serve holds v1 and is given every node, its own
+		// included, as a headless Service resolves.
+		dirs := make([]string, 4)
+		serves := make([]*preloadProc, 4)
 		for i := range 4 {
-			all = append(all, f.peerAt(i, 7071))
+			dirs[i] = sockDir(b)
+			serves[i] = serveIn(b, f, i, "--socket-dir", dirs[i], "--devices", "host", "--model", model, "--peers", strings.Join(f.addrs, ","),
+				"--peer-token-file", tok, "--peer-trust-peers", "--peer-timeout", "10s")
 		}
+		time.Sleep(5 * time.Second)
+		// The refit: v2 loaded into every serve at once, v1 still
+		// serving beside it: the lowest address reads storage for them,
+		// and every serve relays what its v2 holds to the others.
 		start = time.Now()
-		var ps []*preloadProc
+		loaded := make([]models.Loaded, 4)
+		took := make([]time.Duration, 4)
+		var wg sync.WaitGroup
 		for i := range 4 {
-			ps = append(ps, f.preloadAt(i, 7071, false, args(v2, all...)...))
+			wg.Go(func() {
+				defer func() { took[i] = time.Since(start) }()
+				out, errOut, code := runWC(b, "load", "--socket-dir", dirs[i], "--model", v2, "--json")
+				if code != 0 || json.Unmarshal([]byte(out), &loaded[i]) != nil {
+					b.Errorf("load v2 on node %d: exit %d: %s%s", i, code, out, errOut)
+				}
+			})
+		}
+		wg.Wait()
+		refit := time.Since(start)
+		if b.Failed() {
+			b.FailNow()
 		}
 		var storage, peers int64
-		for i, p := range ps {
-			p.ready = p.event(b, "ready")
-			storage += readyInt(b, p, "storage_bytes")
-			peers += readyInt(b, p, "peer_bytes")
-			if p.ready["source"] != "peers" && p.ready["source"] != "checkpoint" {
-				b.Fatalf("node %d: v2 from %v", i, p.ready["source"])
+		for i, l := range loaded {
+			storage += l.StorageBytes
+			peers += l.PeerBytes
+			if l.Source != "peers" && l.Source != "checkpoint" {
+				b.Fatalf("node %d: v2 from %q", i, l.Source)
 			}
+			say("node %d: v2 in %.2fs (its preload %.2fs), %.2f GB from peers, %.2f GB from storage", i, took[i].Seconds(), l.LoadSeconds, float64(l.PeerBytes)/1e9, float64(l.StorageBytes)/1e9)
 		}
-		refit := time.Since(start)
-		for i, p := range v1 {
-			w, err := client.Attach(context.Background(), model, client.WithSocketDir(filepath.Dir(p.ready["socket"].(string))), client.WithDevice("host:0"), client.WithFallback(false))
+		for i := range 4 {
+			w, err := client.Attach(context.Background(), model, client.WithSocketDir(dirs[i]), client.WithDevice("host"), client.WithFallback(false))
 			if err != nil {
-				b.Fatalf("node %d stopped serving v1 during the refit: %v\n%s", i, err, p.stderr)
+				b.Fatalf("node %d stopped serving v1 during the refit: %v\n%s", i, err, serves[i].stderr)
 			}
 			w.Close()
 		}
-		for _, p := range append(ps, v1...) {
+		for _, p := range serves {
 			p.stop(b, syscall.SIGTERM)
 		}
 		b.ReportMetric(refit.Seconds(), "refit_s")
 		b.ReportMetric(link.Seconds(), "one_copy_s")
 		b.ReportMetric(refit.Seconds()/link.Seconds(), "refit/one_copy")
 		b.ReportMetric(float64(storage)/float64(size), "storage_reads")
-		say("%.2f GB to 4 nodes serving v1, on %s links: every node serves v2 in %.2fs; one copy over one link %.2fs (%.2fx); storage read %.2f checkpoints' worth for the fleet (%.2f GB), peers served %.2f GB",
+		say("%.2f GB to 4 nodes' serves holding v1, on %s links: every node serves v2 in %.2fs; one copy over one link %.2fs (%.2fx); storage read %.2f checkpoints' worth for the fleet (%.2f GB), peers served %.2f GB",
 			float64(size)/1e9, rate, refit.Seconds(), link.Seconds(), refit.Seconds()/link.Seconds(), float64(storage)/float64(size), float64(storage)/1e9, float64(peers)/1e9)
 	}
 }

@@ -46,7 +46,7 @@ func wc(args ...string) *exec.Cmd {
 }
 
 // run runs a weightcache command to completion.
-func runWC(t *testing.T, args ...string) (stdout, stderr string, code int) {
+func runWC(t testing.TB, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	cmd := wc(args...)
 	var o, e bytes.Buffer

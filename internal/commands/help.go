@@ -36,9 +36,9 @@ var flagGroups = map[string]string{
 	"weight-cache-health-port": "serving", "mode": "serving", "fallback": "serving",
 	"connect-timeout": "serving", "state-timeout": "serving", "artifact-budget": "serving",
 
-	"peers": "peers", "peer-listen": "peers", "peer-tls-cert": "peers", "peer-tls-key": "peers", "peer-tls-ca": "peers",
+	"peers": "peers", "peer-listen": "peers", "peer-relay": "peers", "peer-tls-cert": "peers", "peer-tls-key": "peers", "peer-tls-ca": "peers",
 	"peer-token-file": "peers", "peer-manifest-digest": "peers", "peer-trust-peers": "peers", "peer-rate-limit": "peers",
-	"peer-max-conns": "peers", "peer-timeout": "peers", "peer-port-base": "peers", "peer-port-span": "peers",
+	"peer-max-conns": "peers", "peer-timeout": "peers", "peer-port": "peers",
 
 	"load-workers": "limits", "read-limit": "limits", "memory-budget": "limits",
 

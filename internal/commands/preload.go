@@ -66,6 +66,7 @@ func (p *preloadFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.waitAfterHandover, "wait-after-handover", false, "once a successor has taken this preload's cache, wait for SIGTERM instead of exiting 0 (a DaemonSet container: its kubelet would restart it)")
 	p.gpu.register(fs)
 	fs.StringVar(&p.peers.Listen, "peer-listen", "", "serve the checkpoints this preload holds to other nodes' preloads on this TCP address, e.g. :7070 (read-only, authenticated peers only)")
+	fs.StringVar(&p.peers.Relay, "peer-relay", "", "serve peers on this Unix socket instead, unauthenticated, to the weightcache serve that holds --peer-listen's port and relays to it (serve sets it)")
 	fs.StringVar(&p.peerAddrs, "peers", "", "seed the load from these nodes' preloads before storage: HOST:PORT, comma-separated; a host name is every address it resolves to (a headless Service)")
 	fs.StringVar(&p.peers.Auth.CertFile, "peer-tls-cert", "", "this node's certificate (PEM) for mutual TLS with peers")
 	fs.StringVar(&p.peers.Auth.KeyFile, "peer-tls-key", "", "the key of --peer-tls-cert (PEM)")
@@ -105,6 +106,9 @@ func (p *preloadFlags) peerConfig(fs *flag.FlagSet) (*launcher.Peers, error) {
 		if _, _, err := net.SplitHostPort(p.peers.Listen); err != nil {
 			return nil, usageErrorf("--peer-listen %q: want [HOST]:PORT: %v", p.peers.Listen, err)
 		}
+	}
+	if p.peers.Relay != "" && p.peers.Listen == "" {
+		return nil, usageErrorf("--peer-relay needs --peer-listen: the port its relay serves peers on")
 	}
 	if d, ok := strings.CutPrefix(p.peers.Digest, "@"); ok {
 		b, err := os.ReadFile(d)

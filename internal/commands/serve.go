@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/weightcache/weightcache/internal/models"
+	"github.com/weightcache/weightcache/internal/peer"
 	"github.com/weightcache/weightcache/internal/sockets"
 )
 
@@ -56,9 +57,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 	workers := fs.Int("load-workers", 4, "parallel checkpoint readers of each load")
 	healthHost := fs.String("weight-cache-health-host", "127.0.0.1", "address of /health and /metrics")
 	healthPort := fs.Int("weight-cache-health-port", 0, "port of /health and /metrics (0: off)")
-	peerHosts := fs.String("peers", "", "every node's serve, this one's included: host names or addresses, comma-separated (a headless Service name is every pod); each model seeds from them and serves them on its own port")
-	portBase := fs.Int("peer-port-base", 7100, "with --peers: a model's peer port is this plus a hash of its checkpoint path, the same on every node that keeps it at the same path")
-	portSpan := fs.Int("peer-port-span", 1000, "with --peers: the ports models' peer ports are chosen among")
+	peerHosts := fs.String("peers", "", "every node's serve, this one's included: host names or addresses, comma-separated (a headless Service name is every pod); each model seeds from them, and this serve relays their asks to the model's preload")
+	peerPort := fs.Int("peer-port", 7100, "with --peers: the port every node's serve serves peers on, for all its models (the same on every node)")
 	var peerAuth [4]string
 	fs.StringVar(&peerAuth[0], "peer-token-file", "", "with --peers: a file holding the token peers share (preload's --peer-token-file)")
 	fs.StringVar(&peerAuth[1], "peer-tls-cert", "", "with --peers: this node's certificate (PEM)")
@@ -67,8 +67,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 	trustPeers := fs.Bool("peer-trust-peers", false, "with --peers: take the manifest from the authenticated peers (a checkpoint outside the hub cache has no other root here)")
 	peerTimeout := fs.Duration("peer-timeout", 10*time.Second, "with --peers: preload's --peer-timeout for every model")
 	var peerRate int64
-	bytesVar(fs, &peerRate, "peer-rate-limit", 0, "with --peers: preload's --peer-rate-limit for every model, a `size` per second (0: none)")
-	peerConns := fs.Int("peer-max-conns", 64, "with --peers: preload's --peer-max-conns for every model")
+	bytesVar(fs, &peerRate, "peer-rate-limit", 0, "with --peers: cap on the bytes served to all peers, all models together, a `size` per second (0: none)")
+	peerConns := fs.Int("peer-max-conns", 64, "with --peers: authenticated peer connections, and pieces sent, at once, all models together (preload's --peer-max-conns)")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
@@ -79,14 +79,20 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return usageErrorf("--tensor-parallel-size must be at least 1, got %d", *tp)
 	case *workers < 1:
 		return usageErrorf("--load-workers must be at least 1, got %d", *workers)
-	case *portBase < 1 || *portSpan < 1 || *portBase+*portSpan > 65536:
-		return usageErrorf("--peer-port-base %d and --peer-port-span %d: want ports within 1 to 65535", *portBase, *portSpan)
+	case *peerPort < 1 || *peerPort > 65535:
+		return usageErrorf("--peer-port %d: want a port within 1 to 65535", *peerPort)
+	case peerRate < 0:
+		return usageErrorf("--peer-rate-limit must not be negative")
+	case *peerConns < 1:
+		return usageErrorf("--peer-max-conns must be at least 1, got %d", *peerConns)
+	case *peerTimeout <= 0:
+		return usageErrorf("--peer-timeout must be positive, got %s", *peerTimeout)
 	}
 	var peers, peerArgs []string
 	for _, h := range strings.Split(*peerHosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			if strings.Contains(h, ":") && net.ParseIP(h) == nil {
-				return usageErrorf("--peers %q: hosts only; each model's port comes from --peer-port-base", h)
+				return usageErrorf("--peers %q: hosts only; the port is --peer-port", h)
 			}
 			peers = append(peers, h)
 		}
@@ -104,9 +110,12 @@ func runServe(ctx context.Context, e env, args []string) error {
 		if *trustPeers {
 			peerArgs = append(peerArgs, "--peer-trust-peers")
 		}
-		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String(), "--peer-max-conns", strconv.Itoa(*peerConns))
-		if peerRate > 0 {
-			peerArgs = append(peerArgs, "--peer-rate-limit", strconv.FormatInt(peerRate, 10))
+		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String())
+	}
+	auth := &peer.Auth{TokenFile: peerAuth[0], CertFile: peerAuth[1], KeyFile: peerAuth[2], CAFile: peerAuth[3]}
+	if len(peers) > 0 {
+		if err := auth.Load(); err != nil {
+			return err
 		}
 	}
 	if *devices == "" {
@@ -131,16 +140,35 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer ln.Close()
+	// Routed once the manager exists; it counts what /metrics shows.
+	sv := &peer.Server{Auth: auth, Rate: peerRate, MaxConns: *peerConns, Timeout: *peerTimeout, Log: log}
+	var sent func() int64
+	if len(peers) > 0 {
+		sent = sv.Sent
+	}
 	m, err := models.New(models.Config{
 		SocketDir: *socketDir, Budget: budget, Devices: *devices, Resolve: resolveDevices, HostTier: *hostTier, TPSize: *tp, Exe: exe,
 		PreloadArgs: []string{"--drain-timeout", drain.String(), "--load-workers", strconv.Itoa(*workers)},
 		StopTimeout: *drain + 30*time.Second, Stderr: e.stderr, Logger: log,
-		Peers: peers, PeerPortBase: *portBase, PeerPortSpan: *portSpan, PeerArgs: peerArgs,
+		Peers: peers, PeerPort: *peerPort, PeerArgs: peerArgs, PeerSent: sent,
 	})
 	if err != nil {
 		return err
 	}
 	defer m.Shutdown()
+	if len(peers) > 0 {
+		pl, err := net.Listen("tcp", ":"+strconv.Itoa(*peerPort))
+		if err != nil {
+			return fmt.Errorf("--peer-port %d: %w", *peerPort, err)
+		}
+		sv.Route = m.Relay
+		defer sv.Close()
+		go func() {
+			if err := sv.Serve(pl); err != nil {
+				log.Error("peers are not served", "port", *peerPort, "err", err)
+			}
+		}()
+	}
 	go m.Serve(ctx, ln)
 	var addr net.Addr
 	if *healthPort > 0 {

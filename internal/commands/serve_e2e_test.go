@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +164,7 @@ func TestServeSeveralModelsUnderABudget(t *testing.T) {
 }
 
 // serveIn runs weightcache serve on fleet node i and waits for its line.
-func serveIn(t *testing.T, f *netnsFleet, i int, args ...string) *preloadProc {
+func serveIn(t testing.TB, f *netnsFleet, i int, args ...string) *preloadProc {
 	t.Helper()
 	bin := wc(append([]string{"serve"}, args...)...)
 	cmd := exec.Command("ip", append([]string{"netns", "exec", f.nodes[i]}, bin.Args...)...)
@@ -172,40 +174,67 @@ func serveIn(t *testing.T, f *netnsFleet, i int, args ...string) *preloadProc {
 	return p
 }
 
-// A model loaded into serve on a second node seeds from the first node's
-// serve: every model's preload trades with the other nodes on the model's
-// own port, which every node derives alike.
+// Models loaded into serve on a second node seed from the first node's
+// serve: each node's serve answers peers on one port for all its models,
+// and relays each ask to the preload of the checkpoint asked for. Before,
+// each model had a port of its own, hashed from its path within a span,
+// and the second of two models on one port served peers nothing: at
+// --peer-port-span 1, b on node 1 came from storage.
 func TestServeSeedsModelsFromPeers(t *testing.T) {
 	t.Parallel()
 	f := newNetnsFleet(t, 2, "")
-	model := synthModel(t, "tiny")
+	ckpt := map[string]string{}
+	for i, n := range []string{"a", "b"} {
+		// Other shards, another checkpoint hash: each ask must reach its
+		// own preload.
+		ckpt[n] = filepath.Join(t.TempDir(), n)
+		if err := checkpoint.Synth(ckpt[n], "tiny", i+1, "bf16"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tok := peerToken(t, "serve-token")
 	dirs := []string{sockDir(t), sockDir(t)}
 	for i := range 2 {
 		serveIn(t, f, i, "--socket-dir", dirs[i], "--devices", "host", "--peers", f.addrs[0]+","+f.addrs[1],
 			"--peer-token-file", tok, "--peer-trust-peers", "--peer-timeout", "2s")
 	}
-	load := func(i int) models.Loaded {
+	load := func(i int, model string) models.Loaded {
 		out, errOut, code := runWC(t, "load", "--socket-dir", dirs[i], "--model", model, "--json")
 		var l models.Loaded
 		if code != 0 || json.Unmarshal([]byte(out), &l) != nil {
-			t.Fatalf("load on node %d: exit %d: %s%s", i, code, out, errOut)
+			t.Fatalf("load %s on node %d: exit %d: %s%s", model, i, code, out, errOut)
 		}
 		return l
 	}
-	first := load(0)
-	if first.Source != "checkpoint" || first.PeerBytes != 0 || first.StorageBytes == 0 {
-		t.Fatalf("node 0 (no peer holds the model): source %q, %d bytes from peers, %d from storage", first.Source, first.PeerBytes, first.StorageBytes)
+	for _, n := range []string{"a", "b"} {
+		first := load(0, ckpt[n])
+		if first.Source != "checkpoint" || first.PeerBytes != 0 || first.StorageBytes == 0 || first.State != "ready" {
+			t.Fatalf("%s on node 0 (no peer holds it): %s, source %q, %d bytes from peers, %d from storage", n, first.State, first.Source, first.PeerBytes, first.StorageBytes)
+		}
+		second := load(1, ckpt[n])
+		if second.Source != "peers" || second.StorageBytes != 0 || second.PeerBytes != first.StorageBytes || second.State != "ready" {
+			t.Fatalf("%s on node 1: %s, source %q, %d bytes from peers, %d from storage; want every byte (%d) from node 0", n, second.State, second.Source, second.PeerBytes, second.StorageBytes, first.StorageBytes)
+		}
+		sameAsDisk(t, engine(t, ckpt[n], dirs[1]), ckpt[n])
 	}
-	second := load(1)
-	if second.Source != "peers" || second.StorageBytes != 0 || second.PeerBytes != first.StorageBytes {
-		t.Fatalf("node 1: source %q, %d bytes from peers, %d from storage; want every byte (%d) from node 0", second.Source, second.PeerBytes, second.StorageBytes, first.StorageBytes)
+}
+
+// A serve whose peer port another process holds stops at once and says
+// which port: its models would otherwise seed, and no peer could reach
+// them.
+func TestServeRefusesABusyPeerPort(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", ":0") // held by this test until it ends
+	if err != nil {
+		t.Fatal(err)
 	}
-	if first.PeerPort == 0 || second.PeerPort != first.PeerPort {
-		t.Fatalf("peer ports %d and %d: want one port, derived alike", first.PeerPort, second.PeerPort)
+	defer l.Close()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	_, errOut, code := runWC(t, "serve", "--socket-dir", sockDir(t), "--devices", "host", "--peers", "127.0.0.1",
+		"--peer-token-file", peerToken(t, "serve-token"), "--peer-trust-peers", "--peer-port", port)
+	if code == 0 || !strings.Contains(errOut, "--peer-port "+port) || !strings.Contains(errOut, "address already in use") {
+		t.Fatalf("serve on a busy peer port: exit %d: %s", code, errOut)
 	}
-	w := engine(t, model, dirs[1])
-	sameAsDisk(t, w, model)
 }
 
 // On a (fake) GPU: a model evicted from the GPU for another is loaded on

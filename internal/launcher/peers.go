@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,7 +22,11 @@ import (
 // (internal/peer): it serves the pieces it holds on Listen and seeds its
 // loads from Addrs, verifying every piece against a manifest it trusts.
 type Peers struct {
-	Listen   string   // serve peers here ("" serves none)
+	Listen string // serve peers here ("" serves none)
+	// Relay, when set, is a Unix socket served instead of Listen, which
+	// a serve holds and relays to it by checkpoint (peer.Server.Route):
+	// Listen still says which port is this node's.
+	Relay    string
 	Addrs    []string // seed from these (HOST:PORT; a name is every address it resolves to)
 	Auth     peer.Auth
 	Digest   string // the trusted manifest digest, or ""
@@ -78,6 +83,9 @@ func (l *launcher) startPeers(ctx context.Context) error {
 	if cfg.Listen == "" {
 		return nil
 	}
+	if cfg.Relay != "" {
+		return l.relayPeers(cfg)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("--peer-listen %s: %w", cfg.Listen, err)
@@ -104,6 +112,27 @@ func (l *launcher) startPeers(ctx context.Context) error {
 		l.log.Info("serving peers", "listen", ln.Addr().String())
 		if err := sv.Serve(ln); err != nil {
 			l.log.Error("peers are not served", "listen", cfg.Listen, "err", err)
+		}
+	}()
+	return nil
+}
+
+// relayPeers serves peers on cfg.Relay, a socket only this user reaches
+// (its directory is serve's, 0700), to the serve that relays to it.
+func (l *launcher) relayPeers(cfg *Peers) error {
+	_ = os.Remove(cfg.Relay) // a socket left by a preload killed before it could remove it
+	ln, err := net.Listen("unix", cfg.Relay)
+	if err != nil {
+		return fmt.Errorf("--peer-relay %s: %w", cfg.Relay, err)
+	}
+	sv := &peer.Server{Auth: &cfg.Auth, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log, Artifacts: l.peers.arts}
+	l.peers.mu.Lock()
+	l.peers.server = sv
+	l.peers.mu.Unlock()
+	go func() {
+		l.log.Info("serving peers through the relay on this node's peer port", "relay", cfg.Relay, "port", cfg.Listen)
+		if err := sv.ServeLocal(ln); err != nil {
+			l.log.Error("peers are not served", "relay", cfg.Relay, "err", err)
 		}
 	}()
 	return nil

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
@@ -48,11 +47,13 @@ type Config struct {
 	// timeout and a margin), after which it is killed.
 	StopTimeout time.Duration
 	// Peers, when set, are every node's serve (hosts, this one's
-	// included, as a headless Service resolves): each model's preload
-	// seeds from them and serves them on the model's own port (PeerPort).
-	Peers []string
-	// PeerPortBase and PeerPortSpan give each model its peer port.
-	PeerPortBase, PeerPortSpan int
+	// included, as a headless Service resolves), each serving peers on
+	// PeerPort: a model's preload seeds from them, and serves them
+	// through this node's serve, which relays to it (Relay).
+	Peers    []string
+	PeerPort int
+	// PeerSent counts the bytes relayed to peers, for /metrics.
+	PeerSent func() int64
 	// PeerArgs go to every preload that trades with peers (its
 	// authentication and trust flags).
 	PeerArgs []string
@@ -90,9 +91,7 @@ type Status struct {
 	Bytes   int64 `json:"bytes"`
 	Need    int64 `json:"need"`
 	Tensors int   `json:"tensors"`
-	// PeerPort is where the model's preload serves peers (0: it does
-	// not); PeerBytes and StorageBytes where its load got its bytes.
-	PeerPort     int       `json:"peer_port,omitempty"`
+	// PeerBytes and StorageBytes are where its load got its bytes.
 	PeerBytes    int64     `json:"peer_bytes,omitempty"`
 	StorageBytes int64     `json:"storage_bytes,omitempty"`
 	Source       string    `json:"source,omitempty"`
@@ -123,12 +122,17 @@ type Manager struct {
 	decide sync.Mutex
 	mu     sync.Mutex
 	models map[string]*entry // by key
+	// relays are the Unix sockets the preloads serve peers on, by
+	// checkpoint hash, from their start: a node still loading a model
+	// serves the pieces it has.
+	relays map[string]string
 	loads  int64
 	evicts int64
 }
 
 type entry struct {
 	Status
+	hash   string // the checkpoint's (peer.Server's key)
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the preload has exited and been reaped
 }
@@ -157,7 +161,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Stderr == nil {
 		cfg.Stderr = io.Discard
 	}
-	return &Manager{cfg: cfg, models: map[string]*entry{}}, nil
+	return &Manager{cfg: cfg, models: map[string]*entry{}, relays: map[string]string{}}, nil
 }
 
 // Load makes spec resident: at once if it is, else by a preload of its
@@ -227,7 +231,7 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 			}
 		}
 	}
-	e, err := m.start(ctx, spec, ckpt.Dir, key, need)
+	e, err := m.start(ctx, spec, ckpt.Dir, ckpt.Hash(), key, need)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +277,7 @@ func (m *Manager) toHost(ctx context.Context, e *entry) error {
 	}
 	spec := e.Spec
 	spec.Devices = strings.Join(keys, ",")
-	_, err = m.start(ctx, spec, e.Checkpoint, e.Key, e.Need)
+	_, err = m.start(ctx, spec, e.Checkpoint, e.hash, e.Key, e.Need)
 	return err
 }
 
@@ -352,7 +356,7 @@ func (s *Status) name() string {
 
 // start runs the model's preload in its own socket directory and waits for
 // its ready line.
-func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, need int64) (*entry, error) {
+func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, hash, key string, need int64) (*entry, error) {
 	dir := filepath.Join(sockets.ModelsDir(m.cfg.SocketDir), key)
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
@@ -371,22 +375,16 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	if spec.Devices != "" {
 		args = append(args, "--devices", spec.Devices)
 	}
-	port := 0
+	relay := ""
 	if len(m.cfg.Peers) > 0 && !spec.PublishOnly {
 		var peers []string
-		p := PeerPort(key, m.cfg.PeerPortBase, m.cfg.PeerPortSpan)
+		port := strconv.Itoa(m.cfg.PeerPort)
 		for _, h := range m.cfg.Peers {
-			peers = append(peers, net.JoinHostPort(h, strconv.Itoa(p)))
+			peers = append(peers, net.JoinHostPort(h, port))
 		}
-		args = append(args, "--peers", strings.Join(peers, ","))
-		if other := m.onPort(p); other != "" {
-			// Seeding still works; serving would not bind.
-			m.cfg.Logger.Warn("a resident model has this model's peer port: it seeds from peers but serves them nothing",
-				"model", spec.Model, "port", p, "holder", other)
-		} else {
-			port = p
-			args = append(args, "--peer-listen", ":"+strconv.Itoa(p))
-		}
+		// Not *.sock: that is a daemon's, which status and clients ask.
+		relay = filepath.Join(dir, "peers.relay")
+		args = append(args, "--peers", strings.Join(peers, ","), "--peer-listen", ":"+port, "--peer-relay", relay)
 		args = append(args, m.cfg.PeerArgs...)
 	}
 	args = append(args, m.cfg.PreloadArgs...)
@@ -402,8 +400,13 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the preload of %s: %w", spec.Model, err)
 	}
-	e := &entry{cmd: cmd, exited: make(chan struct{})}
-	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID, e.Need, e.PeerPort = spec, key, ckptDir, dir, cmd.Process.Pid, need, port
+	e := &entry{cmd: cmd, exited: make(chan struct{}), hash: hash}
+	e.Spec, e.Key, e.Checkpoint, e.SocketDir, e.PID, e.Need = spec, key, ckptDir, dir, cmd.Process.Pid, need
+	if relay != "" {
+		m.mu.Lock()
+		m.relays[hash] = relay
+		m.mu.Unlock()
+	}
 	readyCh := make(chan launcher.ReadyLine, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -423,6 +426,9 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 		if m.models[key] == e {
 			delete(m.models, key)
 			m.cfg.Logger.Warn("a model's preload exited; the model is no longer resident", "model", spec.Model, "err", err)
+		}
+		if relay != "" && m.relays[hash] == relay {
+			delete(m.relays, hash)
 		}
 		m.mu.Unlock()
 		close(e.exited)
@@ -447,25 +453,12 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, key string, nee
 	return e, nil
 }
 
-// PeerPort is the port a model serves peers on: base plus a hash of its
-// key (the checkpoint's real path, so the same model on every node that
-// keeps it at the same path), within span ports.
-func PeerPort(key string, base, span int) int {
-	h := fnv.New32a()
-	h.Write([]byte(key))
-	return base + int(h.Sum32()%uint32(max(span, 1)))
-}
-
-// onPort names the resident model that serves peers on port, if any.
-func (m *Manager) onPort(port int) string {
+// Relay is the Unix socket of the preload that serves peers the
+// checkpoint with this hash, or "": serve's peer.Server.Route.
+func (m *Manager) Relay(hash string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, e := range m.models {
-		if e.PeerPort == port {
-			return e.name()
-		}
-	}
-	return ""
+	return m.relays[hash]
 }
 
 // Drop stops the model's preload. A model with leases is kept unless

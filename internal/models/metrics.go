@@ -24,12 +24,13 @@ var (
 	descBudget   = prometheus.NewDesc("weightcache_memory_budget_bytes", "The memory budget on each device (--memory-budget; 0: none).", nil, nil)
 	descLoads    = prometheus.NewDesc("weightcache_model_loads_total", "Models loaded since serve started.", nil, nil)
 	descEvicts   = prometheus.NewDesc("weightcache_model_evictions_total", "Models evicted to make room for a load.", nil, nil)
+	descPeerSent = prometheus.NewDesc("weightcache_peer_sent_bytes_total", "Checkpoint bytes this serve relayed to peers, every model's (--peers).", nil, nil)
 )
 
 type collector struct{ m *Manager }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBytes, descLeases, descLastUsed, descReady, descBudget, descLoads, descEvicts} {
+	for _, d := range []*prometheus.Desc{descBytes, descLeases, descLastUsed, descReady, descBudget, descLoads, descEvicts, descPeerSent} {
 		ch <- d
 	}
 }
@@ -50,6 +51,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBudget, prometheus.GaugeValue, float64(c.m.cfg.Budget))
 	ch <- prometheus.MustNewConstMetric(descLoads, prometheus.CounterValue, float64(loads))
 	ch <- prometheus.MustNewConstMetric(descEvicts, prometheus.CounterValue, float64(evicts))
+	if c.m.cfg.PeerSent != nil {
+		ch <- prometheus.MustNewConstMetric(descPeerSent, prometheus.CounterValue, float64(c.m.cfg.PeerSent()))
+	}
 }
 
 // ServeHTTP serves /health (200 while every resident model is ready,

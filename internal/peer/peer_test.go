@@ -30,10 +30,12 @@ type logBuf struct {
 func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
 func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
-func synth(t *testing.T) *checkpoint.Checkpoint {
+func synth(t *testing.T) *checkpoint.Checkpoint { return synthShards(t, 2) }
+
+func synthShards(t *testing.T, shards int) *checkpoint.Checkpoint {
 	t.Helper()
 	dir := t.TempDir()
-	if err := checkpoint.Synth(dir, "tiny", 2, "bfloat16"); err != nil {
+	if err := checkpoint.Synth(dir, "tiny", shards, "bfloat16"); err != nil {
 		t.Fatal(err)
 	}
 	c, err := checkpoint.Resolve(dir, "")
@@ -43,7 +45,7 @@ func synth(t *testing.T) *checkpoint.Checkpoint {
 	return c
 }
 
-func token(t *testing.T, tok string) *Auth {
+func token(t testing.TB, tok string) *Auth {
 	f := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(f, []byte(tok+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -46,6 +46,12 @@ type Server struct {
 	// Artifacts, when set, are the compile artifact sets offered to
 	// peers (artifacts.go).
 	Artifacts *artifact.Store
+	// Route, when set, names the Unix socket of the process that holds a
+	// checkpoint this server has no store for (serve: each model's
+	// preload, ServeLocal), or "": its answers are relayed (relay.go).
+	Route     func(key string) string
+	local     bool // ServeLocal: a relay in front admitted, paced and authenticated
+	relays    map[string]*http.Transport
 	mu        sync.Mutex
 	stores    map[string]*Store // by checkpoint hash
 	sent      atomic.Int64
@@ -91,31 +97,48 @@ func (sv *Server) Serve(l net.Listener) error {
 	if sv.Auth == nil || sv.Auth.tls == nil {
 		return fmt.Errorf("serving peers on %s: their authentication is not loaded", l.Addr())
 	}
+	sv.defaults() // before the listener, which sizes its bounds by them
+	return sv.serve(newAuthListener(l, sv), sv.authenticate)
+}
+
+// ServeLocal serves on l, a Unix socket only this user reaches, the
+// process that relays to it by Route (serve), which authenticated,
+// admitted and paced each request: here there is none of that.
+func (sv *Server) ServeLocal(l net.Listener) error {
+	sv.local = true
+	return sv.serve(l, func(h http.Handler) http.Handler { return h })
+}
+
+func (sv *Server) defaults() {
 	if sv.MaxConns <= 0 {
 		sv.MaxConns = 64
 	}
 	if sv.Timeout <= 0 {
 		sv.Timeout = 10 * time.Second
 	}
+}
+
+func (sv *Server) serve(l net.Listener, auth func(http.Handler) http.Handler) error {
+	sv.defaults()
 	sv.pace = checkpoint.Pacer{Rate: sv.Rate, Start: time.Now(), Read: &sv.paceBytes}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", sv.manifest)
-	mux.HandleFunc("GET /v1/checkpoints/{key}/have", sv.have)
-	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", sv.piece)
+	mux.HandleFunc("GET /v1/checkpoints/{key}/manifest", sv.routed(sv.manifest))
+	mux.HandleFunc("GET /v1/checkpoints/{key}/have", sv.routed(sv.have))
+	mux.HandleFunc("GET /v1/checkpoints/{key}/files/{file}/pieces/{piece}", sv.routed(sv.piece))
 	mux.HandleFunc("GET /v1/artifacts", sv.artifactList)
 	mux.HandleFunc("GET /v1/artifacts/{id}/pack", sv.artifactPack)
 	sv.mu.Lock()
 	// WriteTimeout bounds every answer, per request (per stream in
 	// HTTP/2); a piece's writes extend it slice by slice. The receive
 	// buffers are the smallest allowed: peers send no bodies.
-	sv.srv = &http.Server{Handler: sv.authenticate(mux), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second,
+	sv.srv = &http.Server{Handler: auth(mux), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second,
 		WriteTimeout: sv.Timeout, MaxHeaderBytes: 8 << 10, TLSConfig: sv.Auth.TLSConfig(), ErrorLog: log.New(errorLog{sv}, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
 		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams, MaxReadFrameSize: 16 << 10,
 			MaxReceiveBufferPerConnection: 64 << 10, MaxReceiveBufferPerStream: 16 << 10}}
 	srv := sv.srv
 	sv.mu.Unlock()
-	err := srv.Serve(newAuthListener(l, sv))
+	err := srv.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -126,6 +149,9 @@ func (sv *Server) Serve(l net.Listener) error {
 func (sv *Server) Close() error {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
+	for _, t := range sv.relays {
+		t.CloseIdleConnections()
+	}
 	if sv.srv == nil {
 		return nil
 	}
@@ -269,11 +295,13 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "file and piece are numbers", http.StatusBadRequest)
 		return
 	}
-	host, ok := sv.admitSend(w, r)
-	if !ok {
-		return
+	if !sv.local {
+		host, ok := sv.admitSend(w, r)
+		if !ok {
+			return
+		}
+		defer sv.endSend(host)
 	}
-	defer sv.endSend(host)
 	cw := &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}
 	ok, err := s.send(i, j, cw)
 	if !ok {
