@@ -46,6 +46,7 @@ func runLoad(ctx context.Context, e env, args []string) error {
 	c.register(fs)
 	fs.StringVar(&c.spec.DType, "dtype", "auto", "serve the tensors stored in the checkpoint's weight dtype in this one, as preload's --dtype")
 	fs.StringVar(&c.spec.Devices, "devices", "", "devices to serve it on, as preload's --devices (default: serve's --devices); the budget is each device's")
+	fs.IntVar(&c.spec.TPSize, "tensor-parallel-size", 0, "its tensor-parallel size, one rank per device of --devices, which it then needs (default: serve's)")
 	fs.BoolVar(&c.spec.PublishOnly, "publish-only", false, "stage an empty model that the engine named by --engine and --engine-version publishes into (a trainer's pushed version: weightcache.push); it is never evicted, only dropped")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err

@@ -219,6 +219,27 @@ func TestServeSeedsModelsFromPeers(t *testing.T) {
 	}
 }
 
+// A model loaded at a tensor-parallel size other than serve's is served
+// at its own, on the devices its load names, one rank on each.
+func TestServeLoadsAModelAtItsOwnTensorParallelSize(t *testing.T) {
+	t.Parallel()
+	model, dir := synthModel(t, "tiny"), sockDir(t)
+	startServe(t, "--socket-dir", dir, "--devices", "host")
+	_, errOut, code := runWC(t, "load", "--socket-dir", dir, "--model", model, "--tensor-parallel-size", "2")
+	if code == 0 || !strings.Contains(errOut, "name its 2 devices with --devices") {
+		t.Fatalf("load at TP 2 on serve's one device: exit %d: %s", code, errOut)
+	}
+	out, errOut, code := runWC(t, "load", "--socket-dir", dir, "--model", model, "--tensor-parallel-size", "2", "--devices", "host:0,host:1", "--json")
+	var l models.Loaded
+	if code != 0 || json.Unmarshal([]byte(out), &l) != nil || l.TPSize != 2 || l.Devices != "host:0,host:1" {
+		t.Fatalf("load at TP 2: exit %d: %s%s", code, out, errOut)
+	}
+	serves(t, dir, model, 2, 10*time.Second)
+	if _, errOut, code = runWC(t, "load", "--socket-dir", dir, "--model", model, "--tensor-parallel-size", "1", "--devices", "host:0,host:1"); code == 0 || !strings.Contains(errOut, "resident at tensor-parallel size 2") {
+		t.Fatalf("load at TP 1 of a model resident at 2: exit %d: %s", code, errOut)
+	}
+}
+
 // A serve whose peer port another process holds stops at once and says
 // which port: its models would otherwise seed, and no peer could reach
 // them.

@@ -69,6 +69,9 @@ type Spec struct {
 	// Devices are where it is served, as preload's --devices; "" is
 	// serve's. Resident, the device keys.
 	Devices string `json:"devices,omitempty"`
+	// TPSize is its tensor-parallel size, one rank per device; 0 is
+	// serve's.
+	TPSize int `json:"tensor_parallel_size,omitempty"`
 	// PublishOnly stages an empty model that an engine, or a trainer,
 	// publishes a layout into (preload --publish-only): a version that
 	// exists nowhere else, so it is never evicted, only dropped. Engine and
@@ -182,7 +185,15 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--dtype %q for %s: %w", spec.DType, spec.Model, err)
 	}
-	need, err := perDevice(ckpt, served, max(m.cfg.TPSize, 1))
+	serves := max(m.cfg.TPSize, 1)
+	switch spec.TPSize = cmp.Or(spec.TPSize, serves); {
+	case spec.TPSize < 1:
+		return nil, fmt.Errorf("load %s: --tensor-parallel-size must be at least 1, got %d", spec.Model, spec.TPSize)
+	case spec.TPSize != serves && spec.Devices == "":
+		// serve's devices are as many as its own size.
+		return nil, fmt.Errorf("load %s: --tensor-parallel-size %d is not serve's (%d): name its %d devices with --devices", spec.Model, spec.TPSize, serves, spec.TPSize)
+	}
+	need, err := perDevice(ckpt, served, spec.TPSize)
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", spec.Model, err)
 	}
@@ -201,6 +212,9 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		}
 		if e.Devices != spec.Devices {
 			return nil, fmt.Errorf("model %s is resident on %s: drop it before loading it on %s", spec.Model, e.Devices, spec.Devices)
+		}
+		if e.TPSize != spec.TPSize {
+			return nil, fmt.Errorf("model %s is resident at tensor-parallel size %d: drop it before loading it at %d", spec.Model, e.TPSize, spec.TPSize)
 		}
 		cur := m.describe(ctx, e)
 		return &Loaded{Status: cur, Already: true}, nil
@@ -262,7 +276,7 @@ func (m *Manager) residents(ctx context.Context) []Resident {
 // tier 1) still find it.
 func (m *Manager) toHost(ctx context.Context, e *entry) error {
 	keys := []string{"host"}
-	if tp := max(m.cfg.TPSize, 1); tp > 1 {
+	if tp := e.TPSize; tp > 1 {
 		keys = make([]string, tp)
 		for i := range keys {
 			keys[i] = "host:" + strconv.Itoa(i)
@@ -365,7 +379,7 @@ func (m *Manager) start(ctx context.Context, spec Spec, ckptDir, hash, key strin
 		return nil, fmt.Errorf("socket directory of %s: %w", spec.Model, err)
 	}
 	args := []string{"preload", "--model", spec.Model, "--socket-dir", dir, "--dtype", spec.DType,
-		"--tensor-parallel-size", strconv.Itoa(max(m.cfg.TPSize, 1))}
+		"--tensor-parallel-size", strconv.Itoa(spec.TPSize)}
 	if spec.Revision != "" {
 		args = append(args, "--revision", spec.Revision)
 	}
