@@ -219,6 +219,53 @@ func TestServeSeedsModelsFromPeers(t *testing.T) {
 	}
 }
 
+// drop --when-unused drops a model once its last lease ends, as the
+// version an engine switched away from is freed; a load of it before then
+// keeps it.
+func TestServeDropsAModelOnceUnused(t *testing.T) {
+	t.Parallel()
+	a, b := synthModel(t, "tiny"), filepath.Join(t.TempDir(), "b")
+	if err := checkpoint.Synth(b, "tiny", 1, "bf16"); err != nil {
+		t.Fatal(err)
+	}
+	dir := sockDir(t)
+	startServe(t, "--socket-dir", dir, "--devices", "host", "--model", a, "--model", b)
+	// With no lease, at once.
+	out, errOut, code := runWC(t, "drop", "--socket-dir", dir, "--model", b, "--when-unused")
+	if code != 0 || !strings.HasPrefix(out, "dropped "+b) {
+		t.Fatalf("drop --when-unused of unleased b: exit %d: %s%s", code, out, errOut)
+	}
+	w := engine(t, a, dir)
+	out, errOut, code = runWC(t, "drop", "--socket-dir", dir, "--model", a, "--when-unused")
+	if code != 0 || !strings.Contains(out, "dropping "+a+" once its last lease ends (1 now)") {
+		t.Fatalf("drop --when-unused of leased a: exit %d: %s%s", code, out, errOut)
+	}
+	if st := listModels(t, dir); len(st) != 1 || !st[a].DropWhenUnused {
+		t.Fatalf("after drop --when-unused with a lease: %s; want a resident, to be dropped", names(st))
+	}
+	sameAsDisk(t, w, a) // its engine is untouched
+	w.Close()
+	waitFor(t, "a dropped once its lease ended", func() bool { return len(listModels(t, dir)) == 0 })
+
+	// Marked, then loaded again: kept.
+	if _, errOut, code = runWC(t, "load", "--socket-dir", dir, "--model", a); code != 0 {
+		t.Fatalf("load a: exit %d: %s", code, errOut)
+	}
+	w = engine(t, a, dir)
+	if _, errOut, code = runWC(t, "drop", "--socket-dir", dir, "--model", a, "--when-unused"); code != 0 {
+		t.Fatalf("drop --when-unused of a: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code = runWC(t, "load", "--socket-dir", dir, "--model", a); code != 0 {
+		t.Fatalf("load a again: exit %d: %s", code, errOut)
+	}
+	w.Close()
+	waitFor(t, "a's lease to end", func() bool { return listModels(t, dir)[a].Leases == 0 })
+	time.Sleep(4 * models.ReapEvery) // the reaper would have dropped it by now
+	if st := listModels(t, dir); len(st) != 1 || st[a].DropWhenUnused {
+		t.Fatalf("a loaded again after drop --when-unused: %s; want it kept", names(st))
+	}
+}
+
 // A model loaded at a tensor-parallel size other than serve's is served
 // at its own, on the devices its load names, one rank on each.
 func TestServeLoadsAModelAtItsOwnTensorParallelSize(t *testing.T) {

@@ -19,6 +19,9 @@ type Request struct {
 	Op    string `json:"op"` // load, drop, list
 	Spec         // load, drop
 	Force bool   `json:"force,omitempty"` // drop
+	// WhenUnused drops the model once its last lease ends (at once if
+	// it has none): a version an engine switched away from.
+	WhenUnused bool `json:"when_unused,omitempty"`
 }
 
 // Reply is serve's one line back.
@@ -58,6 +61,7 @@ func Listen(dir string) (*net.UnixListener, error) {
 // Serve answers control requests on ln until it is closed. ctx bounds the
 // loads (a serve that stops gives up a load in progress).
 func (m *Manager) Serve(ctx context.Context, ln *net.UnixListener) {
+	go m.reap(ctx)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -84,7 +88,7 @@ func (m *Manager) answer(ctx context.Context, c *net.UnixConn) {
 		case "load":
 			rep.Loaded, err = m.Load(ctx, req.Spec)
 		case "drop":
-			rep.Dropped, err = m.Drop(ctx, req.Spec, req.Force)
+			rep.Dropped, err = m.Drop(ctx, req.Spec, req.Force, req.WhenUnused)
 		case "list":
 			rep.Models = m.List(ctx)
 		default:

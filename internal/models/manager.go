@@ -103,8 +103,11 @@ type Status struct {
 	LoadedAt     time.Time `json:"loaded_at"`
 	LoadSeconds  float64   `json:"load_seconds"`
 	PID          int       `json:"pid"`
-	State        string    `json:"state"` // ready; or a rank's state when one is not
-	Error        string    `json:"error,omitempty"`
+	// DropWhenUnused: it is dropped once its last lease ends (drop
+	// --when-unused), unless a load keeps it first.
+	DropWhenUnused bool   `json:"drop_when_unused,omitempty"`
+	State          string `json:"state"` // ready; or a rank's state when one is not
+	Error          string `json:"error,omitempty"`
 }
 
 // Loaded is the reply to a load.
@@ -135,7 +138,9 @@ type Manager struct {
 
 type entry struct {
 	Status
-	hash   string // the checkpoint's (peer.Server's key)
+	hash string // the checkpoint's (peer.Server's key)
+	// unused: drop it once its last lease ends (guarded by mu).
+	unused bool
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the preload has exited and been reaped
 }
@@ -216,6 +221,9 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		if e.TPSize != spec.TPSize {
 			return nil, fmt.Errorf("model %s is resident at tensor-parallel size %d: drop it before loading it at %d", spec.Model, e.TPSize, spec.TPSize)
 		}
+		m.mu.Lock()
+		e.unused = false // asked for again: kept
+		m.mu.Unlock()
 		cur := m.describe(ctx, e)
 		return &Loaded{Status: cur, Already: true}, nil
 	}
@@ -477,7 +485,7 @@ func (m *Manager) Relay(hash string) string {
 
 // Drop stops the model's preload. A model with leases is kept unless
 // force: then its engines get the preload's drain timeout.
-func (m *Manager) Drop(ctx context.Context, spec Spec, force bool) (*Status, error) {
+func (m *Manager) Drop(ctx context.Context, spec Spec, force, whenUnused bool) (*Status, error) {
 	ckpt, err := checkpoint.ResolveLazily(spec.Model, spec.Revision)
 	if err != nil {
 		return nil, err
@@ -489,6 +497,13 @@ func (m *Manager) Drop(ctx context.Context, spec Spec, force bool) (*Status, err
 		return nil, fmt.Errorf("model %s is not resident in %s", spec.Model, m.cfg.SocketDir)
 	}
 	cur := m.describe(ctx, e)
+	if cur.Leases > 0 && whenUnused && !force {
+		m.mu.Lock()
+		e.unused = true
+		m.mu.Unlock()
+		cur.DropWhenUnused = true
+		return &cur, nil
+	}
 	if cur.Leases > 0 && !force {
 		return nil, fmt.Errorf("model %s has %d leases: engines map its memory; stop them first, or drop with --force to give them the drain timeout", spec.Model, cur.Leases)
 	}
@@ -500,6 +515,50 @@ func (m *Manager) Drop(ctx context.Context, spec Spec, force bool) (*Status, err
 
 // stop ends a preload: SIGTERM, then SIGKILL after the stop timeout. Its
 // socket directory goes with it.
+// ReapEvery is how often the models to drop once unused are looked at.
+const ReapEvery = 500 * time.Millisecond
+
+// reap drops each model marked DropWhenUnused once it has no lease, until
+// ctx ends.
+func (m *Manager) reap(ctx context.Context) {
+	t := time.NewTicker(ReapEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		var marked []*entry
+		for _, e := range m.models {
+			if e.unused {
+				marked = append(marked, e)
+			}
+		}
+		m.mu.Unlock()
+		for _, e := range marked {
+			m.reapOne(ctx, e)
+		}
+	}
+}
+
+func (m *Manager) reapOne(ctx context.Context, e *entry) {
+	m.decide.Lock()
+	defer m.decide.Unlock()
+	m.mu.Lock()
+	still := m.models[e.Key] == e && e.unused
+	m.mu.Unlock()
+	if cur := m.describe(ctx, e); !still || cur.Leases > 0 || cur.State == "unreachable" {
+		return
+	}
+	if err := m.stop(e); err != nil {
+		m.cfg.Logger.Warn("a model asked to be dropped once unused could not be", "model", e.name(), "err", err)
+		return
+	}
+	m.cfg.Logger.Info("dropped a model once its last lease ended, as asked", "model", e.name())
+}
+
 func (m *Manager) stop(e *entry) error {
 	m.mu.Lock()
 	delete(m.models, e.Key)
@@ -572,6 +631,9 @@ func (m *Manager) Budget() int64 { return m.cfg.Budget }
 func (m *Manager) describe(ctx context.Context, e *entry) Status {
 	mo := e.Status
 	mo.State, mo.LastUsed = "ready", mo.LoadedAt
+	m.mu.Lock()
+	mo.DropWhenUnused = e.unused
+	m.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ranks, err := status.All(ctx, e.SocketDir)

@@ -173,8 +173,9 @@ def test_switch_to_a_version_a_trainer_pushed(served, wc_bin, caplog):
     under a's name: a's config, names and shapes): serve stages them as
     version step-1 of a, and a running engine of a switches to them, a hit
     with no file behind it, generating what b generates; back on a's
-    checkpoint, what a did. Pushed tensors of another shape are refused,
-    and the engine keeps serving what it served."""
+    checkpoint, what a did, and step-1 is freed (free_old). Pushed tensors
+    of another shape are refused, and the engine keeps serving what it
+    served."""
     caplog.set_level(logging.INFO, "vllm.weightcache")
     d, a, b = served["dir"], served["a"], served["b"]
     trained, _ = attach(b, socket_dir="/nonexistent-wc")  # b's bytes from disk, as a trainer holds them
@@ -194,15 +195,16 @@ def test_switch_to_a_version_a_trainer_pushed(served, wc_bin, caplog):
         assert [(s.source, s.version) for s in done] == [("hit", "step-1")], done
         assert run(e) == served["want_b"]
         assert hit_lines(caplog, "weightcache: switch: hit, ")[-1].endswith(f": now {a} (trainer step-1)")
-        back = switch(e, a, socket_dir=d)
-        assert [(s.source, s.version) for s in back] == [("hit", "")]
+        # Back, freeing step-1 (free_old): nothing else leases it.
+        back = switch(e, a, socket_dir=d, free_old=True)
+        assert [(s.source, s.version, s.freed) for s in back] == [("hit", "", f"dropped {a} (trainer step-1)")], back
         assert run(e) == served["want_a"]
     finally:
         _drop_extension(e)
         engines.close(e)
     st = status(wc_bin, d)
     pushed = sorted(m.get("engine_version", "") for m in st["models"] if m.get("publish_only"))
-    assert pushed == ["step-1", "step-bad"] and st["evictions"] == 0, st
+    assert pushed == ["step-bad"] and st["evictions"] == 0, st
 
 
 def test_switch_through_vllm_serve(served, tmp_path):

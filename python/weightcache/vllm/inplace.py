@@ -44,6 +44,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
+from .. import protocol
 from ..attach import Weights, attach
 from ..checkpoint import Checkpoint, CheckpointError, resolve
 from ..source import MissError
@@ -75,12 +76,13 @@ class Switched:
     reason: str  # why not from the daemon; "" on a hit
     seconds: float
     nbytes: int  # bytes from the daemon (0 from disk)
-    version: str = ""  # a pushed version's engine_version; "" for the checkpoint's own tensors
+    version: str = ""  # a pushed version's engine_version; "" for the checkpoint's own
+    freed: str = ""  # with free_old: what became of the version it ran tensors
 
 
 def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
            fallback: bool = True, connect_timeout_s: float = 5.0, engine: str = "",
-           engine_version: str = "") -> list[Switched]:
+           engine_version: str = "", free_old: bool = False) -> list[Switched]:
     """Switch the running engine of llm (vllm.LLM, started with
     worker_extension_cls=WORKER_EXTENSION) to checkpoint model (a
     directory or hub id, at revision) in place; returns one Switched per
@@ -89,19 +91,25 @@ def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Opt
     version of model that a trainer pushed (weightcache.push: engine
     "trainer", engine_version its version): its tensors must have the
     running model's names, dtypes and shapes, and since no file holds
-    them, a miss refuses whatever fallback says. Raises SwitchRefused when
-    any rank refuses, or misses with fallback off (nothing changed), or
-    SwitchFailed (undone)."""
+    them, a miss refuses whatever fallback says. The version switched away
+    from stays resident, for a rollback, and evictable once unleased;
+    free_old=True asks the weightcache serve holding it to drop it once
+    its last lease ends (weightcache drop --when-unused), as a trainer
+    pushing a version each step wants: a pushed version is never evicted.
+    Raises SwitchRefused when any rank refuses, or misses with fallback
+    off (nothing changed), or SwitchFailed (undone)."""
     return _switch_steps(lambda method, *args: llm.collective_rpc(method, args=args), llm.reset_prefix_cache, model,
-                         revision, socket_dir, fallback, connect_timeout_s, engine, engine_version)
+                         revision, socket_dir, fallback, connect_timeout_s, engine, engine_version, free_old)
 
 
 def _switch_steps(rpc: Any, reset: Any, model: str, revision: Optional[str], socket_dir: Optional[str],
-                  fallback: bool, connect_timeout_s: float, engine: str, engine_version: str) -> list[Switched]:
+                  fallback: bool, connect_timeout_s: float, engine: str, engine_version: str,
+                  free_old: bool) -> list[Switched]:
     """The steps of a switch over rpc(method, *args) (the engine's
     collective_rpc, in process or over HTTP), then reset() of the prefix
     cache."""
-    args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s, engine, engine_version)
+    args = (os.fspath(model), revision or "", socket_dir or "", fallback, connect_timeout_s, engine, engine_version,
+            free_old)
     try:
         checks = rpc("weightcache_switch_check", *args)
     except Exception as e:
@@ -129,7 +137,7 @@ def _switch_steps(rpc: Any, reset: Any, model: str, revision: Optional[str], soc
 
 def switch_server(url: str, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
                   fallback: bool = True, connect_timeout_s: float = 5.0, engine: str = "", engine_version: str = "",
-                  timeout_s: float = 600.0) -> list[Switched]:
+                  timeout_s: float = 600.0, free_old: bool = False) -> list[Switched]:
     """switch() for a running `vllm serve` at url (http://HOST:PORT, or
     unix:PATH for one started with --uds PATH), started with
     --worker-extension-cls weightcache.vllm.WorkerExtension and
@@ -148,7 +156,7 @@ def switch_server(url: str, model: str, revision: Optional[str] = None, socket_d
     _post(url, "/pause?mode=wait", {}, timeout_s)
     try:
         return _switch_steps(rpc, lambda: _post(url, "/reset_prefix_cache", {}, timeout_s), model, revision,
-                             socket_dir, fallback, connect_timeout_s, engine, engine_version)
+                             socket_dir, fallback, connect_timeout_s, engine, engine_version, free_old)
     finally:
         _post(url, "/resume", {}, timeout_s)
 
@@ -203,11 +211,11 @@ class WorkerExtension:
     worker; an extension of your own can subclass it."""
 
     def weightcache_switch_check(self, model: str, revision: str, socket_dir: str, fallback: Union[bool, str],
-                                 connect_timeout_s: Union[float, str], engine: str = "", engine_version: str = "") -> str:
+                                 connect_timeout_s: Union[float, str], engine: str = "", engine_version: str = "",
+                                 free_old: Union[bool, str] = False) -> str:
         # An API server's /collective_rpc passes strings only.
-        if isinstance(fallback, str):
-            fallback = fallback.lower() not in ("false", "0", "")
-        return _check(self, model, revision, socket_dir, fallback, float(connect_timeout_s), engine, engine_version)
+        return _check(self, model, revision, socket_dir, _flag(fallback), float(connect_timeout_s), engine,
+                      engine_version, _flag(free_old))
 
     def weightcache_switch_load(self) -> dict[str, Any]:
         return dataclasses.asdict(_load(self))
@@ -230,6 +238,7 @@ class _Pending:
     version: tuple[str, str]
     weights: Optional[Weights]
     reason: str  # the miss's, when weights is None
+    free_old: bool = False
 
 
 def _rank(worker: Any) -> int:
@@ -253,8 +262,12 @@ def _version(worker: Any) -> tuple[str, str]:
     return v if isinstance(v, tuple) else ("", "")
 
 
+def _flag(v: Union[bool, str]) -> bool:
+    return v.lower() not in ("false", "0", "") if isinstance(v, str) else bool(v)
+
+
 def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bool,
-           connect_timeout_s: float, engine: str = "", engine_version: str = "") -> str:
+           connect_timeout_s: float, engine: str = "", engine_version: str = "", free_old: bool = False) -> str:
     """Step 1 on one rank: "" when the rank can switch (holding its lease
     or its reason to read from disk), else why it cannot."""
     _let_go(worker)
@@ -292,7 +305,7 @@ def _check(worker: Any, model: str, revision: str, socket_dir: str, fallback: bo
             weights.close()
             return f"rank {rank}: {pushed} cannot replace {old.dir} in place: {why}; the engine still serves {old.dir}"
     worker._weightcache_switch = _Pending(mc.model, mc.revision, _socket_dir(worker), _version(worker), new, socket_dir,
-                                          (engine, engine_version), weights, reason)
+                                          (engine, engine_version), weights, reason, free_old)
     return ""
 
 
@@ -323,12 +336,40 @@ def _load(worker: Any) -> Switched:
         if w is not None:
             w.close()
     seconds = time.monotonic() - started
+    freed = _free(p) if p.free_old else ""
     version = " ".join(p.version) if p.version[0] else ""
     if w is not None:
         log.info("weightcache: switch: hit, %d tensors, %.1f MiB in %.2f s: now %s%s", tensors, nbytes / (1 << 20),
                  seconds, p.new.dir, f" ({version})" if version else "")
+    if freed:
+        log.info("weightcache: switch: %s", freed)
     return Switched(_rank(worker), p.new.dir, "hit" if w is not None else "fallback", p.reason, seconds, nbytes,
-                    p.version[1])
+                    p.version[1], freed)
+
+
+def _free(p: _Pending) -> str:
+    """Asks the weightcache serve holding the version the rank ran to drop
+    it once its last lease ends; says what came of it. A switch that
+    succeeded is not undone for it."""
+    engine, version = p.old_version
+    old = f"{p.old_model} ({engine} {version})" if engine else p.old_model
+    try:
+        if p.old_version == p.version and resolve(p.old_model, p.old_revision).dir == p.new.dir:
+            return ""  # switched to the version it ran
+    except (CheckpointError, OSError) as e:
+        return f"{old} is not freed: {e}"
+    directory = p.old_socket_dir or protocol.default_socket_dir()
+    if not os.path.exists(protocol.serve_path(directory)):
+        return f"{old} is not freed: no weightcache serve manages {directory}"
+    req = {"op": "drop", "model": p.old_model, "revision": p.old_revision or "", "engine": engine,
+           "engine_version": version, "when_unused": True}
+    try:
+        rep = protocol.serve_request(directory, req, 10.0)
+    except protocol.ProtocolError as e:
+        return f"{old} is not freed: {e}"
+    if (rep.get("dropped") or {}).get("drop_when_unused"):
+        return f"dropping {old} once its last lease ends"
+    return f"dropped {old}"
 
 
 def _undo(worker: Any) -> str:
