@@ -165,7 +165,7 @@ bench-vllm: build vllm-env ## weight loading in real vLLM against load_format au
 
 # A running vLLM engine switched to another version of its model in place
 # (weightcache.vllm.switch) against restarting it, through weightcache and
-# with auto. BENCH_SWITCH_ARGS='--runs 5'.
+# with auto. BENCH_SWITCH_ARGS='--runs 5', '--compile' for torch.compile.
 bench-switch: build vllm-env ## a running vLLM switched to another version in place, against restarts
 	$(VLLM_PY) python/bench_switch.py --bin $(BIN) $(BENCH_SWITCH_ARGS)
 

@@ -513,9 +513,9 @@ fi
 # one round (1.6 GB v1 and v2 made once under $TMPDIR), against restarts.
 SWITCH_LINE="skipped (no python3 with vLLM and CUDA)"
 if command -v python3 >/dev/null && python3 -c 'import torch,vllm,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-	if SW_OUT=$(step 600 "switch in place on the GPU" python3 "$ROOT/python/bench_switch.py" --bin "$BIN" --runs 1 2>"$WORK/sw.err" | tail -n 1); then
+	if SW_OUT=$(step 600 "switch in place on the GPU" python3 "$ROOT/python/bench_switch.py" --bin "$BIN" --runs 1 2>"$WORK/sw.err" | tail -n 2 | tr '\n' ' '); then
 		SWITCH_LINE="$SW_OUT"
-		check "switched engine back on v1 generates what it did" "$([[ $SW_OUT == *"did before the switches: True"* ]] && echo 1 || echo 0)" "$SW_OUT"
+		check "switched engine generates what a fresh v2 does, and back on v1 what it did" "$([[ $SW_OUT == *"fresh v2 engine does: True"*"did before the switches: True"* ]] && echo 1 || echo 0)" "$SW_OUT"
 	else
 		check "switch in place on the GPU" 0 "$(tail -n 5 "$WORK/sw.err")"
 	fi
