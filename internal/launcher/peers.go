@@ -227,7 +227,8 @@ func (l *launcher) fillFromPeers(ctx context.Context, pc *peering, g Group, ld *
 			// Once the weights are placed, and beside the load: a
 			// start waits for its weights, not for another's compile.
 			pc.artsSeed.Do(func() {
-				sd := &peer.Seeder{Auth: &pc.cfg.Auth, Peers: pc.cfg.Addrs, Self: pc.cfg.Listen, Trust: pc.cfg.Trust, Timeout: pc.cfg.Timeout, Log: l.log}
+				sd := &peer.Seeder{Auth: &pc.cfg.Auth, Peers: pc.cfg.Addrs, Self: pc.cfg.Listen, Trust: pc.cfg.Trust, Timeout: pc.cfg.Timeout,
+					Checkpoint: g.Checkpoint.Hash(), Log: l.log}
 				go sd.Artifacts(ctx, pc.arts)
 			})
 		}

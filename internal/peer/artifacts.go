@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -29,6 +30,9 @@ import (
 const packRate = 8 << 20
 
 func (sv *Server) artifactList(w http.ResponseWriter, r *http.Request) {
+	if sv.relayedArtifacts(w, r) {
+		return
+	}
 	st := sv.Artifacts
 	if st == nil || st.Budget() == 0 {
 		http.Error(w, "this node holds no artifacts", http.StatusNotFound)
@@ -54,6 +58,9 @@ func (sv *Server) artifactList(w http.ResponseWriter, r *http.Request) {
 }
 
 func (sv *Server) artifactPack(w http.ResponseWriter, r *http.Request) {
+	if sv.relayedArtifacts(w, r) {
+		return
+	}
 	st := sv.Artifacts
 	if st == nil {
 		http.Error(w, "this node holds no artifacts", http.StatusNotFound)
@@ -136,10 +143,18 @@ func (sd *Seeder) Artifacts(ctx context.Context, st *artifact.Store) int {
 	return stored
 }
 
+// ofCheckpoint is the query that names Checkpoint, or "".
+func (sd *Seeder) ofCheckpoint() string {
+	if sd.Checkpoint == "" {
+		return ""
+	}
+	return "?checkpoint=" + url.QueryEscape(sd.Checkpoint)
+}
+
 // artifactList is the sets p holds, each a valid manifest: a list with
 // one that is not is not taken.
 func (sd *Seeder) artifactList(ctx context.Context, p *remote) ([]*artifact.Set, error) {
-	raw, _, err := sd.get(ctx, p.base+"/v1/artifacts", artifact.MaxManifestBytes)
+	raw, _, err := sd.get(ctx, p.base+"/v1/artifacts"+sd.ofCheckpoint(), artifact.MaxManifestBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +179,7 @@ func (sd *Seeder) artifactSet(ctx context.Context, p *remote, set *artifact.Set,
 	wait := pieceWaits*sd.timeout + time.Duration(set.Bytes/packRate)*time.Second
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	resp, err := sd.getExact(ctx, p.base+"/v1/artifacts/"+set.ID()+"/pack", "pack", set.Bytes)
+	resp, err := sd.getExact(ctx, p.base+"/v1/artifacts/"+set.ID()+"/pack"+sd.ofCheckpoint(), "pack", set.Bytes)
 	if err != nil {
 		return err
 	}

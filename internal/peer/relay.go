@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net"
@@ -31,11 +32,29 @@ func (sv *Server) routed(local http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// relayedArtifacts relays an ask for artifacts that names its checkpoint
+// (Seeder.Checkpoint) to that checkpoint's process, when this server
+// holds none itself: each model's engines compiled their own. It says
+// whether it answered.
+func (sv *Server) relayedArtifacts(w http.ResponseWriter, r *http.Request) bool {
+	key := r.URL.Query().Get("checkpoint")
+	if sv.Artifacts != nil || sv.Route == nil || key == "" {
+		return false
+	}
+	sock := sv.Route(key)
+	if sock == "" {
+		http.Error(w, "this node holds no artifacts of checkpoint "+key, http.StatusNotFound)
+		return true
+	}
+	sv.relay(w, r, sock)
+	return true
+}
+
 // relay answers r with what the process listening on sock answers. A
-// piece is admitted, paced and counted here, as one of this server's
-// own: the limits are the node's, whichever model is asked for.
+// piece or a pack is admitted, paced and counted here, as one of this
+// server's own: the limits are the node's, whichever model is asked for.
 func (sv *Server) relay(w http.ResponseWriter, r *http.Request, sock string) {
-	if r.PathValue("piece") != "" {
+	if r.PathValue("piece") != "" || r.PathValue("id") != "" {
 		host, ok := sv.admitSend(w, r)
 		if !ok {
 			return
@@ -43,7 +62,7 @@ func (sv *Server) relay(w http.ResponseWriter, r *http.Request, sock string) {
 		defer sv.endSend(host)
 		w = relayWriter{w, &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}}
 	}
-	key := r.PathValue("key")
+	key := cmp.Or(r.PathValue("key"), r.URL.Query().Get("checkpoint"))
 	p := &httputil.ReverseProxy{
 		Transport: sv.relayTransport(sock),
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -122,3 +122,56 @@ func TestRelayRefusesWhatItCannotRoute(t *testing.T) {
 		t.Fatalf("a checkpoint whose process is gone: %d %q, want 404 naming it", code, body)
 	}
 }
+
+// Each model's engines' artifacts come through the relay from that
+// model's process, named by its checkpoint: a seeder of one model takes
+// that model's sets and none of another's.
+func TestRelayServesEachModelsArtifacts(t *testing.T) {
+	a := token(t, "cluster-secret")
+	quiet := slog.New(slog.DiscardHandler)
+	socks := map[string]string{}
+	sets := map[string]string{}
+	for _, key := range []string{"ckpt-a", "ckpt-b"} {
+		st := artifactStore(t)
+		sets[key] = putSet(t, st, "kernels of "+key, "compiled for "+key).ID()
+		sock := filepath.Join(t.TempDir(), "peers.relay")
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		child := &Server{Auth: a, Log: quiet, Timeout: 2 * time.Second, Artifacts: st}
+		go func() { _ = child.ServeLocal(l) }()
+		t.Cleanup(func() { _ = child.Close() })
+		socks[key] = sock
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := &Server{Auth: a, Log: quiet, Timeout: 2 * time.Second, Route: func(k string) string { return socks[k] }}
+	go func() { _ = sv.Serve(l) }()
+	t.Cleanup(func() { _ = sv.Close() })
+
+	for _, key := range []string{"ckpt-a", "ckpt-b"} {
+		ours := artifactStore(t)
+		var logged logBuf
+		sd := &Seeder{Auth: a, Peers: []string{l.Addr().String()}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
+			Log: slog.New(slog.NewTextHandler(&logged, nil))}
+		if n := sd.Artifacts(context.Background(), ours); n != 1 {
+			t.Fatalf("%s: stored %d sets, want its one:\n%s", key, n, logged.String())
+		}
+		if got := ours.List(); len(got) != 1 || got[0].ID != sets[key] {
+			t.Fatalf("%s: holds %v, want its own set %s", key, got, sets[key])
+		}
+	}
+	// A seeder that names no checkpoint, or one no process holds, is told
+	// this node holds none.
+	for _, key := range []string{"", "ckpt-c"} {
+		var logged logBuf
+		sd := &Seeder{Auth: a, Peers: []string{l.Addr().String()}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
+			Log: slog.New(slog.NewTextHandler(&logged, nil))}
+		if n := sd.Artifacts(context.Background(), artifactStore(t)); n != 0 || !strings.Contains(logged.String(), "holds no artifacts") {
+			t.Fatalf("checkpoint %q: stored %d sets:\n%s", key, n, logged.String())
+		}
+	}
+}

@@ -25,14 +25,18 @@ import (
 // Seeder fills a Store from peers, and from storage the pieces no peer
 // serves in time.
 type Seeder struct {
-	Auth    *Auth
-	Peers   []string // HOST:PORT; a host name is every address it resolves to
-	Self    string   // this node's --peer-listen address, skipped among the peers
-	Digest  string   // the trusted manifest digest (sha256:HEX), or ""
-	Trust   bool     // accept the manifest authenticated peers serve
-	Timeout time.Duration
-	Workers int
-	Log     *slog.Logger
+	Auth   *Auth
+	Peers  []string // HOST:PORT; a host name is every address it resolves to
+	Self   string   // this node's --peer-listen address, skipped among the peers
+	Digest string   // the trusted manifest digest (sha256:HEX), or ""
+	Trust  bool     // accept the manifest authenticated peers serve
+	// Checkpoint, when set, is the hash of the checkpoint whose engines'
+	// artifacts are asked for: a serve relays the ask to that model's
+	// preload (a preload serving peers itself ignores it).
+	Checkpoint string
+	Timeout    time.Duration
+	Workers    int
+	Log        *slog.Logger
 
 	FromPeers, FromStorage atomic.Int64
 
