@@ -21,17 +21,30 @@ func relayed(t *testing.T, a *Auth, stores ...*Store) (*Server, string) {
 	t.Helper()
 	socks := map[string]string{}
 	for _, s := range stores {
-		sock := filepath.Join(t.TempDir(), "peer.sock")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
 		child := &Server{Auth: a, Log: slog.New(slog.DiscardHandler), Timeout: 2 * time.Second}
 		child.Add(s)
-		go func() { _ = child.ServeLocal(l) }()
-		t.Cleanup(func() { _ = child.Close() })
-		socks[s.ckpt.Hash()] = sock
+		socks[s.ckpt.Hash()] = serveLocal(t, child)
 	}
+	return router(t, a, socks)
+}
+
+// serveLocal serves child on a Unix socket (a model's preload) and
+// returns its path.
+func serveLocal(t *testing.T, child *Server) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "peers.relay")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = child.ServeLocal(l) }()
+	t.Cleanup(func() { _ = child.Close() })
+	return sock
+}
+
+// router serves peers on loopback, relaying by checkpoint to socks (serve).
+func router(t *testing.T, a *Auth, socks map[string]string) (*Server, string) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -82,16 +95,8 @@ func TestRelayServesEveryCheckpointOnOnePort(t *testing.T) {
 func TestRelayRefusesWhatItCannotRoute(t *testing.T) {
 	a := token(t, "cluster-secret")
 	s1, _ := seeded(t, synth(t), 64<<10)
-	gone := filepath.Join(t.TempDir(), "gone.sock")
-	socks := map[string]string{"gone": gone}
 	_, addr := relayed(t, a, s1)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := &Server{Auth: a, Log: slog.New(slog.DiscardHandler), Timeout: 2 * time.Second, Route: func(k string) string { return socks[k] }}
-	go func() { _ = sv.Serve(l) }()
-	t.Cleanup(func() { _ = sv.Close() })
+	_, goneAddr := router(t, a, map[string]string{"gone": filepath.Join(t.TempDir(), "gone.sock")})
 
 	client := func(auth *Auth) *http.Client {
 		// As the Seeder's: its TLS offers HTTP/2 alone.
@@ -118,7 +123,7 @@ func TestRelayRefusesWhatItCannotRoute(t *testing.T) {
 	if code, body := get(a, addr, "/v1/checkpoints/nothere/have"); code != http.StatusNotFound || !strings.Contains(body, "nothere") {
 		t.Fatalf("an unrouted checkpoint: %d %q, want 404 naming it", code, body)
 	}
-	if code, body := get(a, l.Addr().String(), "/v1/checkpoints/gone/have"); code != http.StatusNotFound || !strings.Contains(body, "gone") {
+	if code, body := get(a, goneAddr, "/v1/checkpoints/gone/have"); code != http.StatusNotFound || !strings.Contains(body, "gone") {
 		t.Fatalf("a checkpoint whose process is gone: %d %q, want 404 naming it", code, body)
 	}
 }
@@ -134,28 +139,14 @@ func TestRelayServesEachModelsArtifacts(t *testing.T) {
 	for _, key := range []string{"ckpt-a", "ckpt-b"} {
 		st := artifactStore(t)
 		sets[key] = putSet(t, st, "kernels of "+key, "compiled for "+key).ID()
-		sock := filepath.Join(t.TempDir(), "peers.relay")
-		l, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		child := &Server{Auth: a, Log: quiet, Timeout: 2 * time.Second, Artifacts: st}
-		go func() { _ = child.ServeLocal(l) }()
-		t.Cleanup(func() { _ = child.Close() })
-		socks[key] = sock
+		socks[key] = serveLocal(t, &Server{Auth: a, Log: quiet, Timeout: 2 * time.Second, Artifacts: st})
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := &Server{Auth: a, Log: quiet, Timeout: 2 * time.Second, Route: func(k string) string { return socks[k] }}
-	go func() { _ = sv.Serve(l) }()
-	t.Cleanup(func() { _ = sv.Close() })
+	_, addr := router(t, a, socks)
 
 	for _, key := range []string{"ckpt-a", "ckpt-b"} {
 		ours := artifactStore(t)
 		var logged logBuf
-		sd := &Seeder{Auth: a, Peers: []string{l.Addr().String()}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
+		sd := &Seeder{Auth: a, Peers: []string{addr}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
 			Log: slog.New(slog.NewTextHandler(&logged, nil))}
 		if n := sd.Artifacts(context.Background(), ours); n != 1 {
 			t.Fatalf("%s: stored %d sets, want its one:\n%s", key, n, logged.String())
@@ -168,7 +159,7 @@ func TestRelayServesEachModelsArtifacts(t *testing.T) {
 	// this node holds none.
 	for _, key := range []string{"", "ckpt-c"} {
 		var logged logBuf
-		sd := &Seeder{Auth: a, Peers: []string{l.Addr().String()}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
+		sd := &Seeder{Auth: a, Peers: []string{addr}, Trust: true, Timeout: 2 * time.Second, Checkpoint: key,
 			Log: slog.New(slog.NewTextHandler(&logged, nil))}
 		if n := sd.Artifacts(context.Background(), artifactStore(t)); n != 0 || !strings.Contains(logged.String(), "holds no artifacts") {
 			t.Fatalf("checkpoint %q: stored %d sets:\n%s", key, n, logged.String())
