@@ -243,6 +243,9 @@ func TestServeDropsAModelOnceUnused(t *testing.T) {
 	if st := listModels(t, dir); len(st) != 1 || !st[a].DropWhenUnused {
 		t.Fatalf("after drop --when-unused with a lease: %s; want a resident, to be dropped", names(st))
 	}
+	if out, errOut, code = runWC(t, "status", "--socket-dir", dir); code != 0 || !strings.Contains(out, "ready, dropped once unused") {
+		t.Fatalf("status of a model to be dropped once unused: exit %d: %s%s", code, out, errOut)
+	}
 	sameAsDisk(t, w, a) // its engine is untouched
 	w.Close()
 	waitFor(t, "a dropped once its lease ended", func() bool { return len(listModels(t, dir)) == 0 })

@@ -102,11 +102,14 @@ func managedStatus(ctx context.Context, e env, dir string, asJSON bool) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MODEL\tREVISION\tPUBLISHED BY\tDTYPE\tDEVICES\tSTATE\tBYTES\tTENSORS\tLEASES\tLAST USED\tKEY")
 	for _, mo := range rep.Models {
-		by := "-"
+		by, state := "-", mo.State
 		if mo.Engine != "" {
 			by = strings.TrimSpace(mo.Engine + " " + mo.EngineVersion)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, cmp.Or(mo.Revision, "-"), by, mo.DType, mo.Devices, mo.State,
+		if mo.DropWhenUnused {
+			state += ", dropped once unused"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", mo.Model, cmp.Or(mo.Revision, "-"), by, mo.DType, mo.Devices, state,
 			checkpoint.HumanBytes(max(mo.Bytes, mo.Need)), mo.Tensors, mo.Leases, mo.LastUsed.Local().Format(time.DateTime), mo.Key)
 	}
 	if err := tw.Flush(); err != nil {
