@@ -88,6 +88,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 	case *peerTimeout <= 0:
 		return usageErrorf("--peer-timeout must be positive, got %s", *peerTimeout)
 	}
+	auth := &peer.Auth{TokenFile: peerAuth[0], CertFile: peerAuth[1], KeyFile: peerAuth[2], CAFile: peerAuth[3]}
 	var peers, peerArgs []string
 	for _, h := range strings.Split(*peerHosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
@@ -98,8 +99,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		}
 	}
 	if len(peers) > 0 {
-		tls := peerAuth[1] != "" && peerAuth[2] != "" && peerAuth[3] != ""
-		if peerAuth[0] == "" && !tls {
+		if !auth.AuthenticatesServer() {
 			return usageErrorf("--peers needs peers that prove themselves: give --peer-token-file, or --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
 		}
 		for i, name := range []string{"peer-token-file", "peer-tls-cert", "peer-tls-key", "peer-tls-ca"} {
@@ -112,7 +112,6 @@ func runServe(ctx context.Context, e env, args []string) error {
 		}
 		peerArgs = append(peerArgs, "--peer-timeout", peerTimeout.String())
 	}
-	auth := &peer.Auth{TokenFile: peerAuth[0], CertFile: peerAuth[1], KeyFile: peerAuth[2], CAFile: peerAuth[3]}
 	if len(peers) > 0 {
 		if err := auth.Load(); err != nil {
 			return err

@@ -83,17 +83,17 @@ func (l *launcher) startPeers(ctx context.Context) error {
 	if cfg.Listen == "" {
 		return nil
 	}
+	sv := &peer.Server{Auth: &cfg.Auth, Rate: cfg.Rate, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log, Artifacts: l.peers.arts}
+	l.peers.mu.Lock()
+	l.peers.server = sv // read by /metrics scrapes
+	l.peers.mu.Unlock()
 	if cfg.Relay != "" {
-		return l.relayPeers(cfg)
+		return l.relayPeers(cfg, sv)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("--peer-listen %s: %w", cfg.Listen, err)
 	}
-	sv := &peer.Server{Auth: &cfg.Auth, Rate: cfg.Rate, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log, Artifacts: l.peers.arts}
-	l.peers.mu.Lock()
-	l.peers.server = sv // read by /metrics scrapes
-	l.peers.mu.Unlock()
 	go func() {
 		if ln == nil {
 			l.log.Warn("peer port in use (a predecessor still serving it?): retrying until it is free", "listen", cfg.Listen)
@@ -117,18 +117,14 @@ func (l *launcher) startPeers(ctx context.Context) error {
 	return nil
 }
 
-// relayPeers serves peers on cfg.Relay, a socket only this user reaches
+// relayPeers serves sv on cfg.Relay, a socket only this user reaches
 // (its directory is serve's, 0700), to the serve that relays to it.
-func (l *launcher) relayPeers(cfg *Peers) error {
+func (l *launcher) relayPeers(cfg *Peers, sv *peer.Server) error {
 	_ = os.Remove(cfg.Relay) // a socket left by a preload killed before it could remove it
 	ln, err := net.Listen("unix", cfg.Relay)
 	if err != nil {
 		return fmt.Errorf("--peer-relay %s: %w", cfg.Relay, err)
 	}
-	sv := &peer.Server{Auth: &cfg.Auth, MaxConns: cfg.MaxConns, Timeout: cfg.Timeout, Log: l.log, Artifacts: l.peers.arts}
-	l.peers.mu.Lock()
-	l.peers.server = sv
-	l.peers.mu.Unlock()
 	go func() {
 		l.log.Info("serving peers through the relay on this node's peer port", "relay", cfg.Relay, "port", cfg.Listen)
 		if err := sv.ServeLocal(ln); err != nil {

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/weightcache/weightcache/internal/backend/cuda"
 	"github.com/weightcache/weightcache/internal/checkpoint"
 	"github.com/weightcache/weightcache/internal/launcher"
 	"github.com/weightcache/weightcache/internal/plan"
@@ -245,7 +246,7 @@ func (m *Manager) Load(ctx context.Context, spec Spec) (*Loaded, error) {
 		m.evicts++
 		m.mu.Unlock()
 		out.Evicted = append(out.Evicted, v.Name)
-		if m.cfg.HostTier && onGPU(v.Devices) && !e.PublishOnly {
+		if m.cfg.HostTier && slices.ContainsFunc(v.Devices, cuda.IsDevice) && !e.PublishOnly {
 			if err := m.toHost(ctx, e); err != nil {
 				m.cfg.Logger.Info("an evicted model stays off the host tier", "model", v.Name, "why", err)
 			} else {
@@ -283,14 +284,8 @@ func (m *Manager) residents(ctx context.Context) []Resident {
 // anything: engines that load through the host tier (the vLLM loader's
 // tier 1) still find it.
 func (m *Manager) toHost(ctx context.Context, e *entry) error {
-	keys := []string{"host"}
-	if tp := e.TPSize; tp > 1 {
-		keys = make([]string, tp)
-		for i := range keys {
-			keys[i] = "host:" + strconv.Itoa(i)
-		}
-	}
-	victims, err := Evict(m.cfg.Budget, m.residents(ctx), e.Need, keys)
+	devices := launcher.DefaultDevices(e.TPSize)
+	victims, err := Evict(m.cfg.Budget, m.residents(ctx), e.Need, strings.Split(devices, ","))
 	switch {
 	case err != nil:
 		return err
@@ -298,18 +293,9 @@ func (m *Manager) toHost(ctx context.Context, e *entry) error {
 		return fmt.Errorf("the host tier has no room without evicting %s", victims[0].Name)
 	}
 	spec := e.Spec
-	spec.Devices = strings.Join(keys, ",")
+	spec.Devices = devices
 	_, err = m.start(ctx, spec, e.Checkpoint, e.hash, e.Key, e.Need)
 	return err
-}
-
-func onGPU(devices []string) bool {
-	for _, d := range devices {
-		if strings.HasPrefix(d, "GPU-") {
-			return true
-		}
-	}
-	return false
 }
 
 func (m *Manager) resolve(devices string) ([]string, error) {
@@ -497,14 +483,14 @@ func (m *Manager) Drop(ctx context.Context, spec Spec, force, whenUnused bool) (
 		return nil, fmt.Errorf("model %s is not resident in %s", spec.Model, m.cfg.SocketDir)
 	}
 	cur := m.describe(ctx, e)
-	if cur.Leases > 0 && whenUnused && !force {
-		m.mu.Lock()
-		e.unused = true
-		m.mu.Unlock()
-		cur.DropWhenUnused = true
-		return &cur, nil
-	}
 	if cur.Leases > 0 && !force {
+		if whenUnused {
+			m.mu.Lock()
+			e.unused = true
+			m.mu.Unlock()
+			cur.DropWhenUnused = true
+			return &cur, nil
+		}
 		return nil, fmt.Errorf("model %s has %d leases: engines map its memory; stop them first, or drop with --force to give them the drain timeout", spec.Model, cur.Leases)
 	}
 	if err := m.stop(e); err != nil {
@@ -513,8 +499,6 @@ func (m *Manager) Drop(ctx context.Context, spec Spec, force, whenUnused bool) (
 	return &cur, nil
 }
 
-// stop ends a preload: SIGTERM, then SIGKILL after the stop timeout. Its
-// socket directory goes with it.
 // ReapEvery is how often the models to drop once unused are looked at.
 const ReapEvery = 500 * time.Millisecond
 
@@ -549,7 +533,10 @@ func (m *Manager) reapOne(ctx context.Context, e *entry) {
 	m.mu.Lock()
 	still := m.models[e.Key] == e && e.unused
 	m.mu.Unlock()
-	if cur := m.describe(ctx, e); !still || cur.Leases > 0 || cur.State == "unreachable" {
+	if !still {
+		return
+	}
+	if cur := m.describe(ctx, e); cur.Leases > 0 || cur.State == "unreachable" {
 		return
 	}
 	if err := m.stop(e); err != nil {
@@ -559,6 +546,8 @@ func (m *Manager) reapOne(ctx context.Context, e *entry) {
 	m.cfg.Logger.Info("dropped a model once its last lease ended, as asked", "model", e.name())
 }
 
+// stop ends a preload: SIGTERM, then SIGKILL after the stop timeout. Its
+// socket directory goes with it.
 func (m *Manager) stop(e *entry) error {
 	m.mu.Lock()
 	delete(m.models, e.Key)

@@ -72,11 +72,11 @@ func (sv *Server) artifactPack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.Pack.Close()
-	host, ok := sv.admitSend(w, r)
+	end, ok := sv.admitSend(w, r)
 	if !ok {
 		return
 	}
-	defer sv.endSend(host)
+	defer end()
 	w.Header().Set("Content-Length", strconv.FormatInt(h.Set.Bytes, 10))
 	cw := &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}
 	if _, err := io.Copy(cw, io.NewSectionReader(h.Pack, 0, h.Set.Bytes)); err != nil {

@@ -55,11 +55,11 @@ func (sv *Server) relayedArtifacts(w http.ResponseWriter, r *http.Request) bool 
 // server's own: the limits are the node's, whichever model is asked for.
 func (sv *Server) relay(w http.ResponseWriter, r *http.Request, sock string) {
 	if r.PathValue("piece") != "" || r.PathValue("id") != "" {
-		host, ok := sv.admitSend(w, r)
+		end, ok := sv.admitSend(w, r)
 		if !ok {
 			return
 		}
-		defer sv.endSend(host)
+		defer end()
 		w = relayWriter{w, &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}}
 	}
 	key := cmp.Or(r.PathValue("key"), r.URL.Query().Get("checkpoint"))

@@ -295,13 +295,11 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "file and piece are numbers", http.StatusBadRequest)
 		return
 	}
-	if !sv.local {
-		host, ok := sv.admitSend(w, r)
-		if !ok {
-			return
-		}
-		defer sv.endSend(host)
+	end, ok := sv.admitSend(w, r)
+	if !ok {
+		return
 	}
+	defer end()
 	cw := &countWriter{w: w, rc: http.NewResponseController(w), sv: sv, ctx: r.Context()}
 	ok, err := s.send(i, j, cw)
 	if !ok {
@@ -316,16 +314,20 @@ func (sv *Server) piece(w http.ResponseWriter, r *http.Request) {
 // admitSend takes a send slot for r's host, or answers 503 at once: each
 // send holds a buffer until its peer takes it, and past the bound the
 // answer has no body that a peer not reading could hold up. The caller
-// ends the send (endSend) when it was admitted.
-func (sv *Server) admitSend(w http.ResponseWriter, r *http.Request) (string, bool) {
+// ends the send (end) when it was admitted. Behind a relay (ServeLocal)
+// every send is admitted: the relay took its slot, by the peer's address.
+func (sv *Server) admitSend(w http.ResponseWriter, r *http.Request) (end func(), ok bool) {
+	if sv.local {
+		return func() {}, true
+	}
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	if !sv.startSend(host) {
 		sv.busy.Add(1)
 		w.Header().Set("Retry-After", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		return host, false
+		return nil, false
 	}
-	return host, true
+	return func() { sv.endSend(host) }, true
 }
 
 // startSend takes one of the sends in flight, MaxConns in all and one

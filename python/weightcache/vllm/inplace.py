@@ -76,8 +76,8 @@ class Switched:
     reason: str  # why not from the daemon; "" on a hit
     seconds: float
     nbytes: int  # bytes from the daemon (0 from disk)
-    version: str = ""  # a pushed version's engine_version; "" for the checkpoint's own
-    freed: str = ""  # with free_old: what became of the version it ran tensors
+    version: str = ""  # a pushed version's engine_version; "" for the checkpoint's own tensors
+    freed: str = ""  # with free_old: what became of the version it ran
 
 
 def switch(llm: Any, model: str, revision: Optional[str] = None, socket_dir: Optional[str] = None,
