@@ -30,12 +30,12 @@ type logBuf struct {
 func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
 func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
-func synth(t *testing.T) *checkpoint.Checkpoint { return synthShards(t, 2) }
+func synth(t *testing.T) *checkpoint.Checkpoint { return synthPreset(t, "tiny", 2) }
 
-func synthShards(t *testing.T, shards int) *checkpoint.Checkpoint {
+func synthPreset(t testing.TB, preset string, shards int) *checkpoint.Checkpoint {
 	t.Helper()
 	dir := t.TempDir()
-	if err := checkpoint.Synth(dir, "tiny", shards, "bfloat16"); err != nil {
+	if err := checkpoint.Synth(dir, preset, shards, "bfloat16"); err != nil {
 		t.Fatal(err)
 	}
 	c, err := checkpoint.Resolve(dir, "")

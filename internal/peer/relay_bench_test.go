@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/weightcache/weightcache/internal/checkpoint"
 )
 
 // BenchmarkRelay seeds a checkpoint from one peer that holds it, served
@@ -18,14 +16,7 @@ import (
 // time and CPU against the direct ones. The seeder and both servers share
 // this process, so cpu_s counts every side.
 func BenchmarkRelay(b *testing.B) {
-	dir := b.TempDir()
-	if err := checkpoint.Synth(dir, "small", 2, "bf16"); err != nil {
-		b.Fatal(err)
-	}
-	c, err := checkpoint.Resolve(dir, "")
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := synthPreset(b, "small", 2)
 	a := token(b, "bench-secret")
 	src, err := NewStore(c, 0, nil)
 	if err != nil {
